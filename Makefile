@@ -1,0 +1,23 @@
+# Two commands on a fresh machine:  `make demo` (the main job) and `make test` (the test suite).
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+TORCH_VERSION ?= 2.13.0
+# On a machine without a GPU and without a local wheel cache, point pip at PyTorch's CPU index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+DEMO_DIR ?= runs/demo
+
+.PHONY: install demo test bench
+
+# CPU torch first (unless a torch is already installed, e.g. a CUDA build on a GPU node), so the
+# project's `torch>=` requirement is already satisfied and never pulls a CUDA build.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
+	$(PIP) install -q -e ".[dev]"
+
+demo: install
+	$(PYTHON) -m pretrain.demo --output_dir $(DEMO_DIR)
+
+test: install
+	$(PYTHON) -m pytest -q tests

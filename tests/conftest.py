@@ -1,0 +1,83 @@
+"""Shared fixtures: real text that ships with the project or with CPython (never ../shared)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+
+# Keep every process (and DeepSpeed's ranks) from oversubscribing the 2 cores of CI.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pydoc_documents() -> list[str]:
+    """English prose that ships with CPython: the pydoc topic pages (79 documents, ~460 KB)."""
+    from pydoc_data.topics import topics
+
+    return [topics[k].strip() for k in sorted(topics) if topics[k].strip()]
+
+
+def write_english_corpus(path: Path, max_docs: int | None = None) -> Path:
+    """Blank-line-separated documents (paragraph breaks inside a topic become single newlines)."""
+    docs = pydoc_documents()[:max_docs]
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            body = "\n".join(line for line in d.splitlines() if line.strip())
+            f.write(body + "\n\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def english_corpus(tmp_path_factory) -> Path:
+    return write_english_corpus(tmp_path_factory.mktemp("corpus_en") / "pydoc_topics.txt")
+
+
+@pytest.fixture(scope="session")
+def chinese_corpus() -> Path:
+    """~30 KB of 《红楼梦》 (public domain), one paragraph a line."""
+    return DATA / "zh_hongloumeng_sample.txt"
+
+
+def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: int = 600,
+            cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run `python -m ...` the way a user would; returns the completed process (text output)."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def english_shards(tmp_path_factory, english_corpus) -> Path:
+    """Packed shards of the pydoc corpus with a small trained WordPiece vocabulary."""
+    out = tmp_path_factory.mktemp("shards_en") / "shards"
+    run_cli("-m", "data_prep", "build", "--input", str(english_corpus), "--output", str(out),
+            "--vocab_size", "2000", "--max_seq_len", "128", "--validation_fraction", "0.05",
+            "--workers", "2")
+    return out
+
+
+@pytest.fixture(scope="session")
+def english_nsp_shards(tmp_path_factory, english_corpus) -> Path:
+    out = tmp_path_factory.mktemp("shards_en_nsp") / "shards"
+    run_cli("-m", "data_prep", "build", "--input", str(english_corpus), "--output", str(out),
+            "--vocab_size", "2000", "--max_seq_len", "128", "--validation_fraction", "0.05",
+            "--format", "nsp", "--workers", "2")
+    return out
+
+
+@pytest.fixture(scope="session")
+def chinese_shards(tmp_path_factory, chinese_corpus) -> Path:
+    out = tmp_path_factory.mktemp("shards_zh") / "shards"
+    run_cli("-m", "data_prep", "build", "--input", str(chinese_corpus), "--output", str(out),
+            "--one_doc_per_line", "--vocab_size", "3000", "--max_seq_len", "128",
+            "--validation_fraction", "0.05", "--workers", "2")
+    return out
