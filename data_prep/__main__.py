@@ -1,0 +1,115 @@
+"""Command line: `python -m data_prep build|inspect|verify` (docs/design.md section 4)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from data_prep.inputs import InputConfig
+from data_prep.sequences import SequenceConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="raw text -> tokenizer + packed binary shards + manifest")
+    b.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help="text/.jsonl/.parquet files (optionally .gz/.zst), folders, globs, or a "
+                        "dataset saved with datasets' save_to_disk")
+    b.add_argument("--output", required=True, type=Path, help="output folder")
+    tok = b.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", help="existing HF tokenizer folder or BERT vocab.txt")
+    tok.add_argument("--vocab_size", type=int, default=30522,
+                     help="train a WordPiece vocabulary of this size (default 30522)")
+    b.add_argument("--format", choices=("packed", "nsp"), default="packed")
+    b.add_argument("--max_seq_len", type=int, default=128,
+                   help="tokens per sequence including [CLS]/[SEP]")
+    b.add_argument("--stride", type=int, default=None,
+                   help="packed: sliding windows of max_seq_len-2 tokens over each document "
+                        "with this stride (documents are then not concatenated)")
+    b.add_argument("--validation_fraction", type=float, default=0.01)
+    b.add_argument("--text_field", default="text", help="jsonl key / parquet column")
+    b.add_argument("--one_doc_per_line", action="store_true",
+                   help="text files: one document per line (default: blank-line-separated blocks)")
+    b.add_argument("--protected_terms", help="file of terms kept whole for masking, one per line")
+    b.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    low = b.add_mutually_exclusive_group()
+    low.add_argument("--lowercase", dest="lowercase", action="store_true", default=None,
+                     help="lowercase (default when training a vocabulary)")
+    low.add_argument("--no_lowercase", dest="lowercase", action="store_false")
+    b.add_argument("--min_frequency", type=int, default=2, help="WordPiece trainer min frequency")
+    b.add_argument("--short_seq_prob", type=float, default=0.1, help="nsp: as BERT")
+    b.add_argument("--shard_docs", type=int, default=10000,
+                   help="documents per work unit / shard (resume granularity)")
+    b.add_argument("--shard_bytes", type=int, default=32 << 20,
+                   help="characters of text per work unit / shard")
+    b.add_argument("--max_line_bytes", type=int, default=8 << 20,
+                   help="longer input lines are skipped and counted")
+    b.add_argument("--seed", type=int, default=12345)
+    b.add_argument("--overwrite", action="store_true",
+                   help="delete an existing build in --output first")
+
+    i = sub.add_parser("inspect", help="counts, length histogram and decoded sample sequences")
+    i.add_argument("root", type=Path)
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--samples", type=int, default=3)
+
+    v = sub.add_parser("verify", help="recheck every checksum; non-zero exit on the first bad file")
+    v.add_argument("root", type=Path)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input or a bad shard folder)."""
+    args = _parser().parse_args(argv)
+    from data_prep.build import BuildConfig, BuildError, build
+    from data_prep.inputs import InputError
+    from data_prep.reader import ShardError
+    from data_prep.report import print_summary, summary, verify
+    from data_prep.tokenizer import TokenizerError
+    from data_prep.wordstart import ProtectedTermsError
+
+    try:
+        if args.command == "build":
+            cfg = BuildConfig(
+                inputs=tuple(args.input), output=args.output, tokenizer=args.tokenizer,
+                vocab_size=args.vocab_size, lowercase=args.lowercase,
+                min_frequency=args.min_frequency,
+                sequences=SequenceConfig(format=args.format, max_seq_len=args.max_seq_len,
+                                         stride=args.stride, short_seq_prob=args.short_seq_prob),
+                input=InputConfig(text_field=args.text_field,
+                                  one_doc_per_line=args.one_doc_per_line,
+                                  max_line_bytes=args.max_line_bytes),
+                validation_fraction=args.validation_fraction,
+                protected_terms=args.protected_terms, workers=args.workers,
+                shard_docs=args.shard_docs, shard_bytes=args.shard_bytes, seed=args.seed,
+                overwrite=args.overwrite)
+            m = build(cfg, argv=["python", "-m", "data_prep", *(argv or sys.argv[1:])])
+            for split, s in m["splits"].items():
+                print(f"{split}: {s['documents']:,} documents, {s['sequences']:,} sequences, "
+                      f"{s['tokens']:,} tokens in {len(s['shards'])} shards")
+            if m["dropped"]:
+                print(f"skipped: {m['dropped']}")
+            print(f"wrote {args.output / 'manifest.json'}")
+        elif args.command == "inspect":
+            s = summary(args.root, samples=args.samples)
+            if args.json:
+                print(json.dumps(s, indent=1, ensure_ascii=False))
+            else:
+                print_summary(s)
+        else:
+            files = verify(args.root)
+            print(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
+    except (BuildError, InputError, ShardError, TokenizerError, ProtectedTermsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `inspect ... | head`: the reader went away, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""`python -m data_prep build`: inputs -> tokenizer -> work units in parallel -> manifest.
+
+Resumable by construction: the input stream is cut deterministically into work units (a fixed
+number of documents or bytes, in order); unit k writes `shard-k` of each split and then a done
+record under OUT/.work/. A restart with the same arguments re-reads the inputs, skips units whose
+record and files are present, and writes the manifest (the completion marker) last. Different
+arguments or another tokenizer in an existing folder are refused.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import multiprocessing as mp
+import shutil
+import sys
+import tempfile
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from data_prep.inputs import (
+    DropCounter,
+    InputConfig,
+    InputError,
+    expand_inputs,
+    input_signature,
+    iter_documents,
+)
+from data_prep.layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    SPLITS,
+    TOKENIZER_DIR,
+    WORK_DIR,
+    remove_stale_temporaries,
+    token_dtype_for,
+    write_json_atomic,
+)
+from data_prep.sequences import SequenceConfig
+from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
+from data_prep.wordstart import read_protected_terms
+from data_prep.worker import WorkerSpec, done_record_path, init_worker, is_validation, run_unit
+
+BUILD_STATE = "build.json"
+
+
+class BuildError(ValueError):
+    """A build that cannot start or finish; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Arguments of one build (the CLI flags of `python -m data_prep build`)."""
+
+    inputs: tuple[str, ...]  # files, folders, globs
+    output: Path  # OUT folder
+    tokenizer: str | None = None  # existing HF tokenizer folder or BERT vocab.txt; else train
+    vocab_size: int = 30522  # WordPiece vocabulary to train when no --tokenizer is given
+    lowercase: bool | None = None  # None: True when training, the tokenizer's own otherwise
+    min_frequency: int = 2  # WordPiece trainer: minimum pair frequency
+    sequences: SequenceConfig = field(default_factory=SequenceConfig)
+    input: InputConfig = field(default_factory=InputConfig)
+    validation_fraction: float = 0.01  # share of documents in the validation split
+    protected_terms: str | None = None  # file of terms kept whole (one per line)
+    workers: int = 1  # pool processes (does not change the output)
+    shard_docs: int = 10000  # a work unit (= one shard per split) closes after this many docs
+    shard_bytes: int = 32 << 20  # ... or this many characters of text, whichever comes first
+    seed: int = 12345  # nsp random choices
+    overwrite: bool = False  # delete an existing build in OUT first
+
+
+def _check(cfg: BuildConfig) -> None:
+    s = cfg.sequences
+    problems = []
+    if s.format not in ("packed", "nsp"):
+        problems.append(f"--format must be packed or nsp, got {s.format!r}")
+    if not 8 <= s.max_seq_len <= 65535:
+        problems.append(f"--max_seq_len must be in [8, 65535], got {s.max_seq_len}")
+    if s.stride is not None and not 1 <= s.stride <= s.max_seq_len - 2:
+        problems.append(f"--stride must be in [1, max_seq_len - 2], got {s.stride}")
+    if s.stride is not None and s.format != "packed":
+        problems.append("--stride applies to --format packed only")
+    if not 0.0 <= cfg.validation_fraction < 1.0:
+        problems.append(f"--validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
+    if cfg.tokenizer is None and cfg.vocab_size < 100:
+        problems.append(f"--vocab_size must be at least 100, got {cfg.vocab_size}")
+    if cfg.workers < 1 or cfg.shard_docs < 1 or cfg.shard_bytes < 1:
+        problems.append("--workers, --shard_docs and --shard_bytes must be positive")
+    if problems:
+        raise BuildError("; ".join(problems))
+
+
+def _build_key(cfg: BuildConfig, files: list[Path], terms: list[str] | None,
+               tokenizer_fingerprint: str | None) -> dict[str, Any]:
+    """The arguments that determine the output; a resumed build must match them exactly."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "inputs": input_signature(files),
+        "tokenizer": ({"fingerprint": tokenizer_fingerprint} if cfg.tokenizer else
+                      {"train_vocab_size": cfg.vocab_size, "min_frequency": cfg.min_frequency,
+                       "lowercase": cfg.lowercase is not False}),
+        "sequences": asdict(cfg.sequences),
+        "input": asdict(cfg.input),
+        "validation_fraction": cfg.validation_fraction,
+        "protected_terms": (hashlib.sha256("\n".join(terms).encode()).hexdigest()
+                            if terms else None),
+        "shard_docs": cfg.shard_docs,
+        "shard_bytes": cfg.shard_bytes,
+        "seed": cfg.seed,
+    }
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    return [f"{k}: {json.dumps(old.get(k))[:120]} -> {json.dumps(new.get(k))[:120]}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _refuse_mismatch(out: Path, old: dict, new: dict, what: str) -> None:
+    diffs = _differences(old, new)
+    if not diffs:
+        return
+    old_fp = (old.get("tokenizer") or {}).get("fingerprint")
+    new_fp = (new.get("tokenizer") or {}).get("fingerprint")
+    if old_fp is None and (out / TOKENIZER_DIR / "tokenizer.json").is_file():
+        old_fp = describe(out / TOKENIZER_DIR).fingerprint  # a vocabulary trained by that build
+    if old_fp and new_fp and old_fp != new_fp:
+        raise BuildError(f"{out} holds shards of another tokenizer (fingerprint {old_fp[:12]}, "
+                         f"yours {new_fp[:12]}). Use a new --output folder or pass --overwrite.")
+    raise BuildError(f"{out} holds {what} made with different arguments ("
+                     + "; ".join(diffs) + "). Use a new --output folder, rerun with the same "
+                     "arguments, or pass --overwrite.")
+
+
+def _previous_build(out: Path) -> tuple[str, dict] | None:
+    """("finished"|"unfinished", its build key) when OUT holds a data_prep build, else None."""
+    for kind, path in (("finished", out / MANIFEST), ("unfinished", out / WORK_DIR / BUILD_STATE)):
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            key = data.get("build_key", data) if kind == "finished" else data
+            if isinstance(key, dict) and "format_version" in key and "inputs" in key:
+                return kind, key
+    return None
+
+
+def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
+    """Make OUT ready; returns True when an identical build is already complete there."""
+    out = cfg.output
+    if out.exists() and not out.is_dir():
+        raise BuildError(f"--output {out} is a file; give a folder.")
+    if out.is_dir() and any(out.iterdir()):
+        previous = _previous_build(out)
+        if previous is None:
+            raise BuildError(f"--output {out} is not empty and holds no data_prep build (nothing "
+                             "was deleted, even with --overwrite); use a new or empty folder.")
+        kind, old_key = previous
+        nothing_done = kind == "unfinished" and not any((out / WORK_DIR).glob("unit-*.json"))
+        if cfg.overwrite or (nothing_done and old_key != key):
+            # A failed start with other arguments left nothing to resume: start over.
+            shutil.rmtree(out)
+        else:
+            _refuse_mismatch(out, old_key, key, f"an {kind} build")
+            if kind == "finished":
+                return True
+    (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / WORK_DIR / BUILD_STATE, key)
+    for folder in (out, *(out / s for s in SPLITS), out / WORK_DIR):
+        remove_stale_temporaries(folder)
+    return False
+
+
+def _units(docs: Iterator[str], cfg: BuildConfig) -> Iterator[tuple[int, list[str]]]:
+    """Consecutive documents grouped into work units (deterministic given the inputs)."""
+    unit, batch, size = 0, [], 0
+    for d in docs:
+        batch.append(d)
+        size += len(d)
+        if len(batch) >= cfg.shard_docs or size >= cfg.shard_bytes:
+            yield unit, batch
+            unit, batch, size = unit + 1, [], 0
+    if batch:
+        yield unit, batch
+
+
+def _finished(out: Path, unit: int) -> dict[str, Any] | None:
+    """The done record of a unit whose shard files are all present with their sizes."""
+    path = done_record_path(out, unit)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for split, info in record["splits"].items():
+        if info["shard"]:
+            for fname, meta in info["shard"]["files"].items():
+                f = out / split / fname
+                if not f.is_file() or f.stat().st_size != meta["bytes"]:
+                    return None
+    return record
+
+
+def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
+    """Put the tokenizer into OUT/tokenizer (train it, import it, or keep a resumed one)."""
+    tok_dir = cfg.output / TOKENIZER_DIR
+    if tok_dir.is_dir():
+        return
+    if cfg.tokenizer:
+        import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, tok_dir)
+        return
+    print(f"data_prep: training a WordPiece vocabulary of {cfg.vocab_size} on the training "
+          "documents", file=sys.stderr)
+    train_docs = (d for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
+                  if not is_validation(d, cfg.validation_fraction))
+    train_wordpiece(train_docs, cfg.vocab_size, cfg.lowercase is not False, tok_dir,
+                    cfg.min_frequency)
+
+
+def _source_fingerprint(cfg: BuildConfig) -> str:
+    """Fingerprint of --tokenizer as it will be saved (checks the casing flags against it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, Path(tmp) / "tok")
+        info = describe(Path(tmp) / "tok")
+    if cfg.lowercase is not None and cfg.lowercase != info.lowercase:
+        raise BuildError(f"--{'' if cfg.lowercase else 'no_'}lowercase conflicts with --tokenizer "
+                         f"{cfg.tokenizer}, which {'does' if info.lowercase else 'does not'} "
+                         "lowercase; drop the flag (a loaded tokenizer keeps its own casing).")
+    return info.fingerprint
+
+
+def _run_units(cfg: BuildConfig, files: list[Path], spec: WorkerSpec,
+               drops: DropCounter) -> list[dict]:
+    records: list[dict] = []
+    skipped = 0
+    bar = tqdm(desc="data_prep", unit="shard", file=sys.stderr, mininterval=1.0)
+    tokens = 0
+
+    def collect(record: dict) -> None:
+        nonlocal tokens
+        records.append(record)
+        tokens += sum(s["shard"]["tokens"] for s in record["splits"].values() if s["shard"])
+        bar.update(1)
+        bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+
+    jobs = _units(iter_documents(files, cfg.input, drops), cfg)
+    if cfg.workers == 1:
+        init_worker(spec, pooled=False)
+        for unit, texts in jobs:
+            done = _finished(cfg.output, unit)
+            skipped += done is not None
+            collect(done or run_unit((unit, texts)))
+    else:
+        ctx = mp.get_context("spawn")  # no fork after tokenizers/torch threads have started
+        with ctx.Pool(cfg.workers, initializer=init_worker, initargs=(spec,)) as pool:
+            pending: deque = deque()
+            for unit, texts in jobs:
+                done = _finished(cfg.output, unit)
+                if done is not None:
+                    skipped += 1
+                    collect(done)
+                    continue
+                pending.append(pool.apply_async(run_unit, ((unit, texts),)))
+                while len(pending) >= 2 * cfg.workers:  # bound the documents held in memory
+                    collect(pending.popleft().get())
+            while pending:
+                collect(pending.popleft().get())
+    bar.close()
+    if skipped:
+        print(f"data_prep: resumed, {skipped} finished shard(s) kept", file=sys.stderr)
+    return sorted(records, key=lambda r: r["unit"])
+
+
+def _manifest(cfg: BuildConfig, key: dict, records: list[dict], drops: DropCounter,
+              argv: list[str], terms: list[str] | None) -> dict[str, Any]:
+    info = describe(cfg.output / TOKENIZER_DIR)
+    dropped = Counter(drops.counts)
+    for r in records:
+        dropped.update(r["dropped"])
+    splits = {}
+    for split in SPLITS:
+        parts = [r["splits"][split] for r in records]
+        shards = [p["shard"] for p in parts if p["shard"]]
+        splits[split] = {
+            "documents": sum(p["documents"] for p in parts),
+            "corpus_tokens": sum(p["corpus_tokens"] for p in parts),
+            "sequences": sum(s["sequences"] for s in shards),
+            "tokens": sum(s["tokens"] for s in shards),
+            "shards": shards,
+        }
+    return {
+        "format_version": FORMAT_VERSION,
+        "format": cfg.sequences.format,
+        "max_seq_len": cfg.sequences.max_seq_len,
+        "tokenizer": {"fingerprint": info.fingerprint, "vocab_size": info.vocab_size,
+                      "lowercase": info.lowercase},
+        "special_tokens": info.special_tokens,
+        "token_dtype": token_dtype_for(info.vocab_size).name,
+        "word_start": "numpy.packbits(bitorder='little'), 1 where a whole-word-masking unit "
+                      "starts (## continuation, rjieba words, protected terms; specials set)",
+        "splits": splits,
+        "dropped": dict(sorted(dropped.items())),
+        "split_documents": drops.split_documents,
+        "protected_terms": len(terms or []),
+        "command": list(argv),
+        "args": json.loads(json.dumps(asdict(cfg), default=str)),
+        "build_key": key,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) a build; returns the manifest. Raises BuildError/InputError on bad input."""
+    _check(cfg)
+    files = expand_inputs(list(cfg.inputs))
+    terms = read_protected_terms(Path(cfg.protected_terms)) if cfg.protected_terms else None
+    source_fp = _source_fingerprint(cfg) if cfg.tokenizer else None
+    key = _build_key(cfg, files, terms, source_fp)
+    if _prepare_output(cfg, key):
+        print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
+        return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+    _tokenizer(cfg, files)
+    info = describe(cfg.output / TOKENIZER_DIR)
+    if source_fp and info.fingerprint != source_fp:
+        raise BuildError(f"{cfg.output} holds shards of another tokenizer (fingerprint "
+                         f"{info.fingerprint[:12]}, yours {source_fp[:12]}). Use a new --output "
+                         "folder or pass --overwrite.")
+    spec = WorkerSpec(
+        tokenizer_json=str(cfg.output / TOKENIZER_DIR / "tokenizer.json"),
+        output=str(cfg.output), sequences=cfg.sequences,
+        validation_fraction=cfg.validation_fraction, seed=cfg.seed,
+        special_tokens=info.special_tokens, token_dtype=token_dtype_for(info.vocab_size).str,
+        protected_terms=tuple(terms) if terms else None, lowercase=info.lowercase)
+    drops = DropCounter()
+    records = _run_units(cfg, files, spec, drops)
+    if not records or not any(r["splits"]["train"]["shard"] for r in records):
+        raise InputError("the inputs hold no usable document (see the skipped records above: "
+                         f"{dict(drops.counts)}); check --input, --text_field, --one_doc_per_line.")
+    manifest = _manifest(cfg, key, records, drops, argv or sys.argv, terms)
+    write_json_atomic(cfg.output / MANIFEST, manifest)
+    shutil.rmtree(cfg.output / WORK_DIR, ignore_errors=True)
+    return manifest

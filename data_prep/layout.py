@@ -1,0 +1,75 @@
+"""On-disk layout of a shard folder (docs/design.md section 1): names, dtypes, atomic writes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+WORK_DIR = ".work"  # per-build state (arguments, per-unit done records); removed once complete
+SPLITS = ("train", "validation")
+OFFSETS_DTYPE = np.dtype("<u8")
+# One record per nsp sequence: length of segment A including [CLS] and the first [SEP], and the
+# is-random-next label. Unaligned structured dtype, 3 bytes per sequence.
+NSP_DTYPE = np.dtype([("segment_a_len", "<u2"), ("is_random_next", "u1")])
+SUFFIXES = ("tokens", "offsets", "wordstart", "nsp")
+
+
+def token_dtype_for(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits in 16 bits, else uint32 (little-endian)."""
+    return np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
+
+
+def shard_name(unit: int) -> str:
+    """Name of the shard written by work unit `unit` (same number in both splits)."""
+    return f"shard-{unit:05d}"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}")
+
+
+def write_bytes_atomic(path: Path, data: bytes | memoryview) -> dict[str, Any]:
+    """Write under a temporary name, fsync, rename; return {bytes, sha256} of what was written."""
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_array_atomic(path: Path, array: np.ndarray) -> dict[str, Any]:
+    """Write a numpy array's raw bytes (C order) atomically; return {bytes, sha256}."""
+    return write_bytes_atomic(path, memoryview(np.ascontiguousarray(array)).cast("B"))
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON under a temporary name and rename it into place."""
+    write_bytes_atomic(path, (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete `*.tmp-*` files left by an interrupted build; returns how many."""
+    n = 0
+    if folder.is_dir():
+        for p in folder.glob("*.tmp-*"):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n

@@ -1,0 +1,92 @@
+"""`inspect` (counts, length histogram, decoded samples) and `verify` (every checksum)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_prep.layout import MANIFEST, TOKENIZER_DIR
+from data_prep.reader import ShardError, ShardReader, check_file, load_manifest
+from data_prep.tokenizer import TokenizerError, describe
+
+
+def summary(root: Path, samples: int = 3, bins: int = 8) -> dict[str, Any]:
+    """Counts per split, a sequence-length histogram and a few decoded sequences."""
+    from tokenizers import Tokenizer
+
+    manifest = load_manifest(root)
+    tok = Tokenizer.from_file(str(root / TOKENIZER_DIR / "tokenizer.json"))
+    out: dict[str, Any] = {
+        "root": str(root), "format": manifest["format"], "max_seq_len": manifest["max_seq_len"],
+        "tokenizer": manifest["tokenizer"], "token_dtype": manifest["token_dtype"],
+        "dropped": manifest["dropped"], "splits": {},
+    }
+    shard_bytes = 0
+    for split, info in manifest["splits"].items():
+        reader = ShardReader(root, split)
+        lengths = reader.sequence_lengths()
+        entry: dict[str, Any] = {k: info[k] for k in ("documents", "sequences", "tokens")}
+        entry["shards"] = len(info["shards"])
+        entry["bytes"] = sum(f["bytes"] for s in info["shards"] for f in s["files"].values())
+        shard_bytes += entry["bytes"]
+        entry["bytes_per_token"] = round(entry["bytes"] / max(info["tokens"], 1), 4)
+        if len(lengths):
+            edges = np.linspace(0, manifest["max_seq_len"], bins + 1).round().astype(int)
+            hist, _ = np.histogram(lengths, bins=edges)
+            entry["length_histogram"] = [{"from": int(a), "to": int(b), "sequences": int(c)}
+                                         for a, b, c in zip(edges[:-1], edges[1:], hist)]
+            entry["mean_length"] = round(float(lengths.mean()), 2)
+        if manifest["format"] == "nsp" and len(reader):
+            labels = reader.nsp_labels()
+            entry["random_next_share"] = round(float(labels.mean()), 4)
+        picks = np.linspace(0, len(reader) - 1, min(samples, len(reader))).astype(int)
+        entry["samples"] = []
+        for i in picks:
+            s = reader[int(i)]
+            entry["samples"].append({"index": int(i), "length": len(s.input_ids),
+                                     "text": tok.decode(s.input_ids.tolist(),
+                                                        skip_special_tokens=False)})
+        out["splits"][split] = entry
+    out["shard_bytes"] = shard_bytes
+    return out
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    """Human-readable form of `summary`."""
+    print(f"{s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, vocab "
+          f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes")
+    print(f"dropped: {s['dropped'] or 'nothing'}")
+    for split, e in s["splits"].items():
+        print(f"\n[{split}] {e['documents']:,} documents, {e['sequences']:,} sequences, "
+              f"{e['tokens']:,} tokens, {e['shards']} shards, {e['bytes_per_token']} bytes/token")
+        if "random_next_share" in e:
+            print(f"  is_random_next share: {e['random_next_share']}")
+        for h in e.get("length_histogram", []):
+            print(f"  length {h['from']:>5}-{h['to']:<5} {h['sequences']:>10,}")
+        for smp in e["samples"]:
+            text = smp["text"] if len(smp["text"]) < 400 else smp["text"][:400] + " ..."
+            print(f"  #{smp['index']} ({smp['length']} tokens): {text}")
+
+
+def verify(root: Path) -> list[str]:
+    """Recheck every shard file's size and sha256 and the tokenizer fingerprint.
+
+    Returns the checked file names; raises ShardError naming the first bad file.
+    """
+    manifest = load_manifest(root)
+    checked = []
+    try:
+        info = describe(root / TOKENIZER_DIR)
+    except (TokenizerError, OSError, ValueError) as e:
+        raise ShardError(f"{root / TOKENIZER_DIR}: {e}") from e
+    if info.fingerprint != manifest["tokenizer"]["fingerprint"]:
+        raise ShardError(f"{root / TOKENIZER_DIR}: tokenizer fingerprint differs from "
+                         f"{root / MANIFEST}; the tokenizer was replaced. Restore it or rebuild.")
+    for split, sinfo in manifest["splits"].items():
+        for shard in sinfo["shards"]:
+            for fname, expected in shard["files"].items():
+                check_file(root / split / fname, expected, "full")
+                checked.append(f"{split}/{fname}")
+    return checked
+

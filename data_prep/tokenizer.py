@@ -1,0 +1,164 @@
+"""The build's tokenizer: train a BERT WordPiece vocabulary or load one, save it in HF form.
+
+Build workers use the raw `tokenizers.Tokenizer` from `OUT/tokenizer/tokenizer.json` (fast to
+load, no transformers import); transformers is used once, in the main process, so that the saved
+folder is exactly what `AutoTokenizer.from_pretrained` expects.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SPECIAL_KEYS = ("cls", "sep", "pad", "mask", "unk")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be used; the message names the path and what to do."""
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the manifest and the workers need to know about the saved tokenizer."""
+
+    path: Path  # OUT/tokenizer
+    fingerprint: str  # sha256 over vocabulary, normalizer, pre-tokenizer and model settings
+    vocab_size: int
+    lowercase: bool
+    special_tokens: dict[str, int]  # cls, sep, pad, mask, unk -> id
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool, out_dir: Path,
+                    min_frequency: int = 2) -> None:
+    """Train BERT's WordPiece pipeline on `texts` (streamed) and save it as a HF folder."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    # As BertWordPieceTokenizer: CJK characters become single-character words; accents are
+    # stripped only when lowercasing (BERT uncased).
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=None, lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                        special_tokens=list(SPECIAL_TOKENS),
+                                        continuing_subword_prefix="##", show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.save(str(Path(tmp) / "tokenizer.json"))
+        from transformers import BertTokenizerFast
+
+        hf = BertTokenizerFast(tokenizer_file=str(Path(tmp) / "tokenizer.json"),
+                               do_lower_case=lowercase, unk_token="[UNK]", sep_token="[SEP]",
+                               pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+                               tokenize_chinese_chars=True)
+        _save_hf(hf, out_dir)
+
+
+def import_tokenizer(source: Path, lowercase: bool | None, out_dir: Path) -> None:
+    """Copy an existing tokenizer (HF folder or BERT vocab.txt) into `out_dir` in HF form."""
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    if not source.exists():
+        raise TokenizerError(f"--tokenizer {source} does not exist.")
+    if source.is_file():
+        # transformers 5: BertTokenizerFast(vocab_file=...) ignores the file; load a folder.
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(source, Path(tmp) / "vocab.txt")
+            hf = BertTokenizerFast.from_pretrained(
+                tmp, do_lower_case=True if lowercase is None else lowercase)
+    else:
+        try:
+            hf = AutoTokenizer.from_pretrained(str(source))
+        except Exception as e:  # transformers raises many types for a bad folder
+            raise TokenizerError(f"--tokenizer {source}: not a loadable HF tokenizer folder "
+                                 f"({type(e).__name__}: {e}).") from e
+    if not getattr(hf, "is_fast", False):
+        raise TokenizerError(f"--tokenizer {source}: needs a fast (tokenizers) tokenizer.")
+    model_type = json.loads(hf.backend_tokenizer.to_str())["model"]["type"]
+    if model_type != "WordPiece":
+        raise TokenizerError(f"--tokenizer {source}: a {model_type} tokenizer; data_prep needs a "
+                             "BERT WordPiece one (whole-word units come from its ## pieces). "
+                             "Train one with --vocab_size instead.")
+    missing = [k for k in SPECIAL_KEYS if getattr(hf, f"{k}_token", None) is None]
+    if missing:
+        raise TokenizerError(f"--tokenizer {source}: lacks the special tokens {missing} a BERT "
+                             "masked-LM needs.")
+    _save_hf(hf, out_dir)
+
+
+def _save_hf(hf, out_dir: Path) -> None:
+    """save_pretrained into a temporary folder, then rename it to `out_dir`."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(str(tmp))
+    if not (tmp / "tokenizer.json").is_file():
+        raise TokenizerError(f"saving the tokenizer produced no tokenizer.json in {tmp}.")
+    tmp.rename(out_dir)
+
+
+def _special_ids(tok_dir: Path, tok: Tokenizer) -> dict[str, int]:
+    cfg_path = tok_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    ids = {}
+    for key, default in zip(SPECIAL_KEYS, ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")):
+        name = cfg.get(f"{key}_token", default)
+        if isinstance(name, dict):  # older configs store AddedToken dicts
+            name = name.get("content", default)
+        tid = tok.token_to_id(name)
+        if tid is None:
+            raise TokenizerError(f"{tok_dir}: special token {name!r} ({key}) is not in the "
+                                 "vocabulary.")
+        ids[key] = tid
+    return ids
+
+
+def describe(tok_dir: Path) -> TokenizerInfo:
+    """Fingerprint, vocabulary size, lowercasing and special ids of a saved tokenizer folder."""
+    path = tok_dir / "tokenizer.json"
+    if not path.is_file():
+        raise TokenizerError(f"{path} not found; the tokenizer folder is incomplete.")
+    tok = Tokenizer.from_file(str(path))
+    spec = json.loads(tok.to_str())
+    model = spec.get("model", {})
+    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    keyed = {
+        "vocab": vocab,
+        "normalizer": spec.get("normalizer"),
+        "pre_tokenizer": spec.get("pre_tokenizer"),
+        "model": {k: v for k, v in model.items() if k != "vocab"},
+    }
+    fingerprint = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
+    lowercase = _lowercases(spec.get("normalizer"))
+    return TokenizerInfo(tok_dir, fingerprint, tok.get_vocab_size(with_added_tokens=True),
+                         lowercase, _special_ids(tok_dir, tok))
+
+
+def _lowercases(normalizer: dict | None) -> bool:
+    if not normalizer:
+        return False
+    if normalizer.get("type") == "Lowercase" or normalizer.get("lowercase") is True:
+        return True
+    return any(_lowercases(n) for n in normalizer.get("normalizers", []) or [])
+
+
+def continuation_flags(tok: Tokenizer, prefix: str = "##"):
+    """Boolean array over ids: True for WordPiece continuation pieces (`##...`)."""
+    import numpy as np
+
+    flags = np.zeros(tok.get_vocab_size(with_added_tokens=True), dtype=bool)
+    for token, tid in tok.get_vocab(with_added_tokens=True).items():
+        if token.startswith(prefix) and len(token) > len(prefix):
+            flags[tid] = True
+    return flags

@@ -1,0 +1,171 @@
+"""One work unit (a run of consecutive documents) -> one shard per split, plus a done record.
+
+Runs in pool processes: imports stay light (numpy, tokenizers), the tokenizer is loaded once per
+process by `init_worker`. Every file is written under a temporary name and renamed; the done
+record, written last, is what lets a resumed build skip the unit.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from data_prep.layout import (
+    NSP_DTYPE,
+    OFFSETS_DTYPE,
+    SPLITS,
+    WORK_DIR,
+    shard_name,
+    write_array_atomic,
+    write_json_atomic,
+)
+from data_prep.sequences import SequenceConfig, Sequences, nsp_instances, pack
+from data_prep.tokenizer import continuation_flags
+from data_prep.wordstart import WordStarts
+
+# Sentence ends for nsp segments: line breaks, and ./!/? + space or CJK full stops.
+_SENTENCE_END = re.compile(r"\n+|(?<=[.!?;])\s+|(?<=[。！？；…])")
+_ENCODE_BATCH = 512
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a pool process needs (picklable)."""
+
+    tokenizer_json: str  # OUT/tokenizer/tokenizer.json
+    output: str  # OUT
+    sequences: SequenceConfig
+    validation_fraction: float  # share of documents (by text hash) sent to validation
+    seed: int  # seeds the nsp random choices of each unit
+    special_tokens: dict[str, int]  # cls, sep, pad, mask, unk -> id
+    token_dtype: str  # "<u2" or "<u4"
+    protected_terms: tuple[str, ...] | None
+    lowercase: bool  # protected terms match case-insensitively when the tokenizer lowercases
+
+
+def is_validation(text: str, fraction: float) -> bool:
+    """Deterministic document split: the first 8 bytes of blake2b(text) as a fraction of 2^64."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+    return h < fraction * 2.0 ** 64
+
+
+def done_record_path(output: Path, unit: int) -> Path:
+    """Where unit `unit` records that its shards are complete."""
+    return output / WORK_DIR / f"unit-{unit:05d}.json"
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.tok = Tokenizer.from_file(spec.tokenizer_json)
+        self.words = WordStarts(continuation_flags(self.tok), list(spec.protected_terms or ()),
+                                spec.lowercase)
+        self.out = Path(spec.output)
+
+    def _encode(self, texts: list[str], need_offsets: bool):
+        """Per text: (ids uint32, word-start bool, char offsets [n,2] or None)."""
+        result = []
+        for b in range(0, len(texts), _ENCODE_BATCH):
+            batch = texts[b:b + _ENCODE_BATCH]
+            flags = [need_offsets or self.words.needs_offsets(t) for t in batch]
+            slow = [t for t, f in zip(batch, flags) if f]
+            fast = [t for t, f in zip(batch, flags) if not f]
+            # encode_batch_fast skips offset tracking: most English documents need no offsets.
+            enc_fast = iter(self.tok.encode_batch_fast(fast, add_special_tokens=False))
+            enc_slow = iter(self.tok.encode_batch(slow, add_special_tokens=False))
+            for text, f in zip(batch, flags):
+                enc = next(enc_slow) if f else next(enc_fast)
+                ids = np.array(enc.ids, dtype=np.uint32)
+                offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2) if f else None
+                result.append((ids, self.words.compute(text, ids, offsets), offsets))
+        return result
+
+    def _segments(self, text: str, ids: np.ndarray, ws: np.ndarray, offsets: np.ndarray):
+        """Split a document's tokens into sentences (nsp segments) by character offsets."""
+        ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+        sentence = np.searchsorted(np.array(ends, dtype=np.int64), offsets[:, 0], side="right")
+        cuts = np.flatnonzero(np.diff(sentence)) + 1
+        return [(i, w) for i, w in zip(np.split(ids, cuts), np.split(ws, cuts)) if len(i)]
+
+    def _sequences(self, unit: int, split: str, texts: list[str], drops: Counter) -> tuple[
+            Sequences, int, int]:
+        spec = self.spec
+        nsp = spec.sequences.format == "nsp"
+        cls, sep = spec.special_tokens["cls"], spec.special_tokens["sep"]
+        encoded = []
+        for text, (ids, ws, offsets) in zip(texts, self._encode(texts, need_offsets=nsp)):
+            if len(ids) == 0:
+                drops["no_tokens"] += 1  # only characters the normalizer removes
+                continue
+            encoded.append((text, ids, ws, offsets))
+        corpus_tokens = sum(len(e[1]) for e in encoded)
+        if nsp:
+            docs = [self._segments(t, i, w, o) for t, i, w, o in encoded]
+            rng = random.Random(f"{spec.seed}-{unit}-{split}")
+            return nsp_instances(docs, spec.sequences, cls, sep, rng), len(encoded), corpus_tokens
+        seqs = pack([e[1] for e in encoded], [e[2] for e in encoded], spec.sequences, cls, sep)
+        return seqs, len(encoded), corpus_tokens
+
+    def _write(self, split: str, name: str, seqs: Sequences) -> dict[str, Any]:
+        folder = self.out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {
+            f"{name}.tokens": write_array_atomic(folder / f"{name}.tokens",
+                                                 seqs.tokens.astype(self.spec.token_dtype)),
+            f"{name}.offsets": write_array_atomic(folder / f"{name}.offsets",
+                                                  seqs.offsets.astype(OFFSETS_DTYPE)),
+            f"{name}.wordstart": write_array_atomic(
+                folder / f"{name}.wordstart", np.packbits(seqs.word_start, bitorder="little")),
+        }
+        if seqs.segment_a_len is not None:
+            rec = np.empty(len(seqs.segment_a_len), dtype=NSP_DTYPE)
+            rec["segment_a_len"] = seqs.segment_a_len
+            rec["is_random_next"] = seqs.is_random_next
+            files[f"{name}.nsp"] = write_array_atomic(folder / f"{name}.nsp", rec)
+        return {"name": name, "sequences": len(seqs.offsets) - 1, "tokens": len(seqs.tokens),
+                "files": files}
+
+    def process(self, unit: int, texts: list[str]) -> dict[str, Any]:
+        by_split: dict[str, list[str]] = {s: [] for s in SPLITS}
+        for t in texts:
+            by_split["validation" if is_validation(t, self.spec.validation_fraction)
+                     else "train"].append(t)
+        drops: Counter[str] = Counter()
+        record: dict[str, Any] = {"unit": unit, "splits": {}, "dropped": {}}
+        for split, docs in by_split.items():
+            seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, drops)
+            shard = self._write(split, shard_name(unit), seqs) if len(seqs.offsets) > 1 else None
+            record["splits"][split] = {"documents": n_docs, "corpus_tokens": corpus_tokens,
+                                       "shard": shard}
+        record["dropped"] = dict(drops)
+        write_json_atomic(done_record_path(self.out, unit), record)
+        return record
+
+
+_WORKER: _Worker | None = None
+
+
+def init_worker(spec: WorkerSpec, pooled: bool = True) -> None:
+    """Pool initializer: load the tokenizer once per process. Pooled workers encode on one
+    thread each (the pool is the parallelism; N workers x N Rust threads would oversubscribe)."""
+    global _WORKER
+    if pooled:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER = _Worker(spec)
+
+
+def run_unit(job: tuple[int, list[str]]) -> dict[str, Any]:
+    """Process one work unit (unit number, its documents) in this process; returns its record."""
+    assert _WORKER is not None, "init_worker was not called"
+    unit, texts = job
+    return _WORKER.process(unit, texts)
