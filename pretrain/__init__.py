@@ -1,0 +1,1 @@
+"""BERT pretraining on DeepSpeed: model, data pipeline, trainer (see docs/design.md)."""

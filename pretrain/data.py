@@ -1,0 +1,235 @@
+"""Training batches from the shards: global seeded order, per-rank slices, dynamic masking, padding.
+
+The sampler's only state is `consumed_samples`, the number of samples taken globally. Position k of
+the global stream is sample `perm(epoch)[k % N]` with `epoch = k // N`, where `perm(epoch)` is one
+seeded permutation per epoch. Every optimizer step takes the next `micro * accum * world` positions;
+within each block of `micro * world` positions rank r takes slots [r*micro, (r+1)*micro). So a run
+resumes at the exact next sample on any world size, and the union of the ranks' slices is the
+global order. Masking (pretrain.masking) depends only on (seed, epoch, sample index, position), so
+worker counts, world sizes and restarts never change a mask.
+
+Each DataLoader worker builds whole batches (`__getitems__`): reads the sequences (zero-copy views
+of the memory maps), pads them to the longest one rounded up to a multiple of 8, masks the batch in
+one vectorised pass and returns tensors, pinned by the loader when a GPU is present.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pretrain.masking import Masker, MaskingConfig
+
+
+@dataclass
+class DataConfig:
+    """How batches are read, ordered and delivered."""
+
+    num_workers: int = 2  # DataLoader worker processes per rank (0: build batches in the main process)
+    prefetch_factor: int = 4  # batches each worker prepares ahead (ignored without workers)
+    pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (only with CUDA)
+    pad_to_multiple_of: int = 8  # pad each batch's length up to a multiple of this
+    shuffle: bool = True  # reshuffle the training order every epoch (validation stays in order)
+    seed: int = 1234  # seed of the per-epoch permutation of the training order
+    verify: str = "size"  # shard check when opening: size (fast), full (sha256), none
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"DataConfig.num_workers={self.num_workers}: must be >= 0")
+        if self.pad_to_multiple_of < 1:
+            raise ValueError(f"DataConfig.pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1")
+        if self.verify not in ("size", "full", "none"):
+            raise ValueError(f"DataConfig.verify={self.verify!r}: choose size, full or none")
+
+
+@dataclass
+class BatchPlan:
+    """The samples of one micro-batch: global stream positions, their epochs and dataset indices."""
+
+    positions: np.ndarray  # int64 [B] global stream positions (consumed_samples numbering)
+    epochs: np.ndarray  # int64 [B]
+    indices: np.ndarray  # int64 [B] indices into the reader
+
+
+class GlobalSampler:
+    """One seeded global order per epoch; each rank iterates over its slice of every block.
+
+    train=True: an endless stream over epochs starting at `consumed_samples`.
+    train=False: one pass over the samples in index order; the last, partial block is split as
+    evenly as possible (a rank with nothing left yields one batch fewer).
+    """
+
+    def __init__(self, num_samples: int, micro_batch_size: int, rank: int = 0, world_size: int = 1,
+                 consumed_samples: int = 0, seed: int = 1234, shuffle: bool = True,
+                 train: bool = True):
+        if num_samples <= 0:
+            raise ValueError("the split has no sequences: nothing to sample (rebuild the shards "
+                             "with more text or a smaller --validation_fraction)")
+        if micro_batch_size <= 0 or world_size <= 0 or not 0 <= rank < world_size:
+            raise ValueError(f"bad sampler layout: micro_batch_size={micro_batch_size}, "
+                             f"rank={rank}, world_size={world_size}")
+        if consumed_samples < 0:
+            raise ValueError(f"consumed_samples={consumed_samples} must be >= 0")
+        self.num_samples = int(num_samples)
+        self.micro_batch_size = int(micro_batch_size)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.consumed_samples = int(consumed_samples)
+        self.seed, self.shuffle, self.train = int(seed), bool(shuffle) and train, bool(train)
+        self._perm_cache: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The global order of `epoch`: a permutation of the dataset indices (identity unshuffled)."""
+        if not self.shuffle:
+            return np.arange(self.num_samples, dtype=np.int64)
+        perm = self._perm_cache.get(epoch)
+        if perm is None:
+            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+            dtype = np.int32 if self.num_samples < 2**31 else np.int64
+            perm = rng.permutation(self.num_samples).astype(dtype)
+            if len(self._perm_cache) >= 2:  # a block straddles at most two epochs
+                self._perm_cache.pop(min(self._perm_cache))
+            self._perm_cache[epoch] = perm
+        return perm
+
+    def plan(self, positions: np.ndarray) -> BatchPlan:
+        """Epochs and dataset indices of global stream positions."""
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs = positions // self.num_samples
+        indices = np.empty_like(positions)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            indices[sel] = self.order(int(e))[positions[sel] % self.num_samples]
+        return BatchPlan(positions, epochs, indices)
+
+    def rank_positions(self, block_start: int, block_size: int) -> np.ndarray:
+        """This rank's global positions in the block [block_start, block_start + block_size)."""
+        parts = np.array_split(np.arange(block_start, block_start + block_size, dtype=np.int64),
+                               self.world_size)
+        return parts[self.rank]
+
+    def __iter__(self) -> Iterator[BatchPlan]:
+        block = self.micro_batch_size * self.world_size
+        pos = self.consumed_samples
+        while True:
+            if self.train:
+                size = block
+            else:
+                if pos >= self.num_samples:
+                    return
+                size = min(block, self.num_samples - pos)
+            mine = self.rank_positions(pos, size)
+            pos += size
+            if len(mine):
+                yield self.plan(mine)
+
+    def __len__(self) -> int:
+        """Batches of this rank in one pass (validation); the training stream is endless."""
+        if self.train:
+            raise TypeError("the training sampler is endless: it has no length")
+        block = self.micro_batch_size * self.world_size
+        remaining = max(self.num_samples - self.consumed_samples, 0)
+        full, rest = divmod(remaining, block)
+        return full + int(rest > self.rank)
+
+
+class MaskedBatches(Dataset):
+    """Builds a whole masked, padded batch from a BatchPlan (see module doc)."""
+
+    def __init__(self, reader, masking_cfg: MaskingConfig, pad_to_multiple_of: int = 8,
+                 schedule_position: int | None = None):
+        """schedule_position: evaluate the mask_prob schedule there for every sample (validation
+        masks at one fixed rate) instead of at each sample's stream position."""
+        self.reader = reader
+        self.schedule_position = schedule_position
+        self.nsp = reader.format == "nsp"
+        self.vocab_size = int(reader.vocab_size)
+        self.pad_id = int(reader.special_tokens["pad"])
+        self.masker = Masker(masking_cfg, self.vocab_size, reader.special_tokens)
+        self.multiple = int(pad_to_multiple_of)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, i: int) -> dict:
+        """A one-sample batch of dataset index i (epoch 0, stream position i)."""
+        one = np.array([i], dtype=np.int64)
+        return self.__getitems__(BatchPlan(one, np.zeros(1, dtype=np.int64), one))
+
+    def _where(self, index: int) -> str:
+        return f"sequence {index} of {getattr(self.reader, 'root', '?')} " \
+               f"(split {getattr(self.reader, 'split', '?')!r})"
+
+    def __getitems__(self, plan: BatchPlan) -> dict:
+        samples = [self.reader[int(i)] for i in plan.indices]
+        lengths = np.fromiter((len(s.input_ids) for s in samples), dtype=np.int64,
+                              count=len(samples))
+        if len(samples) == 0 or lengths.min() == 0:
+            bad = int(plan.indices[int(np.argmin(lengths))]) if len(samples) else -1
+            raise ValueError(f"{self._where(bad)} is empty; the shard is corrupt: rebuild it "
+                             "(`python -m data_prep build`) or check it (`python -m data_prep verify`)")
+        T = int(-(-int(lengths.max()) // self.multiple) * self.multiple)
+        B = len(samples)
+        in_seq = np.arange(T)[None, :] < lengths[:, None]
+        ids = np.full((B, T), self.pad_id, dtype=np.int64)
+        ids[in_seq] = np.concatenate([s.input_ids for s in samples])  # row-major fill
+        word_start = np.zeros((B, T), dtype=bool)
+        if self.masker.cfg.whole_word:
+            word_start[in_seq] = np.concatenate([s.word_start for s in samples])
+        if ids.max() >= self.vocab_size:  # padding is a special id, always < vocab_size
+            row = int(np.argmax(ids.max(axis=1)))
+            raise ValueError(
+                f"{self._where(int(plan.indices[row]))} holds token id {int(ids[row].max())} >= "
+                f"the manifest's vocab_size {self.vocab_size}: the shard is corrupt or was built "
+                "with another tokenizer. Run `python -m data_prep verify` and rebuild the shards.")
+        positions = plan.positions if self.schedule_position is None else \
+            np.full(B, self.schedule_position, dtype=np.int64)
+        masked, labels, stats = self.masker(ids, lengths, word_start, plan.indices, plan.epochs,
+                                            positions)
+        batch = {
+            "input_ids": torch.from_numpy(masked),
+            "attention_mask": torch.from_numpy(in_seq.astype(np.int64)),
+            "token_type_ids": torch.zeros((B, T), dtype=torch.int64),
+            "labels": torch.from_numpy(labels),
+        }
+        if self.nsp:
+            seg_a = np.fromiter((s.segment_a_len for s in samples), dtype=np.int64, count=B)
+            types = (np.arange(T)[None, :] >= seg_a[:, None]) & in_seq
+            batch["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
+            batch["next_sentence_label"] = torch.from_numpy(
+                np.fromiter((s.is_random_next for s in samples), dtype=np.int64, count=B))
+        batch["masking_stats"] = stats
+        return batch
+
+
+def _whole_batch(batch: dict) -> dict:
+    """collate_fn: the dataset already returns a finished batch."""
+    return batch
+
+
+def build_loader(reader, data_cfg: DataConfig, masking_cfg: MaskingConfig, *, rank: int = 0,
+                 world_size: int = 1, micro_batch_size: int = 32, consumed_samples: int = 0,
+                 train: bool = True) -> DataLoader:
+    """DataLoader of masked micro-batches for one rank (see module doc and docs/design.md s.3).
+
+    train=True yields forever, starting at global position `consumed_samples`; train=False makes
+    one pass in index order with fixed masks (epoch 0, mask_prob at the schedule's end).
+    `loader.batch_sampler` is the GlobalSampler. The loader prefetches,
+    so the caller tracks consumed_samples itself (+= global batch per optimizer step).
+    """
+    if reader.max_seq_len <= 0 or len(reader) == 0:
+        raise ValueError(f"{getattr(reader, 'root', reader)}: the split has no sequences")
+    sampler = GlobalSampler(len(reader), micro_batch_size, rank, world_size, consumed_samples,
+                            seed=data_cfg.seed, shuffle=data_cfg.shuffle, train=train)
+    # Validation masks every sample at the schedule's final rate, so evaluations stay comparable.
+    final = masking_cfg.schedule_samples if masking_cfg.mask_prob_end is not None else 0
+    dataset = MaskedBatches(reader, masking_cfg, data_cfg.pad_to_multiple_of,
+                            schedule_position=None if train else final)
+    workers = data_cfg.num_workers
+    return DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=_whole_batch, num_workers=workers,
+        pin_memory=data_cfg.pin_memory and torch.cuda.is_available(),
+        prefetch_factor=data_cfg.prefetch_factor if workers > 0 else None,
+        persistent_workers=False)

@@ -1,0 +1,137 @@
+"""`python pretrain/main.py --data DIR --dry-run [--json]`: build everything, train nothing.
+
+Opens the shards, builds the model and the training loader exactly as a run would, draws the first
+batches and reports the resolved configuration, the parameter count, FLOPs per token, the shards'
+summary and the realised masking statistics (so a wrong mask_prob, a missing whole-word setting or
+a mismatched vocabulary shows before any GPU time is spent).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from pretrain.data import DataConfig, build_loader
+from pretrain.masking import MaskingConfig, mask_prob_at, merge_stats
+from pretrain.model import ModelConfig, build_model, padded_vocab, resolve_config
+
+
+def shards_summary(reader) -> dict[str, Any]:
+    """The manifest's essentials: format, lengths, tokenizer and per-split counts."""
+    m = reader.manifest
+    return {
+        "root": str(reader.root),
+        "format": reader.format,
+        "max_seq_len": reader.max_seq_len,
+        "vocab_size": reader.vocab_size,
+        "tokenizer_fingerprint": m["tokenizer"].get("fingerprint"),
+        "lowercase": m["tokenizer"].get("lowercase"),
+        "special_tokens": dict(reader.special_tokens),
+        "splits": {name: {"sequences": s.get("sequences"), "tokens": s.get("tokens"),
+                          "documents": s.get("documents"), "shards": len(s.get("shards", []))}
+                   for name, s in m["splits"].items()},
+        "dropped": m.get("dropped", {}),
+    }
+
+
+def run_dry_run(data_dir: str, model_cfg: ModelConfig, masking_cfg: MaskingConfig,
+                data_cfg: DataConfig, num_batches: int = 8, as_json: bool = False, *,
+                micro_batch_size: int = 32, extra_config: dict | None = None,
+                stream=None) -> dict[str, Any]:
+    """Build reader, model and loader; draw `num_batches` training batches; print and return the report.
+
+    extra_config: further resolved settings (e.g. the trainer's) merged under "config".
+    Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
+    """
+    from data_prep.reader import ShardReader
+
+    stream = stream or sys.stdout
+    reader = ShardReader(data_dir, split="train", verify=data_cfg.verify)
+    resolved = resolve_config(model_cfg, reader.vocab_size)
+    model = build_model(resolved, reader.vocab_size, nsp=reader.format == "nsp",
+                        max_seq_len=reader.max_seq_len)
+    seq_len = reader.max_seq_len
+    # Batches come from the main process here: the report needs no worker processes.
+    loader = build_loader(reader, dataclasses.replace(data_cfg, num_workers=0), masking_cfg,
+                          micro_batch_size=micro_batch_size, consumed_samples=0, train=True)
+    stats, lengths = [], []
+    for _, batch in zip(range(num_batches), loader):
+        stats.append(batch["masking_stats"])
+        lengths.append(int(batch["input_ids"].shape[1]))
+    masking = merge_stats(stats)
+    masking.update({"batches": len(stats), "micro_batch_size": micro_batch_size,
+                    "padded_lengths": sorted(set(lengths)),
+                    "mask_prob_start": mask_prob_at(masking_cfg, 0)})
+    if masking_cfg.mask_prob_end is not None:
+        masking["mask_prob_end"] = mask_prob_at(masking_cfg, masking_cfg.schedule_samples)
+    report = {
+        "config": {"model": dataclasses.asdict(resolved), "masking": dataclasses.asdict(masking_cfg),
+                   "data": dataclasses.asdict(data_cfg), **(extra_config or {})},
+        "model": {
+            "architecture": model.hf_architecture,
+            "parameters": int(model.num_parameters()),
+            "flops_per_token": model.flops_per_token(seq_len, masking["selected_fraction"]),
+            "seq_len": seq_len,
+            "vocab_size": reader.vocab_size,
+            "padded_vocab_size": padded_vocab(reader.vocab_size, resolved.vocab_multiple),
+        },
+        "shards": shards_summary(reader),
+        "masking": masking,
+    }
+    if as_json:
+        stream.write(json.dumps(report, indent=1, default=str) + "\n")
+    else:
+        stream.write(format_report(report))
+    stream.flush()
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """Human-readable form of a dry-run report."""
+    m, s, k = r["model"], r["shards"], r["masking"]
+    cm = r["config"]["model"]
+    lines = [
+        "== dry run: nothing is trained ==",
+        (f"model   {cm['name']}: {m['architecture']}, hidden {cm['hidden_size']}, layers "
+         f"{cm['num_hidden_layers']}, heads {cm['num_attention_heads']}, "
+         f"ffn {cm['intermediate_size']}"),
+        (f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "
+         f"token (train, seq {m['seq_len']}); vocab {m['vocab_size']} padded to "
+         f"{m['padded_vocab_size']}"),
+        (f"shards  {s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, "
+         f"tokenizer {str(s['tokenizer_fingerprint'])[:12]}"),
+    ]
+    for name, sp in s["splits"].items():
+        lines.append(f"        {name}: {sp['sequences']:,} sequences, {sp['tokens']:,} tokens, "
+                     f"{sp['shards']} shards")
+    mc = r["config"]["masking"]
+    lines += [
+        (f"masking mask_prob {k['mask_prob']:.4f} "
+         f"({'whole words' if mc['whole_word'] else 'tokens'}, cap {mc['max_predictions']}), "
+         f"over {k['batches']} batches of {k['micro_batch_size']}:"),
+        (f"        selected {k['selected_fraction']:.4f} of {k['maskable_tokens']:,} maskable "
+         f"tokens; of the selected: [MASK] {k['mask_token_fraction']:.4f}, random "
+         f"{k['random_fraction']:.4f}, kept {k['kept_fraction']:.4f}; "
+         f"{k['whole_word_units']:,} units"),
+        "config  " + json.dumps({key: v for key, v in r["config"].items()
+                                 if key not in ("model", "masking")}, default=str),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(cfg) -> int:
+    """Dry run for the trainer's parsed TrainConfig (`pretrain/main.py --dry-run [--json]`)."""
+    try:
+        from data_prep.reader import ShardError
+    except ImportError:  # pragma: no cover
+        ShardError = ValueError
+    extra = {k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")}
+    try:
+        run_dry_run(cfg.run.data, cfg.model_cfg, cfg.masking, cfg.data_cfg,
+                    as_json=cfg.run.json, micro_batch_size=cfg.batch.micro_batch_size or 32,
+                    extra_config=extra)
+    except (ShardError, ValueError) as e:
+        print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0

@@ -1,0 +1,284 @@
+"""BERT for pretraining: transformers' BertModel (SDPA attention) + heads that run on masked rows only.
+
+Parameter names are exactly those of `transformers.BertForPreTraining` (with NSP) or
+`BertForMaskedLM` (MLM only: no pooler, no NSP head), so `model.state_dict()` loads into them with
+strict checking. The MLM head gathers the masked rows first (as MosaicBERT does) and computes the
+decoder matmul and softmax cross-entropy on them only, through `kernels.masked_lm_loss`. The
+vocabulary is padded to a multiple of 8 for fast matmuls; the padding columns take no part in the
+softmax, loss or argmax (the kernel receives `vocab_size=true_vocab_size`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from transformers import BertConfig
+from transformers.models.bert.modeling_bert import (
+    BertModel,
+    BertOnlyMLMHead,
+    BertPreTrainedModel,
+    BertPreTrainingHeads,
+)
+
+import kernels
+
+IGNORE_INDEX = -100
+CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the encoder (a preset, optionally overridden, or a BERT config JSON)."""
+
+    name: str = "custom"  # preset name this config came from (informational)
+    hidden_size: int = 128  # width of the encoder
+    num_hidden_layers: int = 2  # number of transformer layers
+    num_attention_heads: int = 2  # attention heads per layer (must divide hidden_size)
+    intermediate_size: int = 512  # width of the feed-forward layer
+    max_position_embeddings: int = 512  # longest sequence the position embeddings cover
+    type_vocab_size: int = 2  # token-type (segment) vocabulary
+    hidden_act: str = "gelu"  # activation of the feed-forward layer and the MLM transform
+    hidden_dropout_prob: float = 0.1  # dropout on embeddings and layer outputs
+    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
+    layer_norm_eps: float = 1e-12  # LayerNorm epsilon
+    initializer_range: float = 0.02  # std of the normal initialisation
+    vocab_multiple: int = 8  # pad the vocabulary (embedding/decoder rows) to this multiple
+    config_json: str | None = None  # BERT config.json whose architecture replaces the fields above
+    loss_impl: str = "auto"  # kernels.masked_lm_loss implementation: auto | triton | torch
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(name="tiny", hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=512),
+    "small": ModelConfig(name="small", hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                         intermediate_size=2048),
+    "base": ModelConfig(name="base", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072),
+    "large": ModelConfig(name="large", hidden_size=1024, num_hidden_layers=24,
+                         num_attention_heads=16, intermediate_size=4096),
+}
+
+_ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
+                "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
+
+
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    """Smallest multiple of `multiple` >= vocab_size."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
+    """Fill the architecture from `cfg.config_json` when given; check it against the shards' vocab."""
+    if not cfg.config_json:
+        return cfg
+    path = Path(cfg.config_json)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"model config JSON {path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model config JSON {path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        msg = f"model config JSON {path}: expected an object of BERT config keys"
+        raise ValueError(msg)  # noqa: TRY004 (bad file content: a ValueError like the others)
+    if "vocab_size" in data and data["vocab_size"] not in (
+            vocab_size, padded_vocab(vocab_size, cfg.vocab_multiple)):
+        raise ValueError(
+            f"model config JSON {path}: vocab_size {data['vocab_size']} does not match the shards' "
+            f"tokenizer ({vocab_size} in manifest.json). The vocabulary always comes from the "
+            "shards: delete the vocab_size key, or rebuild the shards with the matching tokenizer.")
+    updates = {k: data[k] for k in _ARCH_FIELDS if k in data}
+    return dataclasses.replace(cfg, **updates)
+
+
+def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
+    """transformers.BertConfig for `cfg` with the vocabulary padded to cfg.vocab_multiple."""
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
+                         f"{cfg.num_attention_heads}")
+    arch = {k: getattr(cfg, k) for k in _ARCH_FIELDS}
+    conf = BertConfig(vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple), **arch)
+    conf._attn_implementation = "sdpa"
+    return conf
+
+
+class BertForPretrainingMasked(BertPreTrainedModel):
+    """BERT with the MLM head on masked rows only and an optional NSP head (see module doc)."""
+
+    _tied_weights_keys: ClassVar[dict[str, str]] = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: BertConfig, true_vocab_size: int, nsp: bool, loss_impl: str = "auto"):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=nsp)
+        self.cls = BertPreTrainingHeads(config) if nsp else BertOnlyMLMHead(config)
+        self.nsp = nsp
+        self.true_vocab_size = int(true_vocab_size)
+        self.loss_impl = loss_impl
+        self.checkpointing = "none"
+        self.post_init()
+        if "deepspeed" in sys.modules:  # the trainer imports it first; see the method's doc
+            self.register_zero3_external_parameters()
+
+    def register_zero3_external_parameters(self) -> None:
+        """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the
+        MLM bias outside their modules' own forward, so it gathers them for the MLM loss.
+        Harmless without ZeRO-3; called at construction when deepspeed is already imported."""
+        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+        register_external_parameter(self, self.cls.predictions.decoder.weight)
+        register_external_parameter(self, self.cls.predictions.bias)
+
+    @property
+    def bert_config(self) -> BertConfig:
+        """The transformers config (vocab padded to a multiple of 8)."""
+        return self.config
+
+    @property
+    def hf_architecture(self) -> str:
+        """The transformers class whose state dict this model's matches."""
+        return "BertForPreTraining" if self.nsp else "BertForMaskedLM"
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def _masked_rows(self, sequence_output: torch.Tensor, labels: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transformed hidden states [N_m, H] and labels [N_m] of the predicted positions."""
+        flat_labels = labels.reshape(-1)
+        idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
+        rows = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, idx)
+        return self.cls.predictions.transform(rows), flat_labels.index_select(0, idx)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None,
+                mlm_normalizer: torch.Tensor | float | None = None,
+                nsp_normalizer: torch.Tensor | float | None = None) -> dict:
+        """Pretraining losses and counts.
+
+        labels: [B, T] with -100 where not predicted. mlm_normalizer: masked tokens of the whole
+        global batch (the MLM loss is sum / mlm_normalizer; default: this batch's count).
+        nsp_normalizer: sequences of the global batch (NSP loss is sum / nsp_normalizer; default
+        this batch's size). Returns {loss, mlm_loss, nsp_loss (None without NSP), num_masked,
+        num_correct, nsp_correct, nsp_count}.
+        """
+        if labels is None:
+            raise ValueError("labels are required: the model computes the MLM loss on masked rows")
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                        token_type_ids=token_type_ids, return_dict=True)
+        hidden, row_labels = self._masked_rows(out.last_hidden_state, labels)
+        mlm = kernels.masked_lm_loss(hidden, self.cls.predictions.decoder.weight,
+                                     self.cls.predictions.bias, row_labels,
+                                     ignore_index=IGNORE_INDEX, vocab_size=self.true_vocab_size,
+                                     normalizer=mlm_normalizer, impl=self.loss_impl)
+        result = {"loss": mlm.loss, "mlm_loss": mlm.loss, "nsp_loss": None,
+                  "num_masked": mlm.num_masked, "num_correct": mlm.num_correct}
+        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
+        if self.nsp and next_sentence_label is not None:
+            logits = self.cls.seq_relationship(out.pooler_output).float()
+            nsp_sum = F.cross_entropy(logits, next_sentence_label.long(), reduction="sum")
+            denom = nsp_normalizer if nsp_normalizer is not None else max(len(logits), 1)
+            result["nsp_loss"] = nsp_sum / denom
+            result["loss"] = mlm.loss + result["nsp_loss"]
+            result["nsp_correct"] = (logits.argmax(-1) == next_sentence_label).sum()
+            result["nsp_count"] = zero + len(logits)
+        else:
+            result["nsp_correct"] = zero
+            result["nsp_count"] = zero
+        return result
+
+    @torch.no_grad()
+    def predict_masked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       token_type_ids: torch.Tensor | None, labels: torch.Tensor) -> torch.Tensor:
+        """MLM logits [N_m, true_vocab_size] at the positions where labels != -100 (row-major)."""
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                        token_type_ids=token_type_ids, return_dict=True)
+        hidden, _ = self._masked_rows(out.last_hidden_state, labels)
+        v = self.true_vocab_size
+        return F.linear(hidden, self.cls.predictions.decoder.weight[:v], self.cls.predictions.bias[:v])
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """Recompute encoder layers in backward: "none", "torch" (non-reentrant torch checkpoint)
+        or "deepspeed" (deepspeed.checkpointing.checkpoint: the trainer must have called
+        `deepspeed.checkpointing.configure(None, deepspeed_config=...)` after init_distributed)."""
+        if mode not in CHECKPOINTING_MODES:
+            raise ValueError(f"activation checkpointing {mode!r}: choose one of {CHECKPOINTING_MODES}")
+        if mode == "none":
+            self._set_gradient_checkpointing(enable=False)
+        elif mode == "torch":
+            self.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            import deepspeed
+
+            self._set_gradient_checkpointing(
+                enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+        self.checkpointing = mode
+
+    def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
+        """Training FLOPs (forward + backward = 3x forward) per input token.
+
+        Dense matmuls 2 FLOPs per weight per token (QKV, attention output, feed-forward), attention
+        scores and weighted sum 4 * seq_len * hidden per layer, the MLM head (transform + decoder
+        over the true vocabulary) on the masked fraction of tokens only, the NSP pooler and
+        classifier once per sequence. Embedding lookups, LayerNorm, softmax are not counted.
+        """
+        c = self.config
+        h, i, n_layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+        layer = 2 * (4 * h * h + 2 * h * i) + 4 * seq_len * h
+        head = masked_fraction * 2 * (h * h + h * self.true_vocab_size)
+        nsp = (2 * (h * h + 2 * h) / seq_len) if self.nsp else 0.0
+        return 3.0 * (n_layers * layer + head + nsp)
+
+    def hf_config(self, unpad_vocab: bool = False) -> BertConfig:
+        """A transformers config for export (architectures set; vocab unpadded on request)."""
+        conf = BertConfig.from_dict(self.config.to_dict())
+        conf.architectures = [self.hf_architecture]
+        if unpad_vocab:
+            conf.vocab_size = self.true_vocab_size
+        return conf
+
+    def hf_state_dict(self, unpad_vocab: bool = False) -> dict[str, torch.Tensor]:
+        """State dict with transformers' names (BertForPreTraining / BertForMaskedLM).
+
+        unpad_vocab=True slices the padding rows off word_embeddings, decoder weight and bias so
+        the tensors match `hf_config(unpad_vocab=True)` (vocab_size = the tokenizer's).
+        """
+        sd = {k: v.detach() for k, v in self.state_dict().items()}
+        if unpad_vocab:
+            v = self.true_vocab_size
+            for k in ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight",
+                      "cls.predictions.decoder.bias", "cls.predictions.bias"):
+                sd[k] = sd[k][:v]
+        return sd
+
+
+def build_model(model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *,
+                max_seq_len: int | None = None) -> BertForPretrainingMasked:
+    """Build the pretraining model for a tokenizer of `vocab_size` entries (from the manifest).
+
+    max_seq_len (the shards'): checked against max_position_embeddings.
+    """
+    if vocab_size < 5:
+        raise ValueError(f"vocab_size {vocab_size} is too small for a BERT tokenizer")
+    cfg = resolve_config(model_cfg, vocab_size)
+    if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:
+        raise ValueError(f"the shards' max_seq_len {max_seq_len} exceeds the model's "
+                         f"max_position_embeddings {cfg.max_position_embeddings}")
+    if cfg.loss_impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
+    return BertForPretrainingMasked(bert_config(cfg, vocab_size), vocab_size, nsp, cfg.loss_impl)
