@@ -1,0 +1,13 @@
+"""Fused masked-LM loss: softmax cross-entropy on the masked rows only.
+
+A Triton kernel, with a pure-PyTorch fallback:
+
+    out = kernels.masked_lm_loss(hidden, weight, bias, labels, vocab_size=V, normalizer=None)
+    out.loss, out.num_masked, out.num_correct
+
+Importing this package works without a GPU and without triton (impl="torch" is then used).
+"""
+
+from .api import IMPLS, REDUCTIONS, MaskedLMOutput, masked_lm_loss, softmax_cross_entropy
+
+__all__ = ["IMPLS", "REDUCTIONS", "MaskedLMOutput", "masked_lm_loss", "softmax_cross_entropy"]
