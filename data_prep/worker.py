@@ -20,9 +20,9 @@ from tokenizers import Tokenizer
 
 from data_prep.layout import (
     NSP_DTYPE,
-    OFFSETS_DTYPE,
     SPLITS,
     WORK_DIR,
+    offsets_dtype_for,
     shard_name,
     write_array_atomic,
     write_json_atomic,
@@ -119,11 +119,12 @@ class _Worker:
     def _write(self, split: str, name: str, seqs: Sequences) -> dict[str, Any]:
         folder = self.out / split
         folder.mkdir(parents=True, exist_ok=True)
+        offsets_dtype = offsets_dtype_for(len(seqs.tokens))
         files = {
             f"{name}.tokens": write_array_atomic(folder / f"{name}.tokens",
                                                  seqs.tokens.astype(self.spec.token_dtype)),
             f"{name}.offsets": write_array_atomic(folder / f"{name}.offsets",
-                                                  seqs.offsets.astype(OFFSETS_DTYPE)),
+                                                  seqs.offsets.astype(offsets_dtype)),
             f"{name}.wordstart": write_array_atomic(
                 folder / f"{name}.wordstart", np.packbits(seqs.word_start, bitorder="little")),
         }
@@ -133,7 +134,7 @@ class _Worker:
             rec["is_random_next"] = seqs.is_random_next
             files[f"{name}.nsp"] = write_array_atomic(folder / f"{name}.nsp", rec)
         return {"name": name, "sequences": len(seqs.offsets) - 1, "tokens": len(seqs.tokens),
-                "files": files}
+                "offsets_dtype": offsets_dtype.name, "files": files}
 
     def process(self, unit: int, texts: list[str]) -> dict[str, Any]:
         by_split: dict[str, list[str]] = {s: [] for s in SPLITS}

@@ -8,9 +8,11 @@ resumes at the exact next sample on any world size, and the union of the ranks' 
 global order. Masking (pretrain.masking) depends only on (seed, epoch, sample index, position), so
 worker counts, world sizes and restarts never change a mask.
 
-Each DataLoader worker builds whole batches (`__getitems__`): reads the sequences (zero-copy views
-of the memory maps), pads them to the longest one rounded up to a multiple of 8, masks the batch in
-one vectorised pass and returns tensors, pinned by the loader when a GPU is present.
+Each DataLoader item is a whole micro-batch: the GlobalSampler is the loader's batch_sampler and
+the dataset's `__getitems__` takes its BatchPlan. A worker reads the plan's sequences in one
+batched call (`ShardReader.get_batch`: numpy gathers over the memory maps, padded to the longest
+length rounded up to a multiple of 8), masks the batch in one vectorised pass and returns tensors,
+pinned by the loader when a GPU is present.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from data_prep.reader import SampleBatch
 from pretrain.masking import Masker, MaskingConfig
 
 
@@ -162,32 +165,31 @@ class MaskedBatches(Dataset):
         return f"sequence {index} of {getattr(self.reader, 'root', '?')} " \
                f"(split {getattr(self.reader, 'split', '?')!r})"
 
+    def read(self, plan: BatchPlan) -> SampleBatch:
+        """The plan's sequences, padded to [B, T] int64 (T: a multiple of pad_to_multiple_of), in
+        one batched read (`ShardReader.get_batch`: a few numpy gathers per shard touched)."""
+        return self.reader.get_batch(plan.indices, pad_to_multiple_of=self.multiple,
+                                     word_start=self.masker.cfg.whole_word)
+
     def __getitems__(self, plan: BatchPlan) -> dict:
-        samples = [self.reader[int(i)] for i in plan.indices]
-        lengths = np.fromiter((len(s.input_ids) for s in samples), dtype=np.int64,
-                              count=len(samples))
-        if len(samples) == 0 or lengths.min() == 0:
-            bad = int(plan.indices[int(np.argmin(lengths))]) if len(samples) else -1
+        got = self.read(plan)
+        ids, lengths = got.input_ids, got.lengths
+        B, T = ids.shape
+        if B == 0 or lengths.min() == 0:
+            bad = int(plan.indices[int(np.argmin(lengths))]) if B else -1
             raise ValueError(f"{self._where(bad)} is empty; the shard is corrupt: rebuild it "
                              "(`python -m data_prep build`) or check it (`python -m data_prep verify`)")
-        T = int(-(-int(lengths.max()) // self.multiple) * self.multiple)
-        B = len(samples)
-        in_seq = np.arange(T)[None, :] < lengths[:, None]
-        ids = np.full((B, T), self.pad_id, dtype=np.int64)
-        ids[in_seq] = np.concatenate([s.input_ids for s in samples])  # row-major fill
-        word_start = np.zeros((B, T), dtype=bool)
-        if self.masker.cfg.whole_word:
-            word_start[in_seq] = np.concatenate([s.word_start for s in samples])
         if ids.max() >= self.vocab_size:  # padding is a special id, always < vocab_size
             row = int(np.argmax(ids.max(axis=1)))
             raise ValueError(
                 f"{self._where(int(plan.indices[row]))} holds token id {int(ids[row].max())} >= "
                 f"the manifest's vocab_size {self.vocab_size}: the shard is corrupt or was built "
                 "with another tokenizer. Run `python -m data_prep verify` and rebuild the shards.")
+        in_seq = np.arange(T)[None, :] < lengths[:, None]
         positions = plan.positions if self.schedule_position is None else \
             np.full(B, self.schedule_position, dtype=np.int64)
-        masked, labels, stats = self.masker(ids, lengths, word_start, plan.indices, plan.epochs,
-                                            positions)
+        masked, labels, stats = self.masker(ids, lengths, got.word_start, plan.indices,
+                                            plan.epochs, positions)
         batch = {
             "input_ids": torch.from_numpy(masked),
             "attention_mask": torch.from_numpy(in_seq.astype(np.int64)),
@@ -195,11 +197,9 @@ class MaskedBatches(Dataset):
             "labels": torch.from_numpy(labels),
         }
         if self.nsp:
-            seg_a = np.fromiter((s.segment_a_len for s in samples), dtype=np.int64, count=B)
-            types = (np.arange(T)[None, :] >= seg_a[:, None]) & in_seq
+            types = (np.arange(T)[None, :] >= got.segment_a_len[:, None]) & in_seq
             batch["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
-            batch["next_sentence_label"] = torch.from_numpy(
-                np.fromiter((s.is_random_next for s in samples), dtype=np.int64, count=B))
+            batch["next_sentence_label"] = torch.from_numpy(got.is_random_next.astype(np.int64))
         batch["masking_stats"] = stats
         return batch
 

@@ -229,3 +229,32 @@ def test_schedule_in_training_and_fixed_masks_in_validation(english_shards):
         assert a["masking_stats"]["mask_prob"] == pytest.approx(0.15)
     sel = sum(b["masking_stats"]["selected_tokens"] for b in passes[0])
     assert abs(sel / sum(b["masking_stats"]["maskable_tokens"] for b in passes[0]) - 0.15) < 0.01
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_batched_read_gives_the_batches_of_per_sequence_reads(english_shards, whole_word):
+    """The loader reads with ShardReader.get_batch; the batch must be what padding the
+    per-sequence reads (reader[i]) and masking them gives."""
+    from pretrain.masking import Masker
+
+    reader = ShardReader(english_shards)
+    cfg = MaskingConfig(whole_word=whole_word)
+    loader = build_loader(reader, DataConfig(num_workers=0), cfg, micro_batch_size=24,
+                          consumed_samples=len(reader) - 5)  # a batch across two epochs
+    masker = Masker(cfg, reader.vocab_size, reader.special_tokens)
+    for plan, batch in zip(itertools.islice(iter(loader.batch_sampler), 3), take(loader, 3)):
+        samples = [reader[int(i)] for i in plan.indices]
+        lengths = np.array([len(s.input_ids) for s in samples])
+        T = int(-(-lengths.max() // 8) * 8)
+        ids = np.full((len(samples), T), reader.special_tokens["pad"], dtype=np.int64)
+        ws = np.zeros((len(samples), T), dtype=bool)
+        for r, s in enumerate(samples):
+            ids[r, :len(s.input_ids)] = s.input_ids
+            ws[r, :len(s.input_ids)] = s.word_start
+        masked, labels, stats = masker(ids, lengths, ws, plan.indices, plan.epochs, plan.positions)
+        np.testing.assert_array_equal(batch["input_ids"].numpy(), masked)
+        np.testing.assert_array_equal(batch["labels"].numpy(), labels)
+        np.testing.assert_array_equal(batch["attention_mask"].numpy(),
+                                      (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64))
+        assert batch["masking_stats"] == stats
+    assert len(set(plan.epochs.tolist())) == 1 and plan.epochs[0] == 1

@@ -1,6 +1,7 @@
 """data_prep shards: round trip, word-start bits, split, nsp structure, reader, inspect, verify."""
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import re
@@ -297,3 +298,118 @@ def test_large_vocabulary_uses_uint32(tmp_path, english_shards):
     assert reader.manifest["token_dtype"] == "uint32" and reader.vocab_size == 70000
     assert reader[0].input_ids.dtype == np.uint32
     assert vocab.index("zzfiller67000") in reader[0].input_ids.tolist()
+
+
+def _many_shards(tmp_path: Path, english_corpus: Path, english_shards: Path, fmt: str) -> Path:
+    out = tmp_path / f"many_{fmt}"
+    assert main(["build", "--input", str(english_corpus), "--output", str(out), "--tokenizer",
+                 str(english_shards / "tokenizer"), "--format", fmt, "--shard_docs", "3",
+                 "--validation_fraction", "0", "--workers", "2"]) == 0
+    return out
+
+
+def assert_batch_matches_items(reader: ShardReader, idx: np.ndarray, multiple: int) -> None:
+    """get_batch(idx) row by row against reader[i] (the per-sequence path)."""
+    b = reader.get_batch(idx, pad_to_multiple_of=multiple)
+    pad = reader.special_tokens["pad"]
+    assert b.input_ids.dtype == np.int64 and b.input_ids.shape[0] == len(idx)
+    T = b.input_ids.shape[1]
+    assert T % multiple == 0 and (len(idx) == 0 or T - multiple < b.lengths.max() <= T)
+    for r, i in enumerate(idx):
+        s = reader[int(i)]
+        L = len(s.input_ids)
+        assert b.lengths[r] == L
+        np.testing.assert_array_equal(b.input_ids[r, :L], s.input_ids)
+        assert (b.input_ids[r, L:] == pad).all()
+        np.testing.assert_array_equal(b.word_start[r, :L], s.word_start)
+        assert not b.word_start[r, L:].any()
+        if reader.format == "nsp":
+            assert (b.segment_a_len[r], b.is_random_next[r]) == (s.segment_a_len, s.is_random_next)
+        else:
+            assert b.segment_a_len is None and b.is_random_next is None
+
+
+@pytest.mark.parametrize("fmt", ["packed", "nsp"])
+def test_get_batch_equals_per_sequence_reads(fmt, tmp_path, english_corpus, english_shards,
+                                             english_nsp_shards, monkeypatch):
+    import data_prep.reader as reader_mod
+
+    one = english_shards if fmt == "packed" else english_nsp_shards
+    many = _many_shards(tmp_path, english_corpus, english_shards, fmt)
+    rng = np.random.default_rng(7)
+    for root, max_open in ((one, None), (many, None), (many, 2)):
+        reader = ShardReader(root, max_open_shards=max_open)
+        assert root == one or len(reader.manifest["splits"]["train"]["shards"]) > 20
+        # Both gather strategies: per shard (the default for these batch sizes) and per sequence.
+        for min_group in (1, 10**9):
+            monkeypatch.setattr(reader_mod, "_MIN_GROUP", min_group)
+            for B in (1, 5, 64, 300):  # random order, repeats, negative indices
+                assert_batch_matches_items(reader, rng.integers(-len(reader), len(reader), B),
+                                           multiple=8 if B % 2 else 1)
+            assert_batch_matches_items(reader, np.arange(len(reader)), multiple=8)
+    empty = reader.get_batch([])
+    assert empty.input_ids.shape == (0, 0) and len(empty.lengths) == 0
+    only_ids = reader.get_batch([0, 1], word_start=False, dtype=np.int32)
+    assert only_ids.word_start is None and only_ids.input_ids.dtype == np.int32
+    with pytest.raises(IndexError, match=f"sequence {len(reader)} out of range"):
+        reader.get_batch([0, len(reader)])
+    with pytest.raises(ValueError, match="pad_to_multiple_of"):
+        reader.get_batch([0], pad_to_multiple_of=0)
+
+
+def test_offsets_uint32_in_version_2_and_version_1_still_read(english_shards, tmp_path):
+    m = json.loads((english_shards / "manifest.json").read_text())
+    assert m["format_version"] == 2
+    stored = 0
+    for split in ("train", "validation"):
+        for shard in m["splits"][split]["shards"]:
+            assert shard["offsets_dtype"] == "uint32"
+            offsets = english_shards / split / f"{shard['name']}.offsets"
+            assert offsets.stat().st_size == 4 * (shard["sequences"] + 1)
+            stored += sum(f["bytes"] for f in shard["files"].values())
+    tokens = sum(m["splits"][s]["tokens"] for s in ("train", "validation"))
+    seqs = sum(m["splits"][s]["sequences"] for s in ("train", "validation"))
+    # 2-byte ids, one word-start bit per token (padded to whole bytes per shard), 4 bytes an offset.
+    n_shards = sum(len(m["splits"][s]["shards"]) for s in ("train", "validation"))
+    assert stored <= 2 * tokens + tokens / 8 + 4 * (seqs + n_shards) + n_shards
+    assert stored / tokens < 2.2
+
+    # The same shards written as format_version 1 (uint64 offsets, no offsets_dtype key).
+    old = _copy(english_shards, tmp_path / "v1")
+    m1 = json.loads((old / "manifest.json").read_text())
+    m1["format_version"] = 1
+    for split in ("train", "validation"):
+        for shard in m1["splits"][split]["shards"]:
+            del shard["offsets_dtype"]
+            path = old / split / f"{shard['name']}.offsets"
+            data = np.fromfile(path, dtype="<u4").astype("<u8").tobytes()
+            path.write_bytes(data)
+            shard["files"][path.name] = {"bytes": len(data),
+                                         "sha256": hashlib.sha256(data).hexdigest()}
+    (old / "manifest.json").write_text(json.dumps(m1))
+    assert main(["verify", str(old)]) == 0
+    new_r, old_r = ShardReader(english_shards), ShardReader(old, verify="full")
+    assert len(old_r) == len(new_r)
+    np.testing.assert_array_equal(old_r.sequence_lengths(), new_r.sequence_lengths())
+    for i in (0, 7, len(new_r) - 1):
+        np.testing.assert_array_equal(old_r[i].input_ids, new_r[i].input_ids)
+    idx = np.arange(len(new_r))[::-1]
+    a, b = old_r.get_batch(idx), new_r.get_batch(idx)
+    np.testing.assert_array_equal(a.input_ids, b.input_ids)
+    np.testing.assert_array_equal(a.word_start, b.word_start)
+
+    bad = _copy(english_shards, tmp_path / "bad_dtype")
+    m2 = json.loads((bad / "manifest.json").read_text())
+    m2["splits"]["train"]["shards"][0]["offsets_dtype"] = "float16"
+    (bad / "manifest.json").write_text(json.dumps(m2))
+    with pytest.raises(ShardError, match="offsets_dtype 'float16'.*rebuild"):
+        ShardReader(bad)
+
+
+def test_unverified_truncated_shard_gives_shard_error(english_shards, tmp_path):
+    short = _copy(english_shards, tmp_path / "short")
+    victim = min((short / "train").glob("*.tokens"))
+    victim.write_bytes(victim.read_bytes()[:100])
+    reader = ShardReader(short, verify="none")  # trusts the folder until a shard is opened
+    with pytest.raises(ShardError, match=f"{victim.name}.*verify"):
+        reader.get_batch([0])
