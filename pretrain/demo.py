@@ -1,0 +1,409 @@
+"""The main job end to end on text that ships with CPython (no download, no GPU):
+
+    python -m pretrain.demo --output_dir runs/demo        (what `make demo` runs)
+
+1. corpus: the pydoc topic pages of this Python (`pydoc_data.topics`, ~460 KB of English prose);
+2. shards: `python -m data_prep build` trains a WordPiece vocabulary and writes packed shards;
+3. doctor: `python -m pretrain.doctor` checks versions, data, batch sizes, memory and disk;
+4. train: the DeepSpeed launcher starts two local ranks (ZeRO-2, ds_configs/cpu.json) and trains
+   the tiny model for half the steps, then stops with a checkpoint;
+5. resume: a second launch with `--resume auto` continues to the last step (the learning rate is
+   constant after warmup, so two launches give the same schedule as one);
+6. export: `python -m pretrain.export` writes a Hugging Face folder (validation ran at the end of
+   each launch and every --eval_interval steps);
+7. fill-mask: transformers' pipeline on a few sentences, predictions printed;
+8. plot: `python -m pretrain.plot` draws the loss curves to PNG.
+
+Each step is a subprocess with its log in OUTPUT/logs/; a failure stops the demo with the failing
+command and the end of its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "demo.json"  # written into the output folder: marks it as ours (safe to redo)
+SENTENCES = (
+    "The {mask} statement causes the current function to return a value.",
+    "An {mask} is raised when an error is detected during execution.",
+    "The body of the {mask} loop is executed while the condition is true.",
+    "Strings are immutable sequences of {mask} code points.",
+    "A class definition creates a new {mask} object.",
+)
+
+
+class StepFailed(RuntimeError):
+    """A demo step exited non-zero; the message has the command and the end of its log."""
+
+
+def write_corpus(path: Path) -> tuple[int, int]:
+    """The pydoc topics, one blank-line-separated document each; returns (documents, bytes)."""
+    from pydoc_data.topics import topics
+
+    docs = [
+        "\n".join(line for line in topics[k].splitlines() if line.strip()) for k in sorted(topics)
+    ]
+    docs = [d for d in docs if d]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(d + "\n\n" for d in docs), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(docs), path.stat().st_size
+
+
+def run_step(name: str, cmd: list[str], log: Path, stream: bool = False) -> float:
+    """Run `cmd` from the repository root with its output in `log` (and on screen if `stream`,
+    which keeps the trainer's progress bar); raise StepFailed with the log's tail on failure."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    t0 = time.monotonic()
+    with open(log, "wb") as f:
+        f.write(f"$ {shlex.join(cmd)}\n".encode())
+        f.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):
+            f.write(chunk)
+            if stream:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        rc = proc.wait()
+    if rc != 0:
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        raise StepFailed(
+            f"step '{name}' failed (exit {rc}):\n  {shlex.join(cmd)}\n"
+            f"log: {log}\n--- last lines ---\n" + "\n".join(tail)
+        )
+    return time.monotonic() - t0
+
+
+def train_command(
+    args: argparse.Namespace, shards: Path, run: Path, max_steps: int, resume: str, port: int
+) -> list[str]:
+    """The DeepSpeed launcher on `args.ranks` local ranks (`deepspeed --num_gpus N ...`)."""
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(args.ranks),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(args.ds_config),
+        "--data",
+        str(shards),
+        "--model",
+        args.model,
+        "--output_dir",
+        str(run),
+        "--max_steps",
+        str(max_steps),
+        "--resume",
+        resume,
+        "--global_batch_size",
+        str(args.global_batch_size),
+        "--micro_batch_size",
+        str(args.global_batch_size // args.ranks),
+        "--lr",
+        str(args.lr),
+        "--warmup_steps",
+        str(args.warmup_steps),
+        "--decay",
+        "constant",
+        "--eval_interval",
+        str(args.eval_interval),
+        "--log_interval",
+        "10",
+    ]
+
+
+def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
+    """Top-3 predictions of the exported model for SENTENCES (transformers' fill-mask pipeline)."""
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
+    results = []
+    for s in SENTENCES:
+        text = s.format(mask=fill.tokenizer.mask_token)
+        preds = fill(text, top_k=3)
+        results.append(
+            {
+                "sentence": text,
+                "predictions": [
+                    {"token": p["token_str"], "score": round(float(p["score"]), 4)} for p in preds
+                ],
+            }
+        )
+    for r in results:
+        shown = ", ".join(f"{p['token']!r} {p['score']:.2f}" for p in r["predictions"])
+        print(f"  {r['sentence']}\n      -> {shown}")
+    if out:
+        out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def prepare_output(out: Path) -> None:
+    """Start clean in a folder this demo made before; refuse anyone else's non-empty folder."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise SystemExit(
+                f"error: --output_dir {out} exists, is not empty and was not made by "
+                "the demo: choose another folder (or delete it)"
+            )
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"status": "running", "started": time.time()}))
+
+
+def _val_rows(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("split") == "validation"]
+
+
+def run_demo(args: argparse.Namespace) -> dict:
+    """All steps; returns the summary that is also written to OUTPUT/demo.json."""
+    from pretrain.distributed import free_port
+
+    out = Path(args.output_dir).absolute()
+    paths = {
+        "corpus": out / "corpus" / "pydoc_topics.txt",
+        "shards": out / "shards",
+        "run": out / "run",
+        "hf": out / "hf_model",
+        "plots": out / "plots",
+        "fill_mask": out / "fill_mask.json",
+        "logs": out / "logs",
+    }
+    half = args.steps // 2
+    py = sys.executable
+    steps = [
+        (
+            "shards",
+            [
+                py,
+                "-m",
+                "data_prep",
+                "build",
+                "--input",
+                str(paths["corpus"]),
+                "--output",
+                str(paths["shards"]),
+                "--vocab_size",
+                str(args.vocab_size),
+                "--max_seq_len",
+                "128",
+                "--validation_fraction",
+                "0.05",
+                "--workers",
+                str(args.ranks),
+            ],
+            False,
+        ),
+        (
+            "doctor",
+            [
+                py,
+                "-m",
+                "pretrain.doctor",
+                "--ds_config",
+                str(args.ds_config),
+                "--data",
+                str(paths["shards"]),
+                "--slots",
+                str(args.ranks),
+                "--model",
+                args.model,
+                "--output_dir",
+                str(paths["run"]),
+                "--global_batch_size",
+                str(args.global_batch_size),
+                "--micro_batch_size",
+                str(args.global_batch_size // args.ranks),
+            ],
+            False,
+        ),
+        (
+            f"train steps 1-{half}",
+            train_command(args, paths["shards"], paths["run"], half, "none", free_port()),
+            True,
+        ),
+        (
+            f"resume steps {half + 1}-{args.steps}",
+            train_command(args, paths["shards"], paths["run"], args.steps, "auto", free_port()),
+            True,
+        ),
+        (
+            "export",
+            [py, "-m", "pretrain.export", str(paths["run"]), "--output", str(paths["hf"])],
+            False,
+        ),
+        (
+            "fill-mask",
+            [
+                py,
+                "-m",
+                "pretrain.demo",
+                "--fill_mask",
+                str(paths["hf"]),
+                "--fill_mask_out",
+                str(paths["fill_mask"]),
+            ],
+            True,
+        ),
+        (
+            "plot",
+            [
+                py,
+                "-m",
+                "pretrain.plot",
+                str(paths["run"] / "metrics.jsonl"),
+                "--out",
+                str(paths["plots"]),
+            ],
+            False,
+        ),
+    ]
+    if args.plan:
+        for name, cmd, _ in steps:
+            print(f"# {name}\n{shlex.join(cmd)}")
+        return {}
+    prepare_output(out)
+    t_start = time.monotonic()
+    docs, size = write_corpus(paths["corpus"])
+    print(f"[demo] corpus: {docs} pydoc topic pages, {size / 1e3:.0f} KB -> {paths['corpus']}")
+    timings = {}
+    for i, (name, cmd, stream) in enumerate(steps, 1):
+        log = paths["logs"] / f"{i:02d}_{name.split()[0]}.log"
+        print(f"[demo] step {i}/{len(steps)}: {name}  (log: {log})", flush=True)
+        timings[name] = round(run_step(name, cmd, log, stream), 1)
+        print(f"[demo]   done in {timings[name]:.0f} s", flush=True)
+    val = _val_rows(paths["run"])
+    summary = {
+        "status": "done",
+        "seconds": round(time.monotonic() - t_start, 1),
+        "timings_s": timings,
+        "validation": [
+            {k: r.get(k) for k in ("step", "val_loss", "val_accuracy", "val_perplexity")}
+            for r in val
+        ],
+        "paths": {k: str(v) for k, v in paths.items()},
+        "plots": sorted(str(p) for p in paths["plots"].glob("*.png")),
+        "commands": {name: shlex.join(cmd) for name, cmd, _ in steps},
+    }
+    (out / MARKER).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def print_summary(s: dict) -> None:
+    """Where everything went, and how well the model did."""
+    p = s["paths"]
+    print(f"\n[demo] finished in {s['seconds']:.0f} s. Validation (masked-LM):")
+    for v in s["validation"]:
+        print(
+            f"  step {v['step']:>4}: loss {v['val_loss']:.3f}  accuracy {v['val_accuracy']:.3f}"
+            f"  perplexity {v['val_perplexity']:.1f}"
+        )
+    print(
+        "  (a tiny model after a few hundred steps mostly predicts frequent tokens in fill-mask;"
+        " more --steps keep lowering the loss)"
+    )
+    print("[demo] outputs:")
+    for label, key in (
+        ("corpus", "corpus"),
+        ("shards + tokenizer", "shards"),
+        ("run (checkpoints, metrics.jsonl, tensorboard)", "run"),
+        ("Hugging Face model", "hf"),
+        ("fill-mask predictions", "fill_mask"),
+        ("step logs", "logs"),
+    ):
+        print(f"  {label:<46} {p[key]}")
+    for png in s["plots"]:
+        print(f"  {'plot: ' + Path(png).stem.replace('_', ' '):<46} {png}")
+    print(f"  {'summary':<46} {Path(p['run']).parent / MARKER}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--output_dir", default="runs/demo", help="where everything goes")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps in total (stop at half)")
+    p.add_argument("--ranks", type=int, default=2, help="local DeepSpeed ranks")
+    p.add_argument("--model", default="tiny", help="model preset")
+    p.add_argument(
+        "--ds_config",
+        type=Path,
+        default=REPO / "ds_configs" / "cpu.json",
+        help="DeepSpeed config (ZeRO-2 on CPU)",
+    )
+    p.add_argument("--global_batch_size", type=int, default=32, help="sequences per step")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    p.add_argument("--warmup_steps", type=int, default=30, help="linear warmup, then constant lr")
+    p.add_argument("--eval_interval", type=int, default=50, help="validate every N steps")
+    p.add_argument("--vocab_size", type=int, default=4000, help="WordPiece vocabulary to train")
+    p.add_argument("--plan", action="store_true", help="print the step commands and exit")
+    p.add_argument(
+        "--fill_mask",
+        type=Path,
+        metavar="HF_DIR",
+        help="only run the fill-mask step on an exported folder",
+    )
+    p.add_argument("--fill_mask_out", type=Path, help=argparse.SUPPRESS)
+    return p
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Clear errors before anything runs."""
+    if args.steps < 2:
+        p.error(f"--steps must be at least 2 (it stops at half and resumes), got {args.steps}")
+    if args.ranks < 1 or args.global_batch_size % args.ranks:
+        p.error(
+            f"--global_batch_size {args.global_batch_size} must be a multiple of --ranks "
+            f"{args.ranks}"
+        )
+    if not args.ds_config.is_file():
+        p.error(f"--ds_config {args.ds_config}: no such file (run from a clone of the repository)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo (or one of its helper steps); 0 on success, 1 when a step failed."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.fill_mask:
+        fill_mask(args.fill_mask, args.fill_mask_out)
+        return 0
+    check_args(p, args)
+    try:
+        summary = run_demo(args)
+    except StepFailed as e:
+        print(f"\n[demo] {e}", file=sys.stderr)
+        return 1
+    if summary:
+        print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

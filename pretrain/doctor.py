@@ -1,0 +1,369 @@
+"""Pre-launch checks for a multi-node job, reported in one table.
+
+    python -m pretrain.doctor --hostfile hostfile --ds_config ds_configs/zero2.json --data OUT \
+        [--model base] [--output_dir RUN]
+
+Checks: hostfile syntax and duplicates, `.deepspeed_env`, pdsh; per node over ssh (BatchMode,
+with a timeout): reachability, versions of Python/torch/deepspeed/triton/transformers/this project,
+devices against slots, the data folder and its manifest checksum, estimated memory per rank
+against device memory, free disk for checkpoints; and the world size against the batch sizes.
+Exit status 1 when any check fails, with what to fix under the table. Without --hostfile it checks
+this machine alone (no ssh) with --slots ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from pretrain import doctor_probe
+from pretrain.doctor_checks import (
+    FAIL,
+    LOCAL,
+    OK,
+    Row,
+    batch_plan,
+    data_rows,
+    device_rows,
+    memory_and_disk_rows,
+    version_rows,
+)
+from pretrain.memory_estimate import model_shape
+
+# Variables the DeepSpeed launcher forwards to remote ranks (runner.py EXPORT_ENVS + NCCL).
+EXPORT_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
+_HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)(\s.*)?$")  # DeepSpeed's pattern, anchored
+
+
+class HostfileError(ValueError):
+    """A hostfile DeepSpeed would reject; the message names the line."""
+
+
+def parse_hostfile(path: Path) -> dict[str, int]:
+    """Hosts and slots in file order, with DeepSpeed's rules; all errors at once, by line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise HostfileError(f"{path}: cannot read ({e.strerror})") from None
+    hosts: dict[str, int] = {}
+    first_line: dict[str, int] = {}
+    errors = []
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _HOST_LINE.match(line)
+        if not m:
+            errors.append(f"{path}:{n}: {line!r} is not `HOSTNAME slots=N`")
+        elif m.group(1) in hosts:
+            errors.append(
+                f"{path}:{n}: host {m.group(1)} is listed again (first on line "
+                f"{first_line[m.group(1)]}); DeepSpeed refuses duplicates: merge the slots"
+            )
+        elif int(m.group(2)) == 0:
+            errors.append(f"{path}:{n}: {m.group(1)} has slots=0")
+        else:
+            hosts[m.group(1)] = int(m.group(2))
+            first_line[m.group(1)] = n
+    if not errors and not hosts:
+        errors.append(f"{path}: no `HOSTNAME slots=N` line")
+    if errors:
+        raise HostfileError("\n".join(errors))
+    return hosts
+
+
+def check_deepspeed_env(paths: list[Path]) -> list[Row]:
+    """`.deepspeed_env` lines must be KEY=VALUE: DeepSpeed's launcher crashes on a blank line."""
+    rows = []
+    for p in paths:
+        if not p.is_file():
+            continue
+        bad = [str(i) for i, line in enumerate(p.read_text().splitlines(), 1) if "=" not in line]
+        rows.append(
+            Row(
+                ".deepspeed_env",
+                LOCAL,
+                FAIL if bad else OK,
+                f"{p}: not KEY=VALUE on line {', '.join(bad)}"
+                if bad
+                else f"{p}: exported to every node",
+                "remove blank lines and comments: one KEY=VALUE per line" if bad else "",
+            )
+        )
+    return rows
+
+
+def env_files(cwd: Path) -> list[Path]:
+    """The `.deepspeed_env` files the launcher reads (home, then cwd; DS_ENV_FILE renames them)."""
+    name = os.environ.get("DS_ENV_FILE", ".deepspeed_env")
+    return list(dict.fromkeys(Path(d) / name for d in (os.path.expanduser("~"), cwd)))
+
+
+def remote_exports(env: dict[str, str], cwd: Path) -> dict[str, str]:
+    """What the DeepSpeed launcher exports on remote nodes (so the probe sees the same setup)."""
+    out = {k: v for k, v in env.items() if k.startswith(EXPORT_PREFIXES)}
+    out["PYTHONPATH"] = str(cwd) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for f in env_files(cwd):
+        if f.is_file():
+            for line in f.read_text().splitlines():
+                if "=" in line:
+                    key, value = line.split("=", 1)
+                    out[key] = value
+    return out
+
+
+def probe_command(python: str, workdir: Path, exports: dict[str, str], args: dict) -> str:
+    """The shell command that runs the probe on a node, as pdsh would start a rank there."""
+    code = Path(doctor_probe.__file__).read_text()
+    exp = "".join(f"export {k}={shlex.quote(v)}; " for k, v in exports.items())
+    return (
+        f"cd {shlex.quote(str(workdir))} || exit 97; {exp}{shlex.quote(python)} -c "
+        f"{shlex.quote(code)} {shlex.quote(json.dumps(args))}"
+    )
+
+
+def run_probe(
+    host: str | None, command: str, ssh_args: list[str], timeout_s: float
+) -> tuple[dict | None, str]:
+    """(probe result, error). host None runs the command here without ssh."""
+    argv = (
+        [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={int(timeout_s)}",
+            *ssh_args,
+            host,
+            command,
+        ]
+        if host
+        else ["bash", "-c", command]
+    )
+    try:
+        p = subprocess.run(
+            argv,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + 120,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"no answer within {timeout_s + 120:g} s"
+    for line in p.stdout.splitlines():
+        if line.startswith("DOCTOR_PROBE "):
+            return json.loads(line[len("DOCTOR_PROBE ") :]), ""
+    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+    if host and p.returncode == 255:
+        return None, f"ssh failed: {tail}"
+    return None, f"probe failed (exit {p.returncode}): {tail}"
+
+
+def format_table(rows: list[Row]) -> str:
+    """Fixed-width table followed by the fixes of the failing rows."""
+    w_check = max(len("CHECK"), *(len(r.check) for r in rows))
+    w_host = max(len("HOST"), *(len(r.host) for r in rows))
+    lines = [f"{'CHECK':<{w_check}}  {'HOST':<{w_host}}  STATUS  DETAIL"]
+    for r in rows:
+        lines.append(f"{r.check:<{w_check}}  {r.host:<{w_host}}  {r.status:<6}  {r.detail}")
+    fixes = [r for r in rows if r.status != OK and r.fix]
+    if fixes:
+        lines.append("\nWhat to fix:")
+        lines += [f"  [{r.status}] {r.check} on {r.host}: {r.fix}" for r in fixes]
+    return "\n".join(lines)
+
+
+def run_checks(args: argparse.Namespace) -> list[Row]:
+    """All checks; never raises for a finding (each becomes a row)."""
+    rows: list[Row] = []
+    cwd = Path(args.workdir).absolute()
+    try:
+        cfg = json.loads(Path(args.ds_config).read_text())
+    except (OSError, ValueError) as e:
+        return [Row("ds_config", "-", FAIL, f"{args.ds_config}: {e}", "pass a readable JSON file")]
+    if args.hostfile:
+        try:
+            hosts = parse_hostfile(Path(args.hostfile))
+            rows.append(
+                Row(
+                    "hostfile",
+                    "-",
+                    OK,
+                    f"{args.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots",
+                )
+            )
+        except HostfileError as e:
+            return [
+                Row("hostfile", "-", FAIL, str(e), "fix the lines named (see hostfile.example)")
+            ]
+        if len(hosts) > 1 and not shutil.which("pdsh"):
+            rows.append(
+                Row(
+                    "pdsh",
+                    LOCAL,
+                    FAIL,
+                    "pdsh not found on the launching node",
+                    "apt-get install pdsh (or use deepspeed --launcher openmpi/slurm)",
+                )
+            )
+    else:
+        hosts = {LOCAL: args.slots}
+    rows += check_deepspeed_env(env_files(cwd))
+
+    ssh_args = shlex.split(args.ssh_args)
+    exports = remote_exports(dict(os.environ), cwd)
+    command = probe_command(
+        args.python, cwd, exports, {"data": args.data, "output_dir": args.output_dir}
+    )
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        results = dict(
+            zip(
+                hosts,
+                pool.map(
+                    lambda h: run_probe(
+                        None if h == LOCAL else h, command, ssh_args, args.ssh_timeout
+                    ),
+                    hosts,
+                ),
+            )
+        )
+    probes = {}
+    for host, (pr, err) in results.items():
+        if pr is None and err.startswith("ssh failed"):
+            fix = (
+                "make `ssh -o BatchMode=yes HOST` work from this node (keys in "
+                "authorized_keys, known_hosts, PDSH_SSH_ARGS_APPEND for port/key)"
+            )
+            rows.append(Row("ssh", host, FAIL, err, fix))
+        elif pr is None:  # reached, but the launcher's `cd DIR; PYTHON ...` would fail there too
+            fix = (
+                f"the launcher runs `cd {cwd}; {args.python} ...` on every node: clone the "
+                "project there and install the same Python (or pass --workdir/--python)"
+            )
+            rows.append(Row("probe", host, FAIL, err, fix))
+        else:
+            probes[host] = pr
+            if host != LOCAL:
+                rows.append(Row("ssh", host, OK, f"reached {pr['hostname']} in {pr['cwd']}"))
+    if probes:
+        rows += version_rows(probes)
+        rows += device_rows(probes, hosts, cfg)
+        local_manifest = Path(args.data) / "manifest.json"
+        local_sha = doctor_probe._sha256(local_manifest) if local_manifest.is_file() else None
+        rows += data_rows(probes, args.data, local_sha)
+
+    world = sum(hosts.values())
+    flags = {
+        "global_batch": args.global_batch_size,
+        "micro_batch": args.micro_batch_size,
+        "grad_accum": args.grad_accum,
+    }
+    plan = None
+    try:
+        plan = batch_plan(cfg, world, flags)
+        rows.append(
+            Row(
+                "batch",
+                "-",
+                OK,
+                f"world size {world}: global {plan.global_batch} = micro "
+                f"{plan.micro_batch} x accumulation {plan.grad_accum} x {world} ranks",
+            )
+        )
+    except ValueError as e:
+        rows.append(
+            Row(
+                "batch",
+                "-",
+                FAIL,
+                str(e).split(" (world size")[0],
+                f"make train_batch_size a multiple of train_micro_batch_size_per_gpu x "
+                f"{world} in {args.ds_config}, or change the slots",
+            )
+        )
+    if probes:
+        shape = model_shape(
+            args.model, Path(args.data), args.seq_len, args.activation_checkpointing
+        )
+        # Without a valid plan, estimate with the micro batch the user asked for.
+        micro = (
+            plan.micro_batch
+            if plan
+            else (args.micro_batch_size or cfg.get("train_micro_batch_size_per_gpu") or 1)
+        )
+        rows += memory_and_disk_rows(probes, hosts, cfg, int(micro), shape, args.keep_last)
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.doctor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--hostfile", help="DeepSpeed hostfile; without it, check this machine only")
+    p.add_argument("--slots", type=int, default=1, help="ranks on this machine (no --hostfile)")
+    p.add_argument("--ds_config", required=True, help="DeepSpeed config JSON of the launch")
+    p.add_argument("--data", required=True, help="shard folder (same path on every node)")
+    p.add_argument("--model", default="tiny", help="model preset (pretrain.model.PRESETS)")
+    p.add_argument("--output_dir", default="runs/default", help="run folder (checkpoints)")
+    p.add_argument(
+        "--seq_len",
+        type=int,
+        default=None,
+        help="sequence length for the memory estimate (default: the shards' max_seq_len)",
+    )
+    p.add_argument("--global_batch_size", type=int, default=None, help="as given to the trainer")
+    p.add_argument("--micro_batch_size", type=int, default=None, help="as given to the trainer")
+    p.add_argument("--grad_accum", type=int, default=None, help="as given to the trainer")
+    p.add_argument(
+        "--activation_checkpointing",
+        action="store_true",
+        help="estimate activations as with activation checkpointing",
+    )
+    p.add_argument("--keep_last", type=int, default=3, help="checkpoints kept (disk estimate)")
+    p.add_argument(
+        "--ssh_args",
+        default=os.environ.get("PDSH_SSH_ARGS_APPEND", ""),
+        help="extra ssh options (default: $PDSH_SSH_ARGS_APPEND, as pdsh uses them)",
+    )
+    p.add_argument("--ssh_timeout", type=float, default=10.0, help="ssh connect timeout, seconds")
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter on the nodes (the launcher uses this node's path)",
+    )
+    p.add_argument(
+        "--workdir",
+        default=".",
+        help="project folder on the nodes (the launcher cd's to this node's cwd)",
+    )
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the checks, print the table; 0 when nothing failed, 1 otherwise."""
+    args = build_parser().parse_args(argv)
+    rows = run_checks(args)
+    failed = [r for r in rows if r.status == FAIL]
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(format_table(rows))
+        print(f"\n{len(failed)} check(s) failed." if failed else "\nAll checks passed.")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

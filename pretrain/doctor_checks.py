@@ -1,0 +1,222 @@
+"""The per-node checks of `pretrain.doctor`: each turns probe results into report rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pretrain.memory_estimate import estimate_memory, gib
+
+OK, WARN, FAIL = "ok", "WARN", "FAIL"
+LOCAL = "(local)"
+VERSION_KEYS = ("python", "torch", "deepspeed", "triton", "transformers", "bertforge", "code")
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+
+    check: str  # what was checked
+    host: str  # node it concerns ("-" for the whole job)
+    status: str  # ok | WARN | FAIL
+    detail: str  # what was found
+    fix: str = ""  # what to do (for WARN/FAIL)
+
+
+def version_rows(probes: dict[str, dict]) -> list[Row]:
+    """Every node against the first host (rank 0's node)."""
+    ref_host = next(iter(probes))
+    ref = probes[ref_host]
+    rows = []
+    for host, pr in probes.items():
+        found = ", ".join(f"{k} {pr.get(k) or 'not installed'}" for k in VERSION_KEYS)
+        missing = [k for k in VERSION_KEYS if pr.get(k) is None and k != "bertforge"]
+        differ = [
+            f"{k} {pr.get(k)} (vs {ref.get(k)} on {ref_host})"
+            for k in VERSION_KEYS
+            if pr.get(k) != ref.get(k)
+        ]
+        if missing or differ:
+            rows.append(
+                Row(
+                    "versions",
+                    host,
+                    FAIL,
+                    "; ".join(([f"missing: {', '.join(missing)}"] if missing else []) + differ),
+                    "install the same versions on every node (pip install -e . from the same "
+                    f"commit; pip freeze on {ref_host} as reference); 'code' is a hash of the "
+                    "project sources",
+                )
+            )
+        else:
+            rows.append(Row("versions", host, OK, found))
+    return rows
+
+
+def device_rows(probes: dict[str, dict], hosts: dict[str, int], cfg: dict) -> list[Row]:
+    """GPUs per node against slots; CPU nodes are fine for a config without fp16."""
+    rows = []
+    fp16 = bool(cfg.get("fp16", {}).get("enabled"))
+    kinds = {bool(p["gpus"]) for p in probes.values()}
+    for host, pr in probes.items():
+        slots = hosts[host]
+        if pr["gpus"]:
+            ok = pr["gpus"] >= slots
+            rows.append(
+                Row(
+                    "devices",
+                    host,
+                    OK if ok else FAIL,
+                    f"{pr['gpus']} x {pr['gpu_name']} ({gib(pr['gpu_bytes'])}), slots={slots}",
+                    ""
+                    if ok
+                    else f"lower slots to {pr['gpus']} in the hostfile or use "
+                    "--include to pick GPUs",
+                )
+            )
+        elif fp16:
+            rows.append(
+                Row(
+                    "devices",
+                    host,
+                    FAIL,
+                    f"no GPU (CPU, {pr['cpus']} cores), slots={slots}"
+                    ", but the DeepSpeed config enables fp16",
+                    "use a CPU config (e.g. ds_configs/cpu.json) or run on GPU nodes",
+                )
+            )
+        else:
+            over = slots > (pr["cpus"] or 1)
+            rows.append(
+                Row(
+                    "devices",
+                    host,
+                    WARN if over else OK,
+                    f"CPU ({pr['cpus']} cores), slots={slots} ranks on gloo",
+                    "fewer slots than cores; set OMP_NUM_THREADS so ranks x threads <= cores"
+                    if over
+                    else "",
+                )
+            )
+    if len(kinds) > 1:
+        rows.append(
+            Row(
+                "devices",
+                "-",
+                FAIL,
+                "some nodes have GPUs and some do not",
+                "use nodes of one kind in a job",
+            )
+        )
+    return rows
+
+
+def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list[Row]:
+    """Same manifest on every node, every shard file present with its size."""
+    rows = []
+    ref = local_sha or next(
+        (p["data"]["manifest_sha256"] for p in probes.values() if p["data"]["manifest_sha256"]),
+        None,
+    )
+    for host, pr in probes.items():
+        d = pr["data"]
+        copy = (
+            f"build it: python -m data_prep build --input TEXT --output {data}"
+            if host == LOCAL or ref is None
+            else f"copy the folder from the launching node (rsync -a {data}/ {host}:{data}/) or "
+            "use a shared filesystem"
+        )
+        if d["manifest_sha256"] is None:
+            what = "no manifest.json (incomplete build)" if d["exists"] else "folder missing"
+            rows.append(Row("data", host, FAIL, f"{data}: {what}", copy))
+        elif d.get("manifest_error") or d["missing"] or d["bad_size"]:
+            bad = d["missing"][:3] + d["bad_size"][:3]
+            rows.append(
+                Row(
+                    "data",
+                    host,
+                    FAIL,
+                    f"{data}: {len(d['missing'])} shard files missing, "
+                    f"{len(d['bad_size'])} of the wrong size (e.g. {', '.join(bad)})"
+                    f"{d.get('manifest_error', '')}",
+                    copy,
+                )
+            )
+        elif ref and d["manifest_sha256"] != ref:
+            rows.append(
+                Row(
+                    "data",
+                    host,
+                    FAIL,
+                    f"{data}: manifest sha256 {d['manifest_sha256'][:12]} "
+                    f"differs from the launching node's {ref[:12]} (another build)",
+                    copy,
+                )
+            )
+        else:
+            rows.append(
+                Row(
+                    "data",
+                    host,
+                    OK,
+                    f"{data}: manifest sha256 {d['manifest_sha256'][:12]}, all shard files present",
+                )
+            )
+    return rows
+
+
+def batch_plan(cfg: dict, world: int, flags: dict[str, int | None]) -> Any:
+    """The trainer's own batch resolution (raises pretrain.batching.BatchSizeError)."""
+    from pretrain.batching import resolve_batch
+
+    return resolve_batch(cfg, world, **flags)
+
+
+def memory_and_disk_rows(
+    probes: dict[str, dict],
+    hosts: dict[str, int],
+    cfg: dict,
+    micro_batch: int,
+    shape: Any,
+    ckpt_keep: int,
+) -> list[Row]:
+    """Estimated memory per rank against device (or host) memory; free disk for checkpoints."""
+    mem, disk = [], []
+    world = sum(hosts.values())
+    for host, pr in probes.items():
+        est = estimate_memory(shape, cfg, world, micro_batch, on_gpu=bool(pr["gpus"]))
+        if pr["gpus"]:
+            budget, where, need = pr["gpu_bytes"], f"{gib(pr['gpu_bytes'])} per GPU", est.total
+        else:  # ranks of a CPU node share its RAM
+            budget = pr["ram_bytes"]
+            where = f"{gib(budget)} RAM ({hosts[host]} ranks x {gib(est.total)})"
+            need = est.total * hosts[host]
+        status = FAIL if need > 0.95 * budget else WARN if need > 0.8 * budget else OK
+        mem.append(
+            Row(
+                "memory",
+                host,
+                status,
+                f"~{gib(need)} of {where}: {shape.name}, "
+                f"micro batch {micro_batch} x {shape.seq_len} tokens "
+                f"({est.describe()})",
+                ""
+                if status == OK
+                else "lower --micro_batch_size (raise accumulation), a "
+                "higher ZeRO stage, activation checkpointing, or a smaller --model",
+            )
+        )
+        ckpt = est.checkpoint_bytes * hosts[host] // world + est.model_file_bytes
+        free = pr["disk_free"]
+        status = FAIL if free < ckpt else WARN if free < ckpt * (ckpt_keep + 1) else OK
+        disk.append(
+            Row(
+                "disk",
+                host,
+                status,
+                f"{gib(free)} free at the run folder; one checkpoint "
+                f"writes ~{gib(ckpt)} there (keep_last={ckpt_keep})",
+                "" if status == OK else "free space or point --output_dir elsewhere",
+            )
+        )
+    return mem + disk

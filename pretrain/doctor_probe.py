@@ -1,0 +1,107 @@
+"""What `pretrain.doctor` learns about one node: run there as `python -c <this file> '<json>'`.
+
+Standard library only (plus torch, imported last and guarded), so it runs on a node even when the
+project or a package is missing there: that is exactly what the doctor wants to report. Prints one
+line `DOCTOR_PROBE {json}`. Arguments (JSON): data (the shard folder), output_dir (run folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "deepspeed", "triton", "transformers", "bertforge")
+CODE_DIRS = ("pretrain", "kernels", "data_prep")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def code_hash(root: Path) -> str | None:
+    """Short sha256 of the project's Python sources under `root` (same code on every node?)."""
+    files = sorted(p for d in CODE_DIRS for p in (root / d).rglob("*.py"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for p in files:
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def data_state(data: Path) -> dict:
+    """Manifest sha256 and the shard files that are missing or of the wrong size."""
+    manifest = data / "manifest.json"
+    if not manifest.is_file():
+        return {"manifest_sha256": None, "exists": data.is_dir()}
+    out = {"manifest_sha256": _sha256(manifest), "exists": True, "missing": [], "bad_size": []}
+    try:
+        m = json.loads(manifest.read_text())
+        for split, info in m["splits"].items():
+            for shard in info["shards"]:
+                for name, meta in shard["files"].items():
+                    f = data / split / name
+                    if not f.is_file():
+                        out["missing"].append(f"{split}/{name}")
+                    elif f.stat().st_size != meta["bytes"]:
+                        out["bad_size"].append(f"{split}/{name}")
+    except (KeyError, TypeError, ValueError) as e:
+        out["manifest_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def disk_free(path: Path) -> int:
+    """Free bytes on the filesystem that will hold `path` (its nearest existing parent)."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def probe(data: str, output_dir: str) -> dict:
+    """Everything the doctor compares across nodes, as plain JSON-able values."""
+    out: dict = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "cwd": os.getcwd(),
+        "cpus": os.cpu_count(),
+        "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+    }
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    out["code"] = code_hash(Path.cwd())
+    out["data"] = data_state(Path(data))
+    out["disk_free"] = disk_free(Path(output_dir))
+    out["gpus"], out["gpu_bytes"], out["gpu_name"] = 0, None, None
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+        if n:
+            props = [torch.cuda.get_device_properties(i) for i in range(n)]
+            out["gpus"] = n
+            out["gpu_bytes"] = min(p.total_memory for p in props)
+            out["gpu_name"] = props[0].name
+    except Exception as e:  # noqa: BLE001  a broken torch install is a finding, not a crash
+        out["torch_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+if __name__ == "__main__":
+    args = json.loads(sys.argv[1])
+    print("DOCTOR_PROBE " + json.dumps(probe(args["data"], args["output_dir"])), flush=True)

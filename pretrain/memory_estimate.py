@@ -1,0 +1,157 @@
+"""Memory per rank for a model preset and a DeepSpeed config, before anything is launched.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020) for Adam with Ψ parameters on N ranks:
+mixed precision keeps 2Ψ half weights + 2Ψ half gradients + 12Ψ optimizer state (fp32 master, m, v);
+stage 1 partitions the optimizer state, stage 2 also the gradients, stage 3 also the weights.
+fp32 training keeps 4Ψ + 4Ψ + 8Ψ (m, v), plus a 4Ψ fp32 partition copy once ZeRO is on.
+Activations follow Korthikanti et al. 2022 (bytes per layer s·b·h·(34 + 5·a·s/h) in 16 bit), an
+upper bound since fused attention does not keep the s×s scores; with activation checkpointing only
+each layer's input (2·s·b·h) is kept, plus one layer being recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+RUNTIME_BYTES = 1 * GIB  # CUDA context / allocator slack, or the Python+torch process on a CPU
+DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements)
+MLM_FRACTION = 0.15  # masked share of tokens: the head's logits are only built for these
+
+
+def gib(n: float | None) -> str:
+    """Bytes as a short GiB (or MiB, below 0.1 GiB) string."""
+    if n is None:
+        return "?"
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know about the model and the sequences."""
+
+    name: str  # preset name
+    params: int  # number of parameters (exact, from the model built on the meta device)
+    hidden: int  # hidden size h
+    layers: int  # encoder layers L
+    heads: int  # attention heads a
+    seq_len: int  # tokens per sequence s
+    vocab: int  # padded vocabulary (rows of the MLM decoder)
+    checkpointing: bool  # activation checkpointing on
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per rank by kind, and what one checkpoint writes."""
+
+    params: int  # weights held by this rank
+    grads: int  # gradients held by this rank
+    optimizer: int  # optimizer state (incl. fp32 master) held by this rank
+    buffers: int  # ZeRO communication buckets
+    activations: int  # activations of one micro-batch
+    runtime: int  # process / CUDA context overhead
+    checkpoint_bytes: int  # optimizer state of a checkpoint, all ranks together
+    model_file_bytes: int  # model-state file of a checkpoint
+
+    @property
+    def total(self) -> int:
+        """Peak bytes per rank."""
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.buffers
+            + self.activations
+            + self.runtime
+        )
+
+    def describe(self) -> str:
+        """Short breakdown for the report."""
+        return (
+            f"weights {gib(self.params)}, grads {gib(self.grads)}, optimizer "
+            f"{gib(self.optimizer)}, buckets {gib(self.buffers)}, activations "
+            f"{gib(self.activations)}, runtime {gib(self.runtime)}"
+        )
+
+
+def count_params(preset: str, vocab_size: int, nsp: bool) -> tuple[int, Any]:
+    """(parameter count, (ModelConfig, padded vocabulary)) of the trainer's model, built on the
+    meta device (no memory used)."""
+    import torch
+
+    from pretrain.model import PRESETS, build_model, padded_vocab
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]
+    with torch.device("meta"):
+        model = build_model(cfg, vocab_size, nsp)
+    # Tied decoder weight counted once, as DeepSpeed partitions it once.
+    n = sum(p.numel() for p in model.parameters())
+    return n, (cfg, padded_vocab(vocab_size, cfg.vocab_multiple))
+
+
+def model_shape(preset: str, data: Path, seq_len: int | None, checkpointing: bool) -> ModelShape:
+    """Shape of `preset` for the shards in `data` (vocabulary, format, max_seq_len from the
+    manifest; BERT's 30522 / nsp off / 128 when the folder is not on this node)."""
+    vocab, nsp, max_len = 30522, False, 128
+    manifest = data / "manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        vocab, nsp, max_len = m["tokenizer"]["vocab_size"], m["format"] == "nsp", m["max_seq_len"]
+    n, (cfg, padded) = count_params(preset, vocab, nsp)
+    return ModelShape(
+        preset,
+        n,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        seq_len or max_len,
+        padded,
+        checkpointing,
+    )
+
+
+def estimate_memory(
+    shape: ModelShape, ds_config: dict, world: int, micro_batch: int, on_gpu: bool = True
+) -> MemoryEstimate:
+    """Bytes per rank for training `shape` with `ds_config` on `world` data-parallel ranks."""
+    zero = ds_config.get("zero_optimization", {}) or {}
+    stage = int(zero.get("stage", 0))
+    half = any((ds_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
+    p = shape.params
+    w_bytes = 2 if half else 4
+    opt_bytes = 12 if (half or stage >= 1) else 8
+    params = w_bytes * p // (world if stage >= 3 else 1)
+    grads = w_bytes * p // (world if stage >= 2 else 1)
+    optimizer = opt_bytes * p // (world if stage >= 1 else 1)
+    if on_gpu and ((zero.get("offload_optimizer") or {}).get("device") or "none") != "none":
+        optimizer = 0  # lives in host memory
+    if (
+        on_gpu
+        and stage >= 3
+        and ((zero.get("offload_param") or {}).get("device") or "none") != "none"
+    ):
+        params = 0
+    buffers = 0
+    if stage in (1, 2):
+        buffers = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET)) * w_bytes
+        buffers = min(buffers, grads)  # a bucket never exceeds the gradients it holds
+    s, b, h, a, L = shape.seq_len, micro_batch, shape.hidden, shape.heads, shape.layers
+    act_scale = 1 if half else 2  # the formula counts 16-bit activations
+    per_layer = s * b * h * (34 + 5 * a * s / h) * act_scale
+    layers = L * 2 * s * b * h * act_scale + per_layer if shape.checkpointing else L * per_layer
+    head = MLM_FRACTION * s * b * shape.vocab * 4 * 2  # fp32 logits and their gradient
+    return MemoryEstimate(
+        params,
+        grads,
+        optimizer,
+        buffers,
+        int(layers + head),
+        RUNTIME_BYTES,
+        checkpoint_bytes=12 * p,
+        model_file_bytes=w_bytes * p,
+    )
