@@ -1,0 +1,312 @@
+"""Typed training configuration: one dataclass per concern, flags override, saved into the run.
+
+The trainer's own concerns live here (run, batch, optimizer/schedule, precision, checkpoints,
+logging). The model, data and masking dataclasses belong to their modules; their fields get flags
+automatically (``--<field>``, or ``--<group>_<field>`` when two groups share a field name).
+The DeepSpeed JSON stays the source of ZeRO and precision settings; flags that touch it
+(batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.main`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names the file and line."""
+
+
+@dataclass
+class RunConfig:
+    """Where the run reads and writes, and how long it lasts."""
+
+    ds_config: str = "ds_configs/cpu.json"  # DeepSpeed JSON config (ZeRO stage, precision, optimizer)
+    data: str = ""  # shard folder written by `python -m data_prep build`
+    model: str = "tiny"  # model preset name (see pretrain.model.PRESETS)
+    output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/
+    max_steps: int = 100  # optimizer steps to train (including fp16 steps skipped on overflow)
+    seed: int = 1234  # seed for model init, dropout and data order
+    resume: str = "none"  # "auto" (newest complete checkpoint in output_dir), "none", or a checkpoint path
+    dist_timeout_s: float = 600.0  # how long ranks wait for each other at start-up and in collectives
+    dry_run: bool = False  # print the resolved plan (memory, batch sizes) and exit without training
+    json: bool = False  # with --dry-run: print the plan as JSON
+
+
+@dataclass
+class BatchConfig:
+    """Batch-size overrides; unset values come from the DeepSpeed config (see pretrain.batching)."""
+
+    global_batch_size: int | None = None  # sequences per optimizer step over all ranks
+    micro_batch_size: int | None = None  # sequences per forward pass per rank
+    grad_accum: int | None = None  # micro-batches per rank per optimizer step
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    optimizer: str | None = None  # "adamw" or "lamb" (GPU only); default: the DeepSpeed config's
+    lr: float | None = None  # peak learning rate; default: the DeepSpeed config's optimizer lr
+    weight_decay: float | None = None  # decoupled weight decay (not on biases/LayerNorm); default: config's
+    warmup_steps: int | None = None  # linear warmup steps; default: warmup_ratio x max_steps
+    warmup_ratio: float = 0.06  # warmup as a fraction of max_steps when warmup_steps is unset
+    decay: str = "linear"  # after warmup: "linear", "poly" or "constant"
+    poly_power: float = 1.0  # exponent of the "poly" decay (1.0 = linear)
+    min_lr_ratio: float = 0.0  # final lr as a fraction of the peak lr
+    gradient_clipping: float | None = None  # max global grad norm (0 = off); default: config's
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric precision; the DeepSpeed config's fp16/bf16 blocks decide unless overridden."""
+
+    precision: str | None = None  # "fp32", "bf16" or "fp16"; default: from the DeepSpeed config
+    allow_precision_fallback: bool = False  # when the precision is unavailable here, use fp32 instead of failing
+
+
+@dataclass
+class MemoryConfig:
+    """Trading compute for memory."""
+
+    activation_checkpointing: str | None = None  # "none", "torch" or "deepspeed"; default: "deepspeed" when the config's activation_checkpointing.enabled is true
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept."""
+
+    save_interval: int = 0  # save every N optimizer steps (0 = only at the end and on signals)
+    save_interval_minutes: float = 0.0  # also save when this many minutes passed since the last save (0 = off)
+    keep_last: int = 3  # complete checkpoints to keep (older ones are deleted)
+    save_final: bool = True  # save when training ends
+
+
+@dataclass
+class LogConfig:
+    """Metrics and validation cadence."""
+
+    log_interval: int = 1  # console/TensorBoard every N steps (metrics.jsonl gets every step)
+    eval_interval: int = 0  # validate every N steps (0 = only at the end)
+    eval_batches: int = 50  # max validation micro-batches per rank per evaluation
+    progress: bool = True  # tqdm bar on rank 0
+
+
+CONCERNS: dict[str, type] = {"run": RunConfig, "batch": BatchConfig, "optim": OptimConfig,
+                             "precision": PrecisionConfig, "memory": MemoryConfig,
+                             "checkpoint": CheckpointConfig,
+                             "log": LogConfig}
+
+
+def _foreign_concerns() -> dict[str, type]:
+    """Dataclasses owned by the model and data modules (flags are generated from their fields)."""
+    from pretrain.data import DataConfig
+    from pretrain.masking import MaskingConfig
+    from pretrain.model import ModelConfig
+
+    return {"model_cfg": ModelConfig, "data_cfg": DataConfig, "masking": MaskingConfig}
+
+
+# Flags whose spelling differs from the field name (the launcher and HF habit use dashes here).
+_ALIASES = {"dry_run": ["--dry-run", "--dry_run"]}
+_SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
+
+
+def _base_type(tp: Any) -> tuple[type, bool]:
+    """(scalar type, optional?) for int | None, str, float, bool ... annotations."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return _base_type(args[0])[0], True
+        return str, True
+    return tp, False
+
+
+def _str2bool(v: str) -> bool:
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
+
+
+def _flag_names(groups: dict[str, type]) -> dict[tuple[str, str], str]:
+    """Map (group, field) -> dest; a field name used by two groups gets the group as prefix."""
+    counts: dict[str, int] = {}
+    for cls in groups.values():
+        for f in dataclasses.fields(cls):
+            counts[f.name] = counts.get(f.name, 0) + 1
+    out = {}
+    for g, cls in groups.items():
+        for f in dataclasses.fields(cls):
+            prefix = g.removesuffix("_cfg")
+            # The trainer's own fields keep their plain names (--seed, --output_dir, ...).
+            plain = counts[f.name] == 1 or g in CONCERNS
+            out[(g, f.name)] = f.name if plain else f"{prefix}_{f.name}"
+    return out
+
+
+def _field_help(cls: type) -> dict[str, str]:
+    """The one-line comment after each field in the dataclass source is its --help text."""
+    import inspect
+
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    helps = {}
+    for line in src.splitlines():
+        s = line.strip()
+        if ":" in s and "#" in s and not s.startswith("#"):
+            helps[s.split(":", 1)[0].strip()] = s.split("#", 1)[1].strip()
+    return helps
+
+
+def build_parser(groups: dict[str, type]) -> tuple[argparse.ArgumentParser, dict]:
+    """Argument parser with one flag per dataclass field (defaults None: "not given")."""
+    p = argparse.ArgumentParser(
+        prog="pretrain/main.py", description="Pretrain a BERT-style masked LM on DeepSpeed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)")
+    names = _flag_names(groups)
+    for g, cls in groups.items():
+        grp = p.add_argument_group(g)
+        helps = _field_help(cls)
+        for f in dataclasses.fields(cls):
+            if g != "run" and f.name in _SKIP_FOREIGN:
+                continue
+            tp, _opt = _base_type(f.type if not isinstance(f.type, str) else
+                                  typing.get_type_hints(cls)[f.name])
+            dest = names[(g, f.name)]
+            flags = _ALIASES.get(dest, [f"--{dest}"])
+            default = f.default if f.default is not dataclasses.MISSING else None
+            h = f"{helps.get(f.name, '')} (default: {default})"
+            if tp is bool:
+                grp.add_argument(*flags, dest=dest, nargs="?", const=True, default=None,
+                                 type=_str2bool, help=h)
+            elif tp in (int, float, str):
+                grp.add_argument(*flags, dest=dest, type=tp, default=None, help=h)
+            else:  # tuples / lists: JSON on the command line
+                grp.add_argument(*flags, dest=dest, type=json.loads, default=None,
+                                 help=h + " [JSON]")
+    return p, names
+
+
+def _overrides(ns: argparse.Namespace, names: dict, group: str) -> dict[str, Any]:
+    return {fname: getattr(ns, dest) for (g, fname), dest in names.items()
+            if g == group and getattr(ns, dest, None) is not None}
+
+
+@dataclass
+class TrainConfig:
+    """Everything the trainer needs, one field per concern."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    model_cfg: Any = None  # pretrain.model.ModelConfig (the preset plus flag overrides)
+    data_cfg: Any = None  # pretrain.data.DataConfig
+    masking: Any = None  # pretrain.masking.MaskingConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every concern (saved as RUN/config.json and in checkpoints)."""
+        return {k: dataclasses.asdict(v) for k, v in vars(self).items() if v is not None}
+
+
+def model_from_preset(name: str, overrides: dict[str, Any]) -> Any:
+    """ModelConfig for preset ``name`` with flag overrides; unknown name -> ValueError naming them."""
+    from pretrain.model import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset --model {name!r}: choose one of "
+                         f"{', '.join(sorted(PRESETS))}")
+    base = PRESETS[name]
+    if not dataclasses.is_dataclass(base):  # a dict of fields
+        from pretrain.model import ModelConfig
+        base = ModelConfig(**base)
+    return dataclasses.replace(base, **overrides)
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
+    groups = {**CONCERNS, **_foreign_concerns()}
+    parser, names = build_parser(groups)
+    ns = parser.parse_args(argv)
+    cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
+    foreign = _foreign_concerns()
+    try:
+        cfg.model_cfg = model_from_preset(cfg.run.model, _overrides(ns, names, "model_cfg"))
+    except ValueError as e:
+        parser.error(str(e))
+    data_over = _overrides(ns, names, "data_cfg")
+    mask_over = _overrides(ns, names, "masking")
+    # One --seed drives data order and masking too, unless they are given their own seeds.
+    for over, cls in ((data_over, foreign["data_cfg"]), (mask_over, foreign["masking"])):
+        if "seed" in {f.name for f in dataclasses.fields(cls)}:
+            over.setdefault("seed", cfg.run.seed)
+    try:
+        cfg.data_cfg = foreign["data_cfg"](**data_over)
+        cfg.masking = foreign["masking"](**mask_over)
+    except ValueError as e:
+        parser.error(str(e))
+    _check(cfg, parser)
+    return cfg
+
+
+def _check(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail before any work on values that cannot work, naming the flag."""
+    if not cfg.run.data:
+        parser.error("--data is required: the shard folder from `python -m data_prep build`")
+    if not Path(cfg.run.data, "manifest.json").is_file():
+        parser.error(f"--data {cfg.run.data}: no manifest.json there (missing folder or an "
+                     "incomplete build); run `python -m data_prep build --output "
+                     f"{cfg.run.data} ...` first")
+    if not Path(cfg.run.ds_config).is_file():
+        parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
+    if cfg.run.max_steps <= 0:
+        parser.error(f"--max_steps must be positive, got {cfg.run.max_steps}")
+    if cfg.precision.precision not in (None, "fp32", "bf16", "fp16"):
+        parser.error(f"--precision must be fp32, bf16 or fp16, got {cfg.precision.precision!r}")
+    if cfg.memory.activation_checkpointing not in (None, "none", "torch", "deepspeed"):
+        parser.error("--activation_checkpointing must be none, torch or deepspeed")
+    if cfg.optim.decay not in ("linear", "poly", "constant"):
+        parser.error(f"--decay must be linear, poly or constant, got {cfg.optim.decay!r}")
+    if cfg.optim.optimizer not in (None, "adamw", "lamb"):
+        parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
+    if cfg.checkpoint.keep_last < 1:
+        parser.error("--keep_last must be at least 1")
+    r = cfg.run.resume
+    if r not in ("auto", "none") and not os.path.exists(r):
+        parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")
+
+
+def load_ds_config(path: str) -> dict[str, Any]:
+    """Read the DeepSpeed JSON with a message naming the file and line on a syntax error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+
+
+def save_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON under a temporary name and rename it into place (readers never see half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+    os.replace(tmp, path)

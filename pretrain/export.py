@@ -1,0 +1,126 @@
+"""Export a training checkpoint as a standard Hugging Face folder.
+
+    python -m pretrain.export RUN --output HF_DIR [--checkpoint RUN/checkpoints/step_00001000]
+
+Consolidates the ZeRO-2 or ZeRO-3 shards with DeepSpeed's ``zero_to_fp32`` helper, loads them
+into the training model (strict), maps to ``BertForMaskedLM`` / ``BertForPreTraining`` names, slices
+the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` + the tokenizer.
+Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
+not load with zero missing and unexpected keys is reported as an error, not written silently.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from pretrain.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
+
+
+def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
+    """fp32 weights of a ZeRO-2/3 checkpoint folder (all ranks' shards merged)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+
+
+def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
+    if (run / "tokenizer").is_dir():
+        return run / "tokenizer"
+    data = state.get("config", {}).get("run", {}).get("data")
+    if data and Path(data, "tokenizer").is_dir():
+        return Path(data, "tokenizer")
+    raise CheckpointError(f"no tokenizer found in {run}/tokenizer or the run's --data folder")
+
+
+def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[str, Any]:
+    """Load ``out`` with transformers (strict key check) and run fill-mask; returns the result."""
+    import transformers
+
+    auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM
+    model, info = auto.from_pretrained(str(out), output_loading_info=True)
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
+                                                   "mismatched_keys") and v}
+    if bad:
+        raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
+    fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
+    mask = mask_token or fill.tokenizer.mask_token
+    preds = fill(f"The function returns a {mask} of values.", top_k=3)
+    return {"architecture": type(model).__name__, "fill_mask": preds}
+
+
+def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | None = None,
+           verify: bool = True) -> dict[str, Any]:
+    """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``)."""
+    import torch
+    import transformers
+
+    from pretrain.model import ModelConfig, build_model
+
+    run = Path(run)
+    ckpt = resolve_resume(checkpoint, run) if checkpoint else resolve_resume("auto", run)
+    if ckpt is None or not is_complete(ckpt):
+        raise CheckpointError(f"{run}: no complete checkpoint to export")
+    state = read_state(ckpt)
+    model_cfg = ModelConfig(**state["config"]["model_cfg"])
+    nsp = bool(state.get("nsp", False))
+    model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
+    sd = consolidated_state_dict(ckpt)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    # The tied decoder weight may be absent from some DeepSpeed versions' consolidated dict.
+    missing = [k for k in missing if k not in ("cls.predictions.decoder.weight",
+                                               "cls.predictions.decoder.bias")]
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {ckpt} does not match the model it was trained with: "
+                              f"missing {missing}, unexpected {unexpected}")
+    hf_cls = getattr(transformers, model.hf_architecture)
+    conf = model.hf_config(unpad_vocab=True)
+    hf_model = hf_cls(conf)
+    hf_sd = model.hf_state_dict(unpad_vocab=True)
+    missing, unexpected = hf_model.load_state_dict(hf_sd, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"name mapping to {model.hf_architecture} failed: missing {missing}, "
+                              f"unexpected {unexpected}")
+    hf_model.tie_weights()
+    output = Path(output)
+    tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with torch.no_grad():
+        hf_model.save_pretrained(str(tmp), safe_serialization=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
+    tok.save_pretrained(str(tmp))
+    result: dict[str, Any] = {"checkpoint": str(ckpt), "step": state["step"], "output": str(output),
+                              "architecture": model.hf_architecture}
+    if verify:
+        result.update(verify_export(tmp, nsp))
+    shutil.rmtree(output, ignore_errors=True)
+    os.replace(tmp, output)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(prog="python -m pretrain.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="run folder (its newest complete checkpoint is exported)")
+    p.add_argument("--output", required=True, help="HF folder to write")
+    p.add_argument("--checkpoint", default=None, help="a specific checkpoint folder instead")
+    p.add_argument("--no_verify", action="store_true", help="skip the transformers reload check")
+    args = p.parse_args(argv)
+    try:
+        res = export(args.run, args.output, args.checkpoint, verify=not args.no_verify)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
+          f"to {res['output']}")
+    for pred in res.get("fill_mask", []):
+        print(f"  fill-mask: {pred['token_str']!r} {pred['score']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Training metrics: console bar (rank 0), RUN/metrics.jsonl (one object per step), TensorBoard.
+
+All values are computed by the caller; this module times the step, derives rates (tokens/s,
+TFLOPs, MFU), and writes. Only rank 0 writes anything.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
+_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A10G": 125.0, "L40S": 362.0,
+                "L4": 121.0, "V100": 125.0, "T4": 65.0, "A6000": 155.0, "4090": 165.0}
+
+
+def device_peak_tflops(precision: str) -> float | None:
+    """Peak dense TFLOPs of this device at ``precision``, or None when unknown (CPUs)."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key, peak in _PEAK_TFLOPS.items():
+        if key in name:
+            return peak if precision in ("bf16", "fp16") else None  # fp32 peaks vary (TF32)
+    return None
+
+
+def memory_stats() -> dict[str, float]:
+    """Accelerator memory in GiB (allocated, peak) or the process RSS on CPU."""
+    if torch.cuda.is_available():
+        return {"mem_alloc_gib": torch.cuda.memory_allocated() / 2**30,
+                "mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    try:
+        import psutil
+        return {"mem_rss_gib": psutil.Process(os.getpid()).memory_info().rss / 2**30}
+    except ImportError:  # psutil is a dependency; keep metrics working without it anyway
+        return {}
+
+
+class StepTimer:
+    """Wall time of an optimizer step and the part of it spent waiting for the data loader."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.data_wait = 0.0
+
+    def restart(self) -> None:
+        self.start = time.perf_counter()
+        self.data_wait = 0.0
+
+    def waited(self, seconds: float) -> None:
+        self.data_wait += seconds
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class MetricsWriter:
+    """Writes one JSON object per optimizer step; console and TensorBoard every ``log_interval``."""
+
+    def __init__(self, output_dir: str | os.PathLike, *, rank: int, max_steps: int, start_step: int,
+                 log_interval: int, flops_per_token: float | None, peak_tflops: float | None,
+                 world_size: int, monitor: Any = None, progress: bool = True) -> None:
+        self.rank = rank
+        self.log_interval = max(1, log_interval)
+        self.flops_per_token = flops_per_token
+        self.peak_tflops = peak_tflops
+        self.world_size = world_size
+        self.monitor = monitor
+        self._file = None
+        self._bar = None
+        if rank != 0:
+            return
+        path = Path(output_dir) / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if start_step > 0 and path.exists():
+            _truncate_after(path, start_step)  # a resumed run rewrites the steps after its checkpoint
+        elif start_step == 0 and path.exists():
+            path.unlink()
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+        if progress:
+            from tqdm import tqdm
+            self._bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step",
+                             dynamic_ncols=True, mininterval=1.0)
+
+    def step(self, record: dict[str, Any], seconds: float, global_samples: int) -> dict[str, Any]:
+        """Add rates to ``record`` (needs tokens, masked, samples), write it, return it."""
+        if self.rank != 0:
+            return record
+        secs = max(seconds, 1e-9)
+        record["step_time_s"] = seconds
+        record["tokens_per_s"] = record["tokens"] / secs
+        record["masked_tokens_per_s"] = record["masked"] / secs
+        record["samples_per_s"] = record["samples"] / secs
+        if self.flops_per_token:
+            tflops = self.flops_per_token * record["tokens"] / secs / 1e12
+            record["tflops"] = tflops
+            record["tflops_per_device"] = tflops / self.world_size
+            if self.peak_tflops:
+                record["mfu"] = tflops / self.world_size / self.peak_tflops
+        record.update(memory_stats())
+        self._file.write(json.dumps(_finite(record)) + "\n")
+        self._file.flush()
+        step = record["step"]
+        if self._bar is not None:
+            self._bar.update(1)
+            if step % self.log_interval == 0:
+                self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                      tok_s=f"{record['tokens_per_s']:.0f}",
+                                      scale=record.get("loss_scale"), refresh=False)
+        if self.monitor is not None and getattr(self.monitor, "enabled", False) and \
+                step % self.log_interval == 0:
+            events = [(f"Train/{k}", float(v), global_samples) for k, v in record.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+                      and math.isfinite(float(v))]
+            self.monitor.write_events(events)
+        return record
+
+    def eval(self, record: dict[str, Any], global_samples: int) -> None:
+        """Write a validation record (``"split": "validation"``) to metrics.jsonl and TensorBoard."""
+        if self.rank != 0:
+            return
+        self._file.write(json.dumps(_finite(record)) + "\n")
+        self._file.flush()
+        self.print(f"validation step {record['step']}: loss {record['val_loss']:.4f} "
+                   f"accuracy {record['val_accuracy']:.4f} perplexity {record['val_perplexity']:.2f}")
+        if self.monitor is not None and getattr(self.monitor, "enabled", False):
+            self.monitor.write_events([(f"Validation/{k.removeprefix('val_')}", float(v),
+                                        global_samples) for k, v in record.items()
+                                       if k.startswith("val_") and math.isfinite(float(v))])
+
+    def print(self, msg: str) -> None:
+        """A line on rank 0's console that does not break the progress bar."""
+        if self.rank != 0:
+            return
+        if self._bar is not None:
+            self._bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no inf/NaN: write them as strings so every line stays valid JSON."""
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()}
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only records with ``step <= step`` (atomic rewrite)."""
+    keep = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    keep.append(line)
+            except json.JSONDecodeError:  # a half-written last line from a killed run
+                continue
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+
+
+def read_metrics(path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:
+    """Records of ``split`` ("train" or "validation") from a metrics.jsonl."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("split", "train") == split:
+                out.append(rec)
+    return out

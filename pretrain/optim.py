@@ -1,0 +1,120 @@
+"""Optimizer choice and learning-rate schedule (warmup, then linear / polynomial decay).
+
+The optimizer itself is built by DeepSpeed from the config's ``optimizer`` block (FusedAdam on
+GPUs, torch AdamW with ``torch_adam``, FusedLamb on GPUs); this module fills that block from the
+flags, rejects what cannot run here, and builds the schedule as a ``LambdaLR`` whose state
+DeepSpeed saves and restores with the checkpoint.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pretrain.config import OptimConfig
+
+_NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
+
+
+class OptimizerConfigError(ValueError):
+    """An optimizer block that cannot run on this machine or has unset values."""
+
+
+def configure_optimizer(ds_config: dict[str, Any], cfg: OptimConfig, device: str,
+                        source: str = "DeepSpeed config") -> dict[str, Any]:
+    """Return a copy of ``ds_config`` whose optimizer block reflects the flags and has no "auto".
+
+    ``device`` is the accelerator name ("cpu", "cuda", ...): LAMB exists only as a CUDA kernel.
+    """
+    out = copy.deepcopy(ds_config)
+    opt = out.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = opt.setdefault("params", {})
+    if cfg.optimizer == "adamw":
+        opt["type"] = "AdamW"
+    elif cfg.optimizer == "lamb":
+        opt["type"] = "Lamb"
+        params.pop("torch_adam", None)
+    kind = str(opt.get("type", "")).lower()
+    if kind not in ("adam", "adamw", "lamb"):
+        raise OptimizerConfigError(f"{source}: optimizer.type {opt.get('type')!r} is not supported; "
+                                   "use AdamW or Lamb")
+    if kind == "lamb":
+        if device != "cuda":
+            raise OptimizerConfigError(
+                f"{source}: optimizer Lamb is DeepSpeed's FusedLamb, a CUDA kernel; this machine's "
+                f"accelerator is {device!r}. Use --optimizer adamw.")
+        if out.get("zero_optimization", {}).get("stage", 0) > 0:
+            out["zero_allow_untested_optimizer"] = True  # FusedLamb under ZeRO needs this opt-in
+    if cfg.lr is not None:
+        params["lr"] = cfg.lr
+    if cfg.weight_decay is not None:
+        params["weight_decay"] = cfg.weight_decay
+    params.setdefault("lr", 1e-4)
+    params.setdefault("weight_decay", 0.01)
+    for k, v in params.items():
+        if v == "auto":  # DeepSpeed raises a TypeError deep inside on "auto" in optimizer params
+            raise OptimizerConfigError(f"{source}: optimizer.params.{k} is \"auto\"; only the HF "
+                                       "Trainer fills that. Give a number or the matching flag.")
+    if cfg.gradient_clipping is not None:
+        out["gradient_clipping"] = cfg.gradient_clipping
+    elif out.get("gradient_clipping") == "auto":
+        out["gradient_clipping"] = 1.0
+    return out
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two groups: decayed weights, and biases/LayerNorm/embeddings-norm without decay."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or any(k in name for k in _NO_DECAY) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+@dataclass
+class WarmupDecay:
+    """lr multiplier at step s: linear warmup to 1, then linear/poly decay to ``min_ratio``.
+
+    A callable object (not a lambda) so ``LambdaLR.state_dict`` saves its settings too.
+    """
+
+    warmup_steps: int
+    total_steps: int
+    decay: str = "linear"
+    power: float = 1.0
+    min_ratio: float = 0.0
+
+    def __call__(self, step: int) -> float:
+        if self.warmup_steps > 0 and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.decay == "constant":
+            return 1.0
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, max(0.0, (step - self.warmup_steps) / span))
+        power = 1.0 if self.decay == "linear" else self.power
+        return self.min_ratio + (1.0 - self.min_ratio) * (1.0 - progress) ** power
+
+
+def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay:
+    """The schedule for a run of ``max_steps`` optimizer steps."""
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * max_steps)
+    return WarmupDecay(warmup_steps=warmup, total_steps=max_steps, decay=cfg.decay,
+                       power=cfg.poly_power, min_ratio=cfg.min_lr_ratio)
+
+
+def lr_scheduler_factory(schedule: WarmupDecay):
+    """A callable DeepSpeed gives the optimizer it built: ``optimizer -> LambdaLR``."""
+    def make(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return make
+
+
+def current_lr(optimizer: torch.optim.Optimizer | Iterable) -> float:
+    """The first param group's learning rate."""
+    groups = optimizer.param_groups if hasattr(optimizer, "param_groups") else optimizer
+    return float(next(iter(groups))["lr"])

@@ -1,0 +1,99 @@
+"""Turn RUN/metrics.jsonl into PNG curves: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+from pretrain.metrics import read_metrics
+
+# (file stem, title, [(split, key), ...]) — one PNG per panel, plus one overview.
+PANELS = [
+    ("loss", "loss", [("train", "loss"), ("validation", "val_loss")]),
+    ("accuracy", "MLM accuracy", [("train", "mlm_accuracy"), ("validation", "val_accuracy")]),
+    ("lr", "learning rate", [("train", "lr")]),
+    ("loss_scale", "loss scale", [("train", "loss_scale")]),
+    ("grad_norm", "gradient norm", [("train", "grad_norm")]),
+    ("throughput", "tokens/s", [("train", "tokens_per_s")]),
+]
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(r["step"])
+            ys.append(float(v))
+    return xs, ys
+
+
+def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write one PNG per panel (and overview.png); returns the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_path = Path(metrics_path)
+    if not metrics_path.is_file():
+        raise FileNotFoundError(f"{metrics_path}: no such metrics file (RUN/metrics.jsonl)")
+    data = {"train": read_metrics(metrics_path, "train"),
+            "validation": read_metrics(metrics_path, "validation")}
+    if not data["train"]:
+        raise ValueError(f"{metrics_path}: no training records")
+    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    fig_all, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for (stem, title, keys), ax_all in zip(PANELS, axes.flat):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        drawn = False
+        for split, key in keys:
+            xs, ys = _series(data[split], key)
+            if xs:
+                style = "-" if split == "train" else "o-"
+                for a in (ax, ax_all):
+                    a.plot(xs, ys, style, label=f"{split} {key}", markersize=3)
+                drawn = True
+        for a in (ax, ax_all):
+            a.set_title(title)
+            a.set_xlabel("step")
+            a.grid(alpha=0.3)
+            if drawn:
+                a.legend()
+        if stem in ("loss_scale",) and drawn:
+            ax.set_yscale("log")
+            ax_all.set_yscale("log")
+        if drawn:
+            path = out / f"{stem}.png"
+            fig.tight_layout()
+            fig.savefig(path, dpi=100)
+            written.append(path)
+        plt.close(fig)
+    fig_all.tight_layout()
+    fig_all.savefig(out / "overview.png", dpi=80)
+    plt.close(fig_all)
+    written.append(out / "overview.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
+    p.add_argument("metrics", help="RUN/metrics.jsonl")
+    p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
+    args = p.parse_args(argv)
+    try:
+        paths = plot(args.metrics, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Precision choice: fp16 (dynamic loss scaling), bf16 or fp32, checked against the device.
+
+DeepSpeed fails deep inside ``initialize`` ("Type fp16 is not supported on your device") when the
+config asks for a precision the accelerator lacks; this module says so up front, and falls back
+to fp32 only when the user passed ``--allow_precision_fallback``.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pretrain.config import PrecisionConfig
+
+DEFAULT_FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+
+
+class PrecisionError(RuntimeError):
+    """The requested precision cannot run on this device."""
+
+
+def requested_precision(ds_config: dict[str, Any], cfg: PrecisionConfig) -> str:
+    """fp16 / bf16 / fp32 from the flag, else from the config's enabled block."""
+    if cfg.precision:
+        return cfg.precision
+    if ds_config.get("fp16", {}).get("enabled", False):
+        return "fp16"
+    if ds_config.get("bf16", {}).get("enabled", False) or \
+            ds_config.get("bfloat16", {}).get("enabled", False):
+        return "bf16"
+    return "fp32"
+
+
+def supported_precisions() -> dict[str, bool]:
+    """What this process's DeepSpeed accelerator can train in."""
+    from deepspeed.accelerator import get_accelerator
+
+    accel = get_accelerator()
+    return {"fp32": True, "fp16": bool(accel.is_fp16_supported()),
+            "bf16": bool(accel.is_bf16_supported())}
+
+
+def resolve_precision(ds_config: dict[str, Any], cfg: PrecisionConfig,
+                      source: str = "DeepSpeed config") -> tuple[dict[str, Any], str, str | None]:
+    """Return (config copy with exactly one precision enabled, precision, fallback note or None)."""
+    from deepspeed.accelerator import get_accelerator
+
+    want = requested_precision(ds_config, cfg)
+    note = None
+    if not supported_precisions()[want]:
+        device = get_accelerator().device_name()
+        msg = (f"{want} is not supported on this {device} device (asked for by "
+               f"{'--precision' if cfg.precision else source}).")
+        if not cfg.allow_precision_fallback:
+            raise PrecisionError(
+                f"{msg} Pass --allow_precision_fallback to train in fp32 instead, or choose "
+                f"--precision fp32 / bf16, or use a config without '{want}' enabled.")
+        note = f"{msg} Falling back to fp32 (--allow_precision_fallback)."
+        want = "fp32"
+    out = copy.deepcopy(ds_config)
+    fp16 = {**DEFAULT_FP16, **out.get("fp16", {})}
+    out.pop("bfloat16", None)
+    fp16["enabled"] = want == "fp16"
+    out["fp16"] = fp16
+    out["bf16"] = {**out.get("bf16", {}), "enabled": want == "bf16"}
+    return out, want, note
