@@ -23,12 +23,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def build_shards(corpus: list[Path], out: Path, vocab_size: int, seq_len: int) -> Path:
+def build_shards(corpus: list[Path], out: Path, vocab_size: int, seq_len: int,
+                 tokenizer: str | None = None) -> Path:
     if (out / "manifest.json").is_file():
         return out
+    # An existing tokenizer (e.g. a BERT vocab.txt) gives BERT's real vocabulary size; small
+    # corpora cannot train one that large.
+    vocab = ["--tokenizer", tokenizer] if tokenizer else ["--vocab_size", str(vocab_size)]
     subprocess.run([sys.executable, "-m", "data_prep", "build", "--input", *map(str, corpus),
-                    "--output",
-                    str(out), "--vocab_size", str(vocab_size), "--max_seq_len", str(seq_len),
+                    "--output", str(out), *vocab, "--max_seq_len", str(seq_len),
                     "--validation_fraction", "0.02", "--workers", "2"], cwd=REPO, check=True,
                    capture_output=True)
     return out
@@ -128,6 +131,8 @@ def main() -> int:
     p.add_argument("--corpus", type=Path, nargs="+", default=None,
                    help="text files (default: CPython's pydoc topics, ~460 KB of English)")
     p.add_argument("--vocab_size", type=int, default=30522, help="WordPiece vocabulary to train")
+    p.add_argument("--tokenizer", default=None,
+                   help="an existing tokenizer (HF folder or BERT vocab.txt) instead of training one")
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--model", default="small")
     p.add_argument("--ranks", type=int, default=2)
@@ -152,7 +157,7 @@ def main() -> int:
         sys.path.insert(0, str(REPO / "tests"))
         from conftest import write_english_corpus
         corpus = [write_english_corpus(work / "pydoc_topics.txt")]
-    shards = build_shards(corpus, work / "shards", args.vocab_size, args.seq_len)
+    shards = build_shards(corpus, work / "shards", args.vocab_size, args.seq_len, args.tokenizer)
     vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     print(f"corpus {' '.join(map(str, corpus))}; vocab {vocab}; model {args.model}; seq {args.seq_len}; global batch "
           f"{args.global_batch} on {args.ranks} CPU ranks x 1 thread; {args.steps} steps, timing "
