@@ -2,7 +2,7 @@
 
 Design: the forward saves the fp32 lse per row and the backward recomputes the softmax from the
 logits (flash-attention's scheme), rather than writing the gradient into the logits during the
-forward (Liger's scheme). Why, in short (details in docs/parts/benchmarks_kernels.md): both move
+forward (Liger's scheme). Why, in short (details in docs/benchmarks.md): both move
 the same bytes for a training step (3 passes over [rows x V]) and hold the same single [rows x V]
 buffer, but recompute also (a) multiplies by the incoming gradient inside the same pass, so a
 per-row or scaled grad_output (fp16 loss scaling, a global normaliser, reduction="none") costs no
