@@ -324,8 +324,8 @@ def print_summary(s: dict) -> None:
             f"  perplexity {v['val_perplexity']:.1f}"
         )
     print(
-        "  (a tiny model after a few hundred steps mostly predicts frequent tokens in fill-mask;"
-        " more --steps keep lowering the loss)"
+        "  (a 1M-parameter model on 460 KB of text: fill-mask gets the easy words right and"
+        " guesses frequent tokens elsewhere; more --steps keep lowering the loss)"
     )
     print("[demo] outputs:")
     for label, key in (
@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--output_dir", default="runs/demo", help="where everything goes")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps in total (stop at half)")
+    p.add_argument("--steps", type=int, default=1200, help="optimizer steps in total (stop at half)")
     p.add_argument("--ranks", type=int, default=2, help="local DeepSpeed ranks")
     p.add_argument("--model", default="tiny", help="model preset")
     p.add_argument(
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global_batch_size", type=int, default=32, help="sequences per step")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     p.add_argument("--warmup_steps", type=int, default=30, help="linear warmup, then constant lr")
-    p.add_argument("--eval_interval", type=int, default=50, help="validate every N steps")
+    p.add_argument("--eval_interval", type=int, default=200, help="validate every N steps")
     p.add_argument("--vocab_size", type=int, default=4000, help="WordPiece vocabulary to train")
     p.add_argument("--plan", action="store_true", help="print the step commands and exit")
     p.add_argument(
