@@ -324,7 +324,7 @@ def print_summary(s: dict) -> None:
             f"  perplexity {v['val_perplexity']:.1f}"
         )
     print(
-        "  (a 1M-parameter model on 460 KB of text: fill-mask gets the easy words right and"
+        "  (a 1M-parameter model on 460 KB of text: fill-mask gets some words right and"
         " guesses frequent tokens elsewhere; more --steps keep lowering the loss)"
     )
     print("[demo] outputs:")
