@@ -8,6 +8,8 @@ A Triton kernel, with a pure-PyTorch fallback:
 Importing this package works without a GPU and without triton (impl="torch" is then used).
 """
 
-from .api import IMPLS, REDUCTIONS, MaskedLMOutput, masked_lm_loss, softmax_cross_entropy
+from .api import (IMPLS, REDUCTIONS, MaskedLMOutput, masked_lm_loss, masked_lm_loss_rows,
+                  softmax_cross_entropy)
 
-__all__ = ["IMPLS", "REDUCTIONS", "MaskedLMOutput", "masked_lm_loss", "softmax_cross_entropy"]
+__all__ = ["IMPLS", "REDUCTIONS", "MaskedLMOutput", "masked_lm_loss", "masked_lm_loss_rows",
+           "softmax_cross_entropy"]

@@ -181,10 +181,11 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
                         token_type_ids=token_type_ids, return_dict=True)
         hidden, row_labels = self._masked_rows(out.last_hidden_state, labels)
-        mlm = kernels.masked_lm_loss(hidden, self.cls.predictions.decoder.weight,
-                                     self.cls.predictions.bias, row_labels,
-                                     ignore_index=IGNORE_INDEX, vocab_size=self.true_vocab_size,
-                                     normalizer=mlm_normalizer, impl=self.loss_impl)
+        mlm = kernels.masked_lm_loss_rows(hidden, self.cls.predictions.decoder.weight,
+                                          self.cls.predictions.bias, row_labels,
+                                          ignore_index=IGNORE_INDEX,
+                                          vocab_size=self.true_vocab_size,
+                                          normalizer=mlm_normalizer, impl=self.loss_impl)
         result = {"loss": mlm.loss, "mlm_loss": mlm.loss, "nsp_loss": None,
                   "num_masked": mlm.num_masked, "num_correct": mlm.num_correct}
         zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)

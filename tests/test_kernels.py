@@ -111,6 +111,30 @@ def test_one_valid_row(impl):
     assert rel_err(gh, ref[1]) < 1e-5 and rel_err(gw, ref[2]) < 1e-5 and rel_err(gb, ref[3]) < 1e-5
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_entry_point_matches_float64_with_ignored_rows(impl):
+    """masked_lm_loss_rows on rows the caller gathered (some still labelled -100, as a model that
+    keeps a few padding rows would pass them) equals the float64 oracle: ignored rows count for
+    nothing, padded vocab included, normalizer honoured."""
+    V, pad = 4097, 7
+    hidden, weight, bias, labels = make_case(40, 12, V, pad=pad, seed=3)
+    keep = torch.arange(40) % 3 != 0          # a gather that also keeps some ignored rows
+    rows_h, rows_y = hidden[keep], labels[keep]
+    assert (rows_y == -100).any() and (rows_y != -100).any()
+    n_valid = int((rows_y != -100).sum())
+    ref = oracle(rows_h, weight, bias, rows_y, V, normalizer=2 * n_valid)
+    h, w, b = (t.detach().clone().requires_grad_() for t in (rows_h, weight, bias))
+    out = kernels.masked_lm_loss_rows(h, w, b, rows_y, vocab_size=V, normalizer=2 * n_valid,
+                                      impl=impl)
+    out.loss.backward()
+    assert int(out.num_masked) == n_valid and int(out.num_correct) == ref[4]
+    assert rel_err(out.loss, ref[0]) < 1e-5
+    assert rel_err(h.grad, ref[1]) < 1e-5 and rel_err(w.grad, ref[2]) < 1e-5
+    assert rel_err(b.grad, ref[3]) < 1e-5
+    with pytest.raises(ValueError, match="hidden_rows must be"):
+        kernels.masked_lm_loss_rows(rows_h[None], weight, bias, rows_y[None], impl=impl)
+
+
 def test_evaluation_under_no_grad():
     hidden, weight, bias, labels = make_case(30, 12, 2000)
     with torch.no_grad():
