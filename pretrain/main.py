@@ -44,7 +44,7 @@ def prepare(cfg: TrainConfig, world_size: int):
     if ds.get("tensorboard", {}).get("enabled"):
         ds["tensorboard"] = {**ds["tensorboard"], "output_path": str(Path(cfg.run.output_dir,
                                                                          "tensorboard"))}
-    verify = getattr(cfg.data_cfg, "verify", "size")
+    verify = cfg.data_cfg.verify
     train = ShardReader(cfg.run.data, split="train", verify=verify)
     try:
         val = ShardReader(cfg.run.data, split="validation", verify=verify)
@@ -63,24 +63,6 @@ def _copy_tokenizer(src, dst: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     os.replace(tmp, dst)
-
-
-def init_distributed(timeout_s: float):
-    """(rank, world_size, local_rank) from the launch module, or DeepSpeed's own start-up."""
-    try:
-        from pretrain.distributed import init_distributed as start
-    except ImportError:
-        start = None
-    if start is not None:
-        info = start(timeout_s)
-        return info.rank, info.world_size, info.local_rank
-    import deepspeed
-    import torch.distributed as dist
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
-        os.environ.setdefault(k, v)
-    deepspeed.init_distributed()
-    return dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
 
 
 def _sum_across_ranks(values: list[float], device) -> list[float]:
@@ -269,13 +251,15 @@ def train(cfg: TrainConfig) -> int:
 
     from pretrain import checkpoint as ck
     from pretrain.data import build_loader
+    from pretrain.distributed import init_distributed
     from pretrain.metrics import MetricsWriter, device_peak_tflops
     from pretrain.model import build_model
     from pretrain.optim import build_schedule, lr_scheduler_factory, param_groups
 
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     ds, plan, precision, note, train_reader, val_reader = prepare(cfg, world_env)
-    rank, world, local_rank = init_distributed(cfg.run.dist_timeout_s)
+    dist_info = init_distributed(cfg.run.dist_timeout_s)
+    rank, world, local_rank = dist_info.rank, dist_info.world_size, dist_info.local_rank
     main_rank = rank == 0
     if note and main_rank:
         print(f"[pretrain] WARNING: {note}", flush=True)
@@ -374,14 +358,11 @@ def _shutdown() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``python pretrain/main.py`` and the launchers."""
     cfg = parse_args(argv)
+    from data_prep.reader import ShardError
     from pretrain.batching import BatchSizeError
     from pretrain.checkpoint import CheckpointError
     from pretrain.optim import OptimizerConfigError
     from pretrain.precision import PrecisionError
-    try:
-        from data_prep.reader import ShardError
-    except ImportError:  # pragma: no cover - data_prep is part of this repository
-        ShardError = ValueError
     if cfg.run.dry_run:
         from pretrain.dry_run import main as dry_run_main
         return dry_run_main(cfg)
