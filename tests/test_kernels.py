@@ -7,13 +7,10 @@ no code path (no row gather, no padded-column slicing) with the implementations 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 
 import kernels
 from kernels.api import _resolve_impl
@@ -290,15 +287,7 @@ def test_import_and_fallback_without_triton():
         "else:\n"
         "    raise AssertionError('impl=triton without triton must raise')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    proc = run_cli("-c", code, env={"TRITON_INTERPRET": "0"}, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
 
 

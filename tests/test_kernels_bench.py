@@ -3,42 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_cli
 
 
 def test_bench_runs_and_reports(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kernels.bench",
-            "--batch",
-            "4",
-            "--seq",
-            "32",
-            "--hidden",
-            "32",
-            "--vocab",
-            "2001",
-            "--repeat",
-            "1",
-            "--no-compile",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_cli("-m", "kernels.bench", "--batch", "4", "--seq", "32", "--hidden", "32",
+                   "--vocab", "2001", "--repeat", "1", "--no-compile", "--out", str(tmp_path),
+                   env={"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "bench_kernels.json").read_text())
     assert (tmp_path / "bench_kernels.png").stat().st_size > 1000

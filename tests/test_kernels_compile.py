@@ -8,12 +8,7 @@ when triton is first imported.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_cli
 
 SCRIPT = r"""
 import triton
@@ -39,20 +34,8 @@ for fn, sig in ((T._ce_forward_kernel, fwd), (T._ce_backward_kernel, bwd)):
 
 
 def test_kernels_compile_for_sm90(tmp_path):
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "0",
-        "TRITON_DEFAULT_FP_FUSION": "1",
-        "TRITON_CACHE_DIR": str(tmp_path),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    env = {"TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
+           "TRITON_CACHE_DIR": str(tmp_path)}
+    proc = run_cli("-c", SCRIPT, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count(" ok") == 6

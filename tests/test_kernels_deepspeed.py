@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -93,29 +91,21 @@ def _train(impl: str) -> dict:
 
 @pytest.mark.slow
 def test_zero3_fp16_tied_decoder_both_impls(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from conftest import run_cli  # here, not at the top: this file also runs as a script
+
+    from pretrain.distributed import free_port
+
     env = {
-        **os.environ,
         "TRITON_INTERPRET": "1",
         "OMP_NUM_THREADS": "1",
         "RANK": "0",
         "WORLD_SIZE": "1",
         "LOCAL_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(free_port()),
         "PYTHONPATH": str(REPO),
     }
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "result.json")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    proc = run_cli(__file__, str(tmp_path / "result.json"), env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((tmp_path / "result.json").read_text())
     torch_run, triton_run = res["torch"], res["triton"]
