@@ -71,9 +71,22 @@ def write_array_atomic(path: Path, array: np.ndarray) -> dict[str, Any]:
     return write_bytes_atomic(path, memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON under a temporary name and rename it into place."""
-    write_bytes_atomic(path, (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write UTF-8 text atomically (temporary name, fsync, rename); creates the parent folder.
+
+    The project's one writer of small files: readers never see half a file, and a crash leaves
+    either the old content or the new one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int = 1,
+                      sort_keys: bool = False) -> None:
+    """Write JSON atomically (see :func:`write_text_atomic`); non-JSON values become strings."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False, default=str)
+    write_text_atomic(path, text + "\n")
 
 
 def remove_stale_temporaries(folder: Path) -> int:

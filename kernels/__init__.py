@@ -8,8 +8,9 @@ A Triton kernel, with a pure-PyTorch fallback:
 Importing this package works without a GPU and without triton (impl="torch" is then used).
 """
 
+from .constants import IGNORE_INDEX
 from .api import (IMPLS, REDUCTIONS, MaskedLMOutput, masked_lm_loss, masked_lm_loss_rows,
                   softmax_cross_entropy)
 
-__all__ = ["IMPLS", "REDUCTIONS", "MaskedLMOutput", "masked_lm_loss", "masked_lm_loss_rows",
+__all__ = ["IGNORE_INDEX", "IMPLS", "REDUCTIONS", "MaskedLMOutput", "masked_lm_loss", "masked_lm_loss_rows",
            "softmax_cross_entropy"]

@@ -23,12 +23,17 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from data_prep.layout import write_text_atomic
+from pretrain.config import CheckpointConfig
+from pretrain.distributed import sum_across_ranks
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -47,15 +52,6 @@ class CheckpointError(ValueError):
 def tag_for(step: int) -> str:
     """Folder name of the checkpoint after ``step`` optimizer steps."""
     return f"step_{step:08d}"
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict[str, Any]:
@@ -153,6 +149,30 @@ def check_compatible(state: dict[str, Any], *, vocab_size: int, tokenizer_finger
                               "a new --output_dir.")
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """A complete checkpoint this run continues from, and the trainer state saved with it."""
+
+    path: Path
+    state: dict[str, Any]
+
+    def world_size_changed(self, world_size: int) -> bool:
+        """True when the checkpoint was written by another number of ranks (universal load)."""
+        return int(self.state["world_size"]) != world_size
+
+
+def find_resume(resume: str, output_dir: str | os.PathLike, *, vocab_size: int,
+                tokenizer_fingerprint: str, model_config: dict[str, Any]) -> ResumePoint | None:
+    """The checkpoint ``--resume`` names, checked against this run's data and model, or None."""
+    path = resolve_resume(resume, output_dir)
+    if path is None:
+        return None
+    state = read_state(path)
+    check_compatible(state, vocab_size=vocab_size, tokenizer_fingerprint=tokenizer_fingerprint,
+                     model_config=model_config, path=path)
+    return ResumePoint(path, state)
+
+
 class PreemptionHandler:
     """SIGTERM/SIGINT set a flag; the loop saves at the next step boundary and exits.
 
@@ -181,11 +201,14 @@ class PreemptionHandler:
 class CheckpointManager:
     """Saves, prunes and loads checkpoints for one run folder."""
 
-    def __init__(self, output_dir: str | os.PathLike, keep_last: int, rank: int, world_size: int):
+    def __init__(self, output_dir: str | os.PathLike, cfg: CheckpointConfig, rank: int,
+                 world_size: int, device: torch.device | None = None):
         self.root = Path(output_dir) / "checkpoints"
-        self.keep_last = keep_last
+        self.cfg = cfg
+        self.keep_last = cfg.keep_last
         self.rank = rank
         self.world_size = world_size
+        self.device = device or torch.device("cpu")  # where the cross-rank flags are reduced
         self.last_save_time = time.monotonic()
         self.last_saved_step: int | None = None
 
@@ -213,10 +236,10 @@ class CheckpointManager:
         torch.save(rng_state(), rng_file.with_suffix(".tmp"))
         os.replace(rng_file.with_suffix(".tmp"), rng_file)
         if self.rank == 0:
-            _atomic_write_text(path / STATE_FILE, json.dumps(full_state, indent=2, default=str))
+            write_text_atomic(path / STATE_FILE, json.dumps(full_state, indent=2, default=str))
         self._barrier()  # every rank's shards and RNG file are on disk
         if self.rank == 0:
-            _atomic_write_text(path / MARKER, f"{tag}\n")
+            write_text_atomic(path / MARKER, f"{tag}\n")
             self._prune()
         self._barrier()
         self.last_save_time = time.monotonic()
@@ -251,6 +274,52 @@ class CheckpointManager:
                 time.monotonic() - self.last_save_time >= 60.0 * save_interval_minutes:
             return "time"
         return None
+
+    def save_due(self, step: int, preempt: PreemptionHandler) -> str | None:
+        """Why a checkpoint is due after ``step`` on every rank: "signal", "interval", "time"
+        or None. Collective: all ranks call it each step.
+
+        A signal may reach one rank only, and the clocks of the ranks differ: one all-reduce makes
+        the signal (any rank) and rank 0's time test common to all, so every rank saves together.
+        """
+        time_due = self.due(step, 0, self.cfg.save_interval_minutes) is not None
+        signal_any, time_rank0 = sum_across_ranks(
+            [1.0 if preempt.signal is not None else 0.0, 1.0 if time_due and self.rank == 0 else 0.0],
+            self.device)
+        if signal_any > 0:
+            return "signal"
+        return self.due(step, self.cfg.save_interval, 0.0) or ("time" if time_rank0 > 0 else None)
+
+    def restore(self, engine, point: ResumePoint, *, schedule: Any, seed: int) -> tuple[int, int]:
+        """Load ``point`` into ``engine`` and return (step, consumed samples). Collective.
+
+        Everything that reaches into DeepSpeed on resume is here: a world-size change loads a
+        universal checkpoint (converted once by rank 0; the engine was built with
+        ``checkpoint.load_universal``, switched off again afterwards so later saves are ordinary),
+        the LambdaLR gets this run's schedule (the flags decide, not the pickled one), the engine's
+        step and sample counters are set, and on a world-size change each rank's RNG is derived
+        from the seed and step since per-rank states cannot carry over.
+        """
+        world_changed = point.world_size_changed(self.world_size)
+        path = self.to_universal(point.path) if world_changed else point.path
+        self.load(engine, path)
+        engine._config.load_universal_checkpoint = False
+        sched = engine.lr_scheduler
+        if schedule is not None and getattr(sched, "lr_lambdas", None):
+            if sched.lr_lambdas[0] != schedule and self.rank == 0:
+                print(f"[pretrain] learning-rate schedule changed since the checkpoint: "
+                      f"{sched.lr_lambdas[0]} -> {schedule}", flush=True)
+            sched.lr_lambdas = [schedule] * len(sched.lr_lambdas)
+        step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
+        engine.global_steps, engine.global_samples = step, consumed
+        self.last_saved_step = step
+        if world_changed:
+            torch.manual_seed(seed + 1000003 * step + self.rank)
+        if self.rank == 0:
+            print(f"[pretrain] resumed from {point.path} at step {step} ({consumed} samples "
+                  f"consumed; saved on {point.state['world_size']} ranks, now {self.world_size})",
+                  flush=True)
+        return step, consumed
 
     def load(self, engine, path: Path) -> dict[str, Any]:
         """Load engine state from ``path`` (same world size) and this rank's RNG; returns the state.
@@ -289,7 +358,7 @@ class CheckpointManager:
                 raise CheckpointError(f"converting {path} to a universal checkpoint failed:\n"
                                       f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
             shutil.copy(path / STATE_FILE, tmp / STATE_FILE)
-            _atomic_write_text(tmp / MARKER, f"universal {path.name}\n")
+            write_text_atomic(tmp / MARKER, f"universal {path.name}\n")
             os.replace(tmp, out)
         self._barrier()
         return out

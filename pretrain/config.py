@@ -4,7 +4,7 @@ The trainer's own concerns live here (run, batch, optimizer/schedule, precision,
 logging). The model, data and masking dataclasses belong to their modules; their fields get flags
 automatically (``--<field>``, or ``--<group>_<field>`` when two groups share a field name).
 The DeepSpeed JSON stays the source of ZeRO and precision settings; flags that touch it
-(batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.main`.
+(batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.ds_config`.
 """
 from __future__ import annotations
 
@@ -16,20 +16,20 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be used; the message names the file and line."""
-
+if TYPE_CHECKING:
+    from pretrain.data import DataConfig
+    from pretrain.masking import MaskingConfig
+    from pretrain.model import ModelConfig
 
 @dataclass
 class RunConfig:
     """Where the run reads and writes, and how long it lasts."""
 
     ds_config: str = "ds_configs/cpu.json"  # DeepSpeed JSON config (ZeRO stage, precision, optimizer)
-    data: str = ""  # shard folder written by `python -m data_prep build`
-    model: str = "tiny"  # model preset name (see pretrain.model.PRESETS)
+    data_dir: str = ""  # shard folder written by `python -m data_prep build` (flag: --data)
+    model_preset: str = "tiny"  # model preset name, see pretrain.model.PRESETS (flag: --model)
     output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/
     max_steps: int = 100  # optimizer steps to train (including fp16 steps skipped on overflow)
     seed: int = 1234  # seed for model init, dropout and data order
@@ -114,7 +114,8 @@ def _foreign_concerns() -> dict[str, type]:
 
 
 # Flags whose spelling differs from the field name (the launcher and HF habit use dashes here).
-_ALIASES = {"dry_run": ["--dry-run", "--dry_run"]}
+_ALIASES = {"dry_run": ["--dry-run", "--dry_run"], "data_dir": ["--data"],
+            "model_preset": ["--model"]}
 _SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
 
 
@@ -169,11 +170,15 @@ def _field_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def build_parser(groups: dict[str, type]) -> tuple[argparse.ArgumentParser, dict]:
-    """Argument parser with one flag per dataclass field (defaults None: "not given")."""
-    p = argparse.ArgumentParser(
-        prog="pretrain/main.py", description="Pretrain a BERT-style masked LM on DeepSpeed.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser(groups: dict[str, type], prog: str = "pretrain/main.py",
+                 description: str = "Pretrain a BERT-style masked LM on DeepSpeed."
+                 ) -> tuple[argparse.ArgumentParser, dict]:
+    """Argument parser with one flag per dataclass field (defaults None: "not given").
+
+    Each flag's help is the field's comment plus its dataclass default, written once here (the
+    argparse value is None so that "given" and "not given" stay distinguishable).
+    """
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)")
     names = _flag_names(groups)
@@ -216,40 +221,36 @@ class TrainConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    model_cfg: Any = None  # pretrain.model.ModelConfig (the preset plus flag overrides)
-    data_cfg: Any = None  # pretrain.data.DataConfig
-    masking: Any = None  # pretrain.masking.MaskingConfig
+    # Owned by their modules; filled by parse_args. Names kept as in config.json / checkpoints.
+    model_cfg: ModelConfig | None = None  # the architecture: --model's preset plus flag overrides
+    data_cfg: DataConfig | None = None  # loader settings (order, workers, padding)
+    masking: MaskingConfig | None = None  # dynamic masking settings
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every concern (saved as RUN/config.json and in checkpoints)."""
         return {k: dataclasses.asdict(v) for k, v in vars(self).items() if v is not None}
 
 
-def model_from_preset(name: str, overrides: dict[str, Any]) -> Any:
-    """ModelConfig for preset ``name`` with flag overrides; unknown name -> ValueError naming them."""
-    from pretrain.model import PRESETS
-
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset --model {name!r}: choose one of "
-                         f"{', '.join(sorted(PRESETS))}")
-    base = PRESETS[name]
-    if not dataclasses.is_dataclass(base):  # a dict of fields
-        from pretrain.model import ModelConfig
-        base = ModelConfig(**base)
-    return dataclasses.replace(base, **overrides)
+def trainer_parser(prog: str = "pretrain/main.py",
+                   description: str = "Pretrain a BERT-style masked LM on DeepSpeed."
+                   ) -> tuple[argparse.ArgumentParser, dict]:
+    """The trainer's parser and its (group, field) -> dest map; the doctor extends the same one,
+    so a launch line pastes into it unchanged."""
+    return build_parser({**CONCERNS, **_foreign_concerns()}, prog, description)
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
-    groups = {**CONCERNS, **_foreign_concerns()}
-    parser, names = build_parser(groups)
-    ns = parser.parse_args(argv)
+def config_from_args(ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
+                     ) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed flags, without the checks of :func:`parse_args`."""
+    from pretrain.model import preset
+
     cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
     foreign = _foreign_concerns()
     try:
-        cfg.model_cfg = model_from_preset(cfg.run.model, _overrides(ns, names, "model_cfg"))
+        base = preset(cfg.run.model_preset)
     except ValueError as e:
         parser.error(str(e))
+    cfg.model_cfg = dataclasses.replace(base, **_overrides(ns, names, "model_cfg"))
     data_over = _overrides(ns, names, "data_cfg")
     mask_over = _overrides(ns, names, "masking")
     # One --seed drives data order and masking too, unless they are given their own seeds.
@@ -261,18 +262,25 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         cfg.masking = foreign["masking"](**mask_over)
     except ValueError as e:
         parser.error(str(e))
+    return cfg
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
+    parser, names = trainer_parser()
+    cfg = config_from_args(parser.parse_args(argv), names, parser)
     _check(cfg, parser)
     return cfg
 
 
 def _check(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on values that cannot work, naming the flag."""
-    if not cfg.run.data:
+    if not cfg.run.data_dir:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")
-    if not Path(cfg.run.data, "manifest.json").is_file():
-        parser.error(f"--data {cfg.run.data}: no manifest.json there (missing folder or an "
+    if not Path(cfg.run.data_dir, "manifest.json").is_file():
+        parser.error(f"--data {cfg.run.data_dir}: no manifest.json there (missing folder or an "
                      "incomplete build); run `python -m data_prep build --output "
-                     f"{cfg.run.data} ...` first")
+                     f"{cfg.run.data_dir} ...` first")
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     if cfg.run.max_steps <= 0:
@@ -290,23 +298,3 @@ def _check(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")
-
-
-def load_ds_config(path: str) -> dict[str, Any]:
-    """Read the DeepSpeed JSON with a message naming the file and line on a syntax error."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-
-
-def save_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON under a temporary name and rename it into place (readers never see half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(tmp, path)

@@ -21,7 +21,6 @@ command and the end of its log.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -29,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from data_prep.layout import write_json_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "demo.json"  # written into the output folder: marks it as ours (safe to redo)
@@ -53,10 +54,7 @@ def write_corpus(path: Path) -> tuple[int, int]:
         "\n".join(line for line in topics[k].splitlines() if line.strip()) for k in sorted(topics)
     ]
     docs = [d for d in docs if d]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(d + "\n\n" for d in docs), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(d + "\n\n" for d in docs))
     return len(docs), path.stat().st_size
 
 
@@ -158,7 +156,7 @@ def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
         shown = ", ".join(f"{p['token']!r} {p['score']:.2f}" for p in r["predictions"])
         print(f"  {r['sentence']}\n      -> {shown}")
     if out:
-        out.write_text(json.dumps(results, indent=1))
+        write_json_atomic(out, results)
     return results
 
 
@@ -172,20 +170,12 @@ def prepare_output(out: Path) -> None:
             )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"status": "running", "started": time.time()}))
+    write_json_atomic(out / MARKER, {"status": "running", "started": time.time()})
 
 
-def _val_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r.get("split") == "validation"]
-
-
-def run_demo(args: argparse.Namespace) -> dict:
-    """All steps; returns the summary that is also written to OUTPUT/demo.json."""
-    from pretrain.distributed import free_port
-
-    out = Path(args.output_dir).absolute()
-    paths = {
+def demo_paths(out: Path) -> dict[str, Path]:
+    """Where each step writes, under the demo's output folder."""
+    return {
         "corpus": out / "corpus" / "pydoc_topics.txt",
         "shards": out / "shards",
         "run": out / "run",
@@ -194,9 +184,15 @@ def run_demo(args: argparse.Namespace) -> dict:
         "fill_mask": out / "fill_mask.json",
         "logs": out / "logs",
     }
+
+
+def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[str, list, bool]]:
+    """The command table: (name, command, stream its output?) for each step, in order."""
+    from pretrain.distributed import free_port
+
     half = args.steps // 2
     py = sys.executable
-    steps = [
+    return [
         (
             "shards",
             [
@@ -283,6 +279,15 @@ def run_demo(args: argparse.Namespace) -> dict:
             False,
         ),
     ]
+
+
+def run_demo(args: argparse.Namespace) -> dict:
+    """All steps; returns the summary that is also written to OUTPUT/demo.json."""
+    from pretrain.metrics import read_metrics
+
+    out = Path(args.output_dir).absolute()
+    paths = demo_paths(out)
+    steps = demo_steps(args, paths)
     if args.plan:
         for name, cmd, _ in steps:
             print(f"# {name}\n{shlex.join(cmd)}")
@@ -297,7 +302,7 @@ def run_demo(args: argparse.Namespace) -> dict:
         print(f"[demo] step {i}/{len(steps)}: {name}  (log: {log})", flush=True)
         timings[name] = round(run_step(name, cmd, log, stream), 1)
         print(f"[demo]   done in {timings[name]:.0f} s", flush=True)
-    val = _val_rows(paths["run"])
+    val = read_metrics(paths["run"] / "metrics.jsonl", "validation")
     summary = {
         "status": "done",
         "seconds": round(time.monotonic() - t_start, 1),
@@ -310,7 +315,7 @@ def run_demo(args: argparse.Namespace) -> dict:
         "plots": sorted(str(p) for p in paths["plots"].glob("*.png")),
         "commands": {name: shlex.join(cmd) for name, cmd, _ in steps},
     }
-    (out / MARKER).write_text(json.dumps(summary, indent=1))
+    write_json_atomic(out / MARKER, summary)
     return summary
 
 

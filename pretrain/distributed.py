@@ -262,3 +262,18 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     # DeepSpeed adopts the initialised torch group (and picks the same backend name).
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     return info
+
+
+def sum_across_ranks(values: list[float], device) -> list[float]:
+    """One all-reduce (sum) of a few numbers in float64 on ``device``; the identity on one rank.
+
+    Used for the decisions every rank must take together (save now? stop evaluating?) and for
+    global counts (masked tokens of the global batch).
+    """
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()

@@ -128,7 +128,7 @@ def main(cfg) -> int:
         ShardError = ValueError
     extra = {k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")}
     try:
-        run_dry_run(cfg.run.data, cfg.model_cfg, cfg.masking, cfg.data_cfg,
+        run_dry_run(cfg.run.data_dir, cfg.model_cfg, cfg.masking, cfg.data_cfg,
                     as_json=cfg.run.json, micro_batch_size=cfg.batch.micro_batch_size or 32,
                     extra_config=extra)
     except (ShardError, ValueError) as e:

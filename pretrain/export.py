@@ -30,7 +30,8 @@ def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
 def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
     if (run / "tokenizer").is_dir():
         return run / "tokenizer"
-    data = state.get("config", {}).get("run", {}).get("data")
+    run_cfg = state.get("config", {}).get("run", {})
+    data = run_cfg.get("data_dir") or run_cfg.get("data")  # "data" before the field was renamed
     if data and Path(data, "tokenizer").is_dir():
         return Path(data, "tokenizer")
     raise CheckpointError(f"no tokenizer found in {run}/tokenizer or the run's --data folder")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-IGNORE_INDEX = -100
+from kernels import IGNORE_INDEX  # re-exported: tests and callers import it from here too
+
 
 _U = np.uint64
 _GOLDEN = _U(0x9E3779B97F4A7C15)
@@ -134,7 +135,7 @@ class Masker:
         lengths: [B] real lengths; word_start: [B, T] bool unit starts (needed when whole_word);
         sample_index: [B] dataset indices; epochs: [B]; positions: [B] global stream positions
         (for the mask_prob schedule).
-        Returns (masked input_ids [B, T] int64, labels [B, T] int64 with -100 where not predicted,
+        Returns (masked input_ids [B, T] int64, labels [B, T] int64 with IGNORE_INDEX where not predicted,
         stats dict of python numbers: counts and fractions for logging).
         """
         cfg = self.cfg

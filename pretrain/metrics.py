@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from data_prep.layout import write_text_atomic
+
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A10G": 125.0, "L40S": 362.0,
                 "L4": 121.0, "V100": 125.0, "T4": 65.0, "A6000": 155.0, "4090": 165.0}
@@ -166,10 +168,7 @@ def _truncate_after(path: Path, step: int) -> None:
                     keep.append(line)
             except json.JSONDecodeError:  # a half-written last line from a killed run
                 continue
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(keep))
 
 
 def read_metrics(path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:

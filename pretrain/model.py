@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -27,8 +26,8 @@ from transformers.models.bert.modeling_bert import (
 )
 
 import kernels
+from kernels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
 
 
@@ -63,6 +62,16 @@ PRESETS: dict[str, ModelConfig] = {
     "large": ModelConfig(name="large", hidden_size=1024, num_hidden_layers=24,
                          num_attention_heads=16, intermediate_size=4096),
 }
+
+
+
+def preset(name: str) -> ModelConfig:
+    """The preset called ``name``; an unknown name is a ValueError that lists the choices."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset --model {name!r}: choose one of "
+                         f"{', '.join(PRESETS)}")
+    return PRESETS[name]
+
 
 _ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
@@ -126,13 +135,11 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         self.loss_impl = loss_impl
         self.checkpointing = "none"
         self.post_init()
-        if "deepspeed" in sys.modules:  # the trainer imports it first; see the method's doc
-            self.register_zero3_external_parameters()
 
     def register_zero3_external_parameters(self) -> None:
         """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the
         MLM bias outside their modules' own forward, so it gathers them for the MLM loss.
-        Harmless without ZeRO-3; called at construction when deepspeed is already imported."""
+        The trainer calls it before ``deepspeed.initialize``; harmless without ZeRO-3."""
         from deepspeed.runtime.zero.partition_parameters import register_external_parameter
 
         register_external_parameter(self, self.cls.predictions.decoder.weight)
@@ -170,7 +177,7 @@ class BertForPretrainingMasked(BertPreTrainedModel):
                 nsp_normalizer: torch.Tensor | float | None = None) -> dict:
         """Pretraining losses and counts.
 
-        labels: [B, T] with -100 where not predicted. mlm_normalizer: masked tokens of the whole
+        labels: [B, T] with IGNORE_INDEX where not predicted. mlm_normalizer: masked tokens of the whole
         global batch (the MLM loss is sum / mlm_normalizer; default: this batch's count).
         nsp_normalizer: sequences of the global batch (NSP loss is sum / nsp_normalizer; default
         this batch's size). Returns {loss, mlm_loss, nsp_loss (None without NSP), num_masked,
@@ -205,7 +212,7 @@ class BertForPretrainingMasked(BertPreTrainedModel):
     @torch.no_grad()
     def predict_masked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                        token_type_ids: torch.Tensor | None, labels: torch.Tensor) -> torch.Tensor:
-        """MLM logits [N_m, true_vocab_size] at the positions where labels != -100 (row-major)."""
+        """MLM logits [N_m, true_vocab_size] at the positions where labels != IGNORE_INDEX (row-major)."""
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
                         token_type_ids=token_type_ids, return_dict=True)
         hidden, _ = self._masked_rows(out.last_hidden_state, labels)

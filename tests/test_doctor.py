@@ -15,7 +15,7 @@ from conftest import REPO, run_cli
 from sshd_harness import NORMAL_NODE2, LoopbackSSH, missing_requirements
 
 from pretrain.doctor import HostfileError, check_deepspeed_env, parse_hostfile
-from pretrain.memory_estimate import ModelShape, estimate_memory
+from pretrain.doctor.memory_estimate import ModelShape, estimate_memory
 
 
 def _ds_parse(text: str):
@@ -82,7 +82,7 @@ def test_param_count_matches_transformers(english_shards):
     import torch
     from transformers import BertForMaskedLM
 
-    from pretrain.memory_estimate import model_shape
+    from pretrain.doctor.memory_estimate import model_shape
     from pretrain.model import PRESETS, bert_config
 
     shape = model_shape("base", english_shards, None, False)
@@ -248,8 +248,8 @@ def _probe(gpus: int, gpu_gib: float = 80.0, ram_gib: float = 64.0, free_gib: fl
 
 def test_device_and_memory_rules():
     """Slots against GPUs, fp16 on CPU nodes, and BERT-large on a small GPU."""
-    from pretrain.doctor_checks import device_rows, memory_and_disk_rows
-    from pretrain.memory_estimate import ModelShape
+    from pretrain.doctor.checks import device_rows, memory_and_disk_rows
+    from pretrain.doctor.memory_estimate import ModelShape
 
     fp16 = {"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
     rows = device_rows({"a": _probe(8), "b": _probe(4)}, {"a": 8, "b": 8}, fp16)

@@ -8,7 +8,8 @@ with a timeout): reachability, versions of Python/torch/deepspeed/triton/transfo
 devices against slots, the data folder and its manifest checksum, estimated memory per rank
 against device memory, free disk for checkpoints; and the world size against the batch sizes.
 Exit status 1 when any check fails, with what to fix under the table. Without --hostfile it checks
-this machine alone (no ssh) with --slots ranks.
+this machine alone (no ssh) with --slots ranks. Every flag of `pretrain/main.py` is accepted with
+the same meaning, so the flags of a launch line paste into the doctor unchanged.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from pretrain import doctor_probe
-from pretrain.doctor_checks import (
+from pretrain.batching import BatchPlan
+from pretrain.config import TrainConfig, config_from_args, trainer_parser
+from pretrain.doctor import probe as doctor_probe
+from pretrain.doctor.checks import (
     FAIL,
     LOCAL,
     OK,
@@ -37,7 +40,8 @@ from pretrain.doctor_checks import (
     memory_and_disk_rows,
     version_rows,
 )
-from pretrain.memory_estimate import model_shape
+from pretrain.doctor.memory_estimate import model_shape
+from pretrain.ds_config import activation_checkpointing_mode
 
 # Variables the DeepSpeed launcher forwards to remote ranks (runner.py EXPORT_ENVS + NCCL).
 EXPORT_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
@@ -183,181 +187,133 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def run_checks(args: argparse.Namespace) -> list[Row]:
-    """All checks; never raises for a finding (each becomes a row)."""
-    rows: list[Row] = []
-    cwd = Path(args.workdir).absolute()
+def host_rows(opts: argparse.Namespace) -> tuple[dict[str, int] | None, list[Row]]:
+    """(hosts and their slots, rows) from --hostfile, or this machine with --slots ranks.
+    Hosts is None when the hostfile cannot be used (nothing else can be checked then)."""
+    if not opts.hostfile:
+        return {LOCAL: opts.slots}, []
     try:
-        cfg = json.loads(Path(args.ds_config).read_text())
-    except (OSError, ValueError) as e:
-        return [Row("ds_config", "-", FAIL, f"{args.ds_config}: {e}", "pass a readable JSON file")]
-    if args.hostfile:
-        try:
-            hosts = parse_hostfile(Path(args.hostfile))
-            rows.append(
-                Row(
-                    "hostfile",
-                    "-",
-                    OK,
-                    f"{args.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots",
-                )
-            )
-        except HostfileError as e:
-            return [
-                Row("hostfile", "-", FAIL, str(e), "fix the lines named (see hostfile.example)")
-            ]
-        if len(hosts) > 1 and not shutil.which("pdsh"):
-            rows.append(
-                Row(
-                    "pdsh",
-                    LOCAL,
-                    FAIL,
-                    "pdsh not found on the launching node",
-                    "apt-get install pdsh (or use deepspeed --launcher openmpi/slurm)",
-                )
-            )
-    else:
-        hosts = {LOCAL: args.slots}
-    rows += check_deepspeed_env(env_files(cwd))
+        hosts = parse_hostfile(Path(opts.hostfile))
+    except HostfileError as e:
+        return None, [Row("hostfile", "-", FAIL, str(e), "fix the lines named (see hostfile.example)")]
+    rows = [Row("hostfile", "-", OK,
+                f"{opts.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots")]
+    if len(hosts) > 1 and not shutil.which("pdsh"):
+        rows.append(Row("pdsh", LOCAL, FAIL, "pdsh not found on the launching node",
+                        "apt-get install pdsh (or use deepspeed --launcher openmpi/slurm)"))
+    return hosts, rows
 
-    ssh_args = shlex.split(args.ssh_args)
+
+def probe_rows(cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int], cwd: Path
+               ) -> tuple[dict[str, dict], list[Row]]:
+    """Run the probe on every host at once; (answers by host, ssh/probe rows)."""
     exports = remote_exports(dict(os.environ), cwd)
-    command = probe_command(
-        args.python, cwd, exports, {"data": args.data, "output_dir": args.output_dir}
-    )
+    command = probe_command(opts.python, cwd, exports,
+                            {"data": cfg.run.data_dir, "output_dir": cfg.run.output_dir})
+    ssh_args = shlex.split(opts.ssh_args)
+
+    def probe(host: str) -> tuple[dict | None, str]:
+        return run_probe(None if host == LOCAL else host, command, ssh_args, opts.ssh_timeout)
+
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        results = dict(
-            zip(
-                hosts,
-                pool.map(
-                    lambda h: run_probe(
-                        None if h == LOCAL else h, command, ssh_args, args.ssh_timeout
-                    ),
-                    hosts,
-                ),
-            )
-        )
-    probes = {}
+        results = dict(zip(hosts, pool.map(probe, hosts)))
+    probes, rows = {}, []
     for host, (pr, err) in results.items():
         if pr is None and err.startswith("ssh failed"):
-            fix = (
-                "make `ssh -o BatchMode=yes HOST` work from this node (keys in "
-                "authorized_keys, known_hosts, PDSH_SSH_ARGS_APPEND for port/key)"
-            )
+            fix = ("make `ssh -o BatchMode=yes HOST` work from this node (keys in "
+                   "authorized_keys, known_hosts, PDSH_SSH_ARGS_APPEND for port/key)")
             rows.append(Row("ssh", host, FAIL, err, fix))
         elif pr is None:  # reached, but the launcher's `cd DIR; PYTHON ...` would fail there too
-            fix = (
-                f"the launcher runs `cd {cwd}; {args.python} ...` on every node: clone the "
-                "project there and install the same Python (or pass --workdir/--python)"
-            )
+            fix = (f"the launcher runs `cd {cwd}; {opts.python} ...` on every node: clone the "
+                   "project there and install the same Python (or pass --workdir/--python)")
             rows.append(Row("probe", host, FAIL, err, fix))
         else:
             probes[host] = pr
             if host != LOCAL:
                 rows.append(Row("ssh", host, OK, f"reached {pr['hostname']} in {pr['cwd']}"))
+    return probes, rows
+
+
+def batch_rows(cfg: TrainConfig, ds: dict, world: int) -> tuple[BatchPlan | None, list[Row]]:
+    """(batch plan or None, the batch row) for this world size, flags as the trainer reads them."""
+    flags = {"global_batch": cfg.batch.global_batch_size, "micro_batch": cfg.batch.micro_batch_size,
+             "grad_accum": cfg.batch.grad_accum}
+    try:
+        plan = batch_plan(ds, world, flags)
+    except ValueError as e:
+        return None, [Row("batch", "-", FAIL, str(e).split(" (world size")[0],
+                          f"make train_batch_size a multiple of train_micro_batch_size_per_gpu x "
+                          f"{world} in {cfg.run.ds_config}, or change the slots")]
+    return plan, [Row("batch", "-", OK,
+                      f"world size {world}: global {plan.global_batch} = micro {plan.micro_batch} "
+                      f"x accumulation {plan.grad_accum} x {world} ranks")]
+
+
+def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
+    """All checks for the launch ``cfg`` (the trainer's flags) on the hosts of ``opts``; never
+    raises for a finding (each becomes a row)."""
+    cwd = Path(opts.workdir).absolute()
+    try:
+        ds = json.loads(Path(cfg.run.ds_config).read_text())
+    except (OSError, ValueError) as e:
+        return [Row("ds_config", "-", FAIL, f"{cfg.run.ds_config}: {e}", "pass a readable JSON file")]
+    hosts, rows = host_rows(opts)
+    if hosts is None:
+        return rows
+    rows += check_deepspeed_env(env_files(cwd))
+    probes, found = probe_rows(cfg, opts, hosts, cwd)
+    rows += found
     if probes:
         rows += version_rows(probes)
-        rows += device_rows(probes, hosts, cfg)
-        local_manifest = Path(args.data) / "manifest.json"
+        rows += device_rows(probes, hosts, ds)
+        local_manifest = Path(cfg.run.data_dir) / "manifest.json"
         local_sha = doctor_probe._sha256(local_manifest) if local_manifest.is_file() else None
-        rows += data_rows(probes, args.data, local_sha)
-
-    world = sum(hosts.values())
-    flags = {
-        "global_batch": args.global_batch_size,
-        "micro_batch": args.micro_batch_size,
-        "grad_accum": args.grad_accum,
-    }
-    plan = None
-    try:
-        plan = batch_plan(cfg, world, flags)
-        rows.append(
-            Row(
-                "batch",
-                "-",
-                OK,
-                f"world size {world}: global {plan.global_batch} = micro "
-                f"{plan.micro_batch} x accumulation {plan.grad_accum} x {world} ranks",
-            )
-        )
-    except ValueError as e:
-        rows.append(
-            Row(
-                "batch",
-                "-",
-                FAIL,
-                str(e).split(" (world size")[0],
-                f"make train_batch_size a multiple of train_micro_batch_size_per_gpu x "
-                f"{world} in {args.ds_config}, or change the slots",
-            )
-        )
+        rows += data_rows(probes, cfg.run.data_dir, local_sha)
+    plan, found = batch_rows(cfg, ds, sum(hosts.values()))
+    rows += found
     if probes:
-        shape = model_shape(
-            args.model, Path(args.data), args.seq_len, args.activation_checkpointing
-        )
+        checkpointing = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
+        shape = model_shape(cfg.run.model_preset, Path(cfg.run.data_dir), opts.seq_len,
+                            checkpointing != "none")
         # Without a valid plan, estimate with the micro batch the user asked for.
-        micro = (
-            plan.micro_batch
-            if plan
-            else (args.micro_batch_size or cfg.get("train_micro_batch_size_per_gpu") or 1)
-        )
-        rows += memory_and_disk_rows(probes, hosts, cfg, int(micro), shape, args.keep_last)
+        micro = plan.micro_batch if plan else (
+            cfg.batch.micro_batch_size or ds.get("train_micro_batch_size_per_gpu") or 1)
+        rows += memory_and_disk_rows(probes, hosts, ds, int(micro), shape,
+                                     cfg.checkpoint.keep_last)
     return rows
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m pretrain.doctor",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--hostfile", help="DeepSpeed hostfile; without it, check this machine only")
-    p.add_argument("--slots", type=int, default=1, help="ranks on this machine (no --hostfile)")
-    p.add_argument("--ds_config", required=True, help="DeepSpeed config JSON of the launch")
-    p.add_argument("--data", required=True, help="shard folder (same path on every node)")
-    p.add_argument("--model", default="tiny", help="model preset (pretrain.model.PRESETS)")
-    p.add_argument("--output_dir", default="runs/default", help="run folder (checkpoints)")
-    p.add_argument(
-        "--seq_len",
-        type=int,
-        default=None,
-        help="sequence length for the memory estimate (default: the shards' max_seq_len)",
-    )
-    p.add_argument("--global_batch_size", type=int, default=None, help="as given to the trainer")
-    p.add_argument("--micro_batch_size", type=int, default=None, help="as given to the trainer")
-    p.add_argument("--grad_accum", type=int, default=None, help="as given to the trainer")
-    p.add_argument(
-        "--activation_checkpointing",
-        action="store_true",
-        help="estimate activations as with activation checkpointing",
-    )
-    p.add_argument("--keep_last", type=int, default=3, help="checkpoints kept (disk estimate)")
-    p.add_argument(
-        "--ssh_args",
-        default=os.environ.get("PDSH_SSH_ARGS_APPEND", ""),
-        help="extra ssh options (default: $PDSH_SSH_ARGS_APPEND, as pdsh uses them)",
-    )
-    p.add_argument("--ssh_timeout", type=float, default=10.0, help="ssh connect timeout, seconds")
-    p.add_argument(
-        "--python",
-        default=sys.executable,
-        help="interpreter on the nodes (the launcher uses this node's path)",
-    )
-    p.add_argument(
-        "--workdir",
-        default=".",
-        help="project folder on the nodes (the launcher cd's to this node's cwd)",
-    )
-    p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    return p
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    """The trainer's parser (every launch flag, so a launch line pastes in unchanged) plus the
+    doctor's own flags; returns it with the trainer's (group, field) -> dest map."""
+    p, names = trainer_parser(prog="python -m pretrain.doctor", description=__doc__)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    g = p.add_argument_group("doctor")
+    g.add_argument("--hostfile", help="DeepSpeed hostfile; without it, check this machine only")
+    g.add_argument("--slots", type=int, default=1, help="ranks on this machine (no --hostfile)")
+    g.add_argument("--seq_len", type=int, default=None,
+                   help="sequence length for the memory estimate (default: the shards' max_seq_len)")
+    g.add_argument("--ssh_args", default=os.environ.get("PDSH_SSH_ARGS_APPEND", ""),
+                   help="extra ssh options (default: $PDSH_SSH_ARGS_APPEND, as pdsh uses them)")
+    g.add_argument("--ssh_timeout", type=float, default=10.0,
+                   help="ssh connect timeout, seconds")
+    g.add_argument("--python", default=sys.executable,
+                   help="interpreter on the nodes (the launcher uses this node's path)")
+    g.add_argument("--workdir", default=".",
+                   help="project folder on the nodes (the launcher cd's to this node's cwd)")
+    return p, names
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the checks, print the table; 0 when nothing failed, 1 otherwise."""
-    args = build_parser().parse_args(argv)
-    rows = run_checks(args)
+    parser, names = build_parser()
+    opts = parser.parse_args(argv)
+    cfg = config_from_args(opts, names, parser)
+    if not cfg.run.data_dir:
+        parser.error("--data is required: the shard folder the launch will train on")
+    rows = run_checks(cfg, opts)
     failed = [r for r in rows if r.status == FAIL]
-    if args.json:
+    if cfg.run.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
         print(format_table(rows))

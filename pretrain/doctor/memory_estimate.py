@@ -82,11 +82,10 @@ def count_params(preset: str, vocab_size: int, nsp: bool) -> tuple[int, Any]:
     meta device (no memory used)."""
     import torch
 
-    from pretrain.model import PRESETS, build_model, padded_vocab
+    from pretrain.model import build_model, padded_vocab
+    from pretrain.model import preset as preset_config
 
-    if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    cfg = PRESETS[preset]
+    cfg = preset_config(preset)
     with torch.device("meta"):
         model = build_model(cfg, vocab_size, nsp)
     # Tied decoder weight counted once, as DeepSpeed partitions it once.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain.memory_estimate import estimate_memory, gib
+from pretrain.doctor.memory_estimate import estimate_memory, gib
 
 OK, WARN, FAIL = "ok", "WARN", "FAIL"
 LOCAL = "(local)"

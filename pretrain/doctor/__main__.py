@@ -1,0 +1,7 @@
+"""``python -m pretrain.doctor``: see :mod:`pretrain.doctor.cli`."""
+
+import sys
+
+from pretrain.doctor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""The one place the DeepSpeed config is edited: the user's JSON + the flags -> the final dict.
+
+The DeepSpeed JSON stays the source of ZeRO, precision and optimizer settings; flags given on the
+command line win over it. :func:`resolve_deepspeed_config` reads the file and applies, in order,
+the batch sizes for this world size (:mod:`pretrain.batching`), the precision checked against
+the device (:mod:`pretrain.precision`), the optimizer block (:mod:`pretrain.optim`), the run's
+TensorBoard folder and, on a resume onto another world size, the universal-checkpoint load. Each
+of those helpers returns an edited copy; nothing else in the trainer touches the dict.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pretrain.batching import BatchPlan, apply_batch, resolve_batch
+from pretrain.optim import configure_optimizer
+from pretrain.precision import resolve_precision
+
+if TYPE_CHECKING:
+    from pretrain.config import TrainConfig
+
+# DeepSpeed prints its own step lines every steps_per_print steps; our metrics replace them.
+_QUIET_STEPS_PER_PRINT = 10**9
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class DeepSpeedSetup:
+    """What the trainer needs from the DeepSpeed config, resolved for one world size."""
+
+    config: dict[str, Any]  # the final dict handed to deepspeed.initialize
+    batch: BatchPlan  # global / micro batch and accumulation steps
+    precision: str  # "fp32", "bf16" or "fp16" (after any allowed fallback)
+    precision_note: str | None  # why the precision fell back, when it did
+    activation_checkpointing: str  # "none", "torch" or "deepspeed"
+
+
+def load_user_config(path: str | Path) -> dict[str, Any]:
+    """Read the DeepSpeed JSON with a message naming the file and line on a syntax error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+
+
+def activation_checkpointing_mode(ds_config: dict[str, Any], flag: str | None) -> str:
+    """The flag's mode, else "deepspeed" when the config's activation_checkpointing is enabled."""
+    if flag:
+        return flag
+    return "deepspeed" if ds_config.get("activation_checkpointing", {}).get("enabled") else "none"
+
+
+def resolve_deepspeed_config(
+    cfg: TrainConfig, world_size: int, device: str, *, load_universal: bool = False
+) -> DeepSpeedSetup:
+    """Read ``cfg.run.ds_config`` and apply the flags for ``world_size`` ranks on ``device``.
+
+    ``load_universal``: the run resumes a checkpoint written by another number of ranks.
+    Raises ConfigError, BatchSizeError, PrecisionError or OptimizerConfigError, each naming the
+    file or flag to fix, before any process group or model exists.
+    """
+    src = cfg.run.ds_config
+    ds = load_user_config(src)
+    plan = resolve_batch(ds, world_size, global_batch=cfg.batch.global_batch_size,
+                         micro_batch=cfg.batch.micro_batch_size, grad_accum=cfg.batch.grad_accum,
+                         source=src)
+    ds = apply_batch(ds, plan)
+    ds, precision, note = resolve_precision(ds, cfg.precision, source=src)
+    ds = configure_optimizer(ds, cfg.optim, device, source=src)
+    ds["steps_per_print"] = ds.get("steps_per_print", _QUIET_STEPS_PER_PRINT)
+    if ds.get("tensorboard", {}).get("enabled"):
+        ds["tensorboard"] = {**ds["tensorboard"],
+                             "output_path": str(Path(cfg.run.output_dir, "tensorboard"))}
+    if load_universal:
+        ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
+    mode = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
+    return DeepSpeedSetup(config=ds, batch=plan, precision=precision, precision_note=note,
+                          activation_checkpointing=mode)
