@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test bench
+.PHONY: install demo test bench lint format
 
 # CPU torch first (unless a torch is already installed, e.g. a CUDA build on a GPU node), so the
 # project's `torch>=` requirement is already satisfied and never pulls a CUDA build.
@@ -21,3 +21,12 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest -q tests
+
+# One formatter and linter (ruff, settings in pyproject.toml); CI fails on a finding.
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+format: install
+	$(PYTHON) -m ruff check --fix .
+	$(PYTHON) -m ruff format .

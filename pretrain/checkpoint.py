@@ -14,6 +14,7 @@ the final barrier, so a crash could leave it pointing at a partial tag. A folder
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -302,14 +303,17 @@ class CheckpointManager:
         """
         world_changed = point.world_size_changed(self.world_size)
         path = self.to_universal(point.path) if world_changed else point.path
+        # LambdaLR.load_state_dict writes the saved schedule's fields INTO the callable object
+        # the engine holds: keep this run's schedule aside, or a new --max_steps would be lost.
+        wanted = copy.deepcopy(schedule)
         self.load(engine, path)
         engine._config.load_universal_checkpoint = False
         sched = engine.lr_scheduler
-        if schedule is not None and getattr(sched, "lr_lambdas", None):
-            if sched.lr_lambdas[0] != schedule and self.rank == 0:
+        if wanted is not None and getattr(sched, "lr_lambdas", None):
+            if sched.lr_lambdas[0] != wanted and self.rank == 0:
                 print(f"[pretrain] learning-rate schedule changed since the checkpoint: "
-                      f"{sched.lr_lambdas[0]} -> {schedule}", flush=True)
-            sched.lr_lambdas = [schedule] * len(sched.lr_lambdas)
+                      f"{sched.lr_lambdas[0]} -> {wanted}", flush=True)
+            sched.lr_lambdas = [wanted] * len(sched.lr_lambdas)
         step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
         engine.global_steps, engine.global_samples = step, consumed
         self.last_saved_step = step

@@ -27,14 +27,18 @@ if TYPE_CHECKING:
 class RunConfig:
     """Where the run reads and writes, and how long it lasts."""
 
-    ds_config: str = "ds_configs/cpu.json"  # DeepSpeed JSON config (ZeRO stage, precision, optimizer)
-    data_dir: str = ""  # shard folder written by `python -m data_prep build` (flag: --data)
-    model_preset: str = "tiny"  # model preset name, see pretrain.model.PRESETS (flag: --model)
-    output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/
+    ds_config: str = "ds_configs/cpu.json"  # DeepSpeed JSON config (ZeRO stage, precision,
+    # optimizer)
+    data_dir: str = ""  # shard folder written by `python -m data_prep build`
+    model_preset: str = "tiny"  # model preset name (see pretrain.model.PRESETS)
+    output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/,
+    # tensorboard/
     max_steps: int = 100  # optimizer steps to train (including fp16 steps skipped on overflow)
     seed: int = 1234  # seed for model init, dropout and data order
-    resume: str = "none"  # "auto" (newest complete checkpoint in output_dir), "none", or a checkpoint path
-    dist_timeout_s: float = 600.0  # how long ranks wait for each other at start-up and in collectives
+    resume: str = "none"  # "auto" (newest complete checkpoint in output_dir), "none", or a
+    # checkpoint path
+    dist_timeout_s: float = 600.0  # how long ranks wait for each other at start-up and in
+    # collectives
     dry_run: bool = False  # print the resolved plan (memory, batch sizes) and exit without training
     json: bool = False  # with --dry-run: print the plan as JSON
 
@@ -54,7 +58,8 @@ class OptimConfig:
 
     optimizer: str | None = None  # "adamw" or "lamb" (GPU only); default: the DeepSpeed config's
     lr: float | None = None  # peak learning rate; default: the DeepSpeed config's optimizer lr
-    weight_decay: float | None = None  # decoupled weight decay (not on biases/LayerNorm); default: config's
+    weight_decay: float | None = None  # decoupled weight decay (not on biases/LayerNorm);
+    # default: config's
     warmup_steps: int | None = None  # linear warmup steps; default: warmup_ratio x max_steps
     warmup_ratio: float = 0.06  # warmup as a fraction of max_steps when warmup_steps is unset
     decay: str = "linear"  # after warmup: "linear", "poly" or "constant"
@@ -68,14 +73,16 @@ class PrecisionConfig:
     """Numeric precision; the DeepSpeed config's fp16/bf16 blocks decide unless overridden."""
 
     precision: str | None = None  # "fp32", "bf16" or "fp16"; default: from the DeepSpeed config
-    allow_precision_fallback: bool = False  # when the precision is unavailable here, use fp32 instead of failing
+    allow_precision_fallback: bool = False  # when the precision is unavailable here, use fp32
+    # instead of failing
 
 
 @dataclass
 class MemoryConfig:
     """Trading compute for memory."""
 
-    activation_checkpointing: str | None = None  # "none", "torch" or "deepspeed"; default: "deepspeed" when the config's activation_checkpointing.enabled is true
+    activation_checkpointing: str | None = None  # "none", "torch" or "deepspeed"; default:
+    # "deepspeed" when the config's activation_checkpointing.enabled is true
 
 
 @dataclass
@@ -83,7 +90,8 @@ class CheckpointConfig:
     """When checkpoints are written and how many are kept."""
 
     save_interval: int = 0  # save every N optimizer steps (0 = only at the end and on signals)
-    save_interval_minutes: float = 0.0  # also save when this many minutes passed since the last save (0 = off)
+    save_interval_minutes: float = 0.0  # also save when this many minutes passed since the last
+    # save (0 = off)
     keep_last: int = 3  # complete checkpoints to keep (older ones are deleted)
     save_final: bool = True  # save when training ends
 
@@ -113,7 +121,8 @@ def _foreign_concerns() -> dict[str, type]:
     return {"model_cfg": ModelConfig, "data_cfg": DataConfig, "masking": MaskingConfig}
 
 
-# Flags whose spelling differs from the field name (the launcher and HF habit use dashes here).
+# Flags spelled otherwise than their field: the launcher habit of dashes, and the short --data /
+# --model for the fields that name a folder and a preset.
 _ALIASES = {"dry_run": ["--dry-run", "--dry_run"], "data_dir": ["--data"],
             "model_preset": ["--model"]}
 _SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
@@ -155,18 +164,24 @@ def _flag_names(groups: dict[str, type]) -> dict[tuple[str, str], str]:
 
 
 def _field_help(cls: type) -> dict[str, str]:
-    """The one-line comment after each field in the dataclass source is its --help text."""
+    """The comment after each field in the dataclass source is its --help text; comment-only
+    lines right below a field continue it (so help text never needs a line over 100 chars)."""
     import inspect
 
     try:
         src = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    helps = {}
+    helps, last = {}, None
     for line in src.splitlines():
         s = line.strip()
-        if ":" in s and "#" in s and not s.startswith("#"):
-            helps[s.split(":", 1)[0].strip()] = s.split("#", 1)[1].strip()
+        if s.startswith("#") and last is not None:
+            helps[last] += " " + s.lstrip("#").strip()
+        elif ":" in s and "#" in s:
+            last = s.split(":", 1)[0].strip()
+            helps[last] = s.split("#", 1)[1].strip()
+        else:
+            last = None
     return helps
 
 
@@ -241,7 +256,8 @@ def trainer_parser(prog: str = "pretrain/main.py",
 
 def config_from_args(ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
                      ) -> TrainConfig:
-    """The :class:`TrainConfig` of parsed flags, without the checks of :func:`parse_args`."""
+    """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
+    doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
     from pretrain.model import preset
 
     cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
@@ -262,6 +278,7 @@ def config_from_args(ns: argparse.Namespace, names: dict, parser: argparse.Argum
         cfg.masking = foreign["masking"](**mask_over)
     except ValueError as e:
         parser.error(str(e))
+    _check_values(cfg, parser)
     return cfg
 
 
@@ -269,20 +286,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
     parser, names = trainer_parser()
     cfg = config_from_args(parser.parse_args(argv), names, parser)
-    _check(cfg, parser)
+    _check_paths(cfg, parser)
     return cfg
 
 
-def _check(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
-    """Fail before any work on values that cannot work, naming the flag."""
-    if not cfg.run.data_dir:
-        parser.error("--data is required: the shard folder from `python -m data_prep build`")
-    if not Path(cfg.run.data_dir, "manifest.json").is_file():
-        parser.error(f"--data {cfg.run.data_dir}: no manifest.json there (missing folder or an "
-                     "incomplete build); run `python -m data_prep build --output "
-                     f"{cfg.run.data_dir} ...` first")
-    if not Path(cfg.run.ds_config).is_file():
-        parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
+def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail on flag values that cannot work, naming the flag."""
     if cfg.run.max_steps <= 0:
         parser.error(f"--max_steps must be positive, got {cfg.run.max_steps}")
     if cfg.precision.precision not in (None, "fp32", "bf16", "fp16"):
@@ -295,6 +304,18 @@ def _check(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
+
+
+def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail before any work on files that are not there, naming the flag and the fix."""
+    if not cfg.run.data_dir:
+        parser.error("--data is required: the shard folder from `python -m data_prep build`")
+    if not Path(cfg.run.data_dir, "manifest.json").is_file():
+        parser.error(f"--data {cfg.run.data_dir}: no manifest.json there (missing folder or an "
+                     "incomplete build); run `python -m data_prep build --output "
+                     f"{cfg.run.data_dir} ...` first")
+    if not Path(cfg.run.ds_config).is_file():
+        parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")

@@ -85,3 +85,23 @@ def chinese_shards(tmp_path_factory, chinese_corpus) -> Path:
             "--one_doc_per_line", "--vocab_size", "3000", "--max_seq_len", "128",
             "--validation_fraction", "0.05", "--workers", "2")
     return out
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """A one-process gloo group (DeepSpeed in-process on one rank).
+
+    Started once and kept for the rest of the session: DeepSpeed caches the group it adopts, so
+    a destroyed and re-created group breaks the next ``deepspeed.initialize`` in this process.
+    """
+    import deepspeed
+    import torch.distributed as dist
+
+    from pretrain.distributed import free_port
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(key, value)  # deepspeed.initialize reads them
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
+    deepspeed.init_distributed(dist_backend="gloo")

@@ -288,3 +288,30 @@ def test_missing_project_folder_on_a_node_is_a_probe_failure(tmp_path, english_s
     assert probe["status"] == "FAIL" and "No such file or directory" in probe["detail"]
     assert f"cd {tmp_path / 'absent'};" in probe["fix"]
     assert not any(r["check"] == "versions" for r in rows)
+
+
+def test_a_trainer_launch_line_pastes_into_the_doctor(english_shards, tmp_path):
+    """The doctor's flags are the trainer's: every flag of a launch line is accepted with the
+    trainer's meaning (--activation_checkpointing takes none|torch|deepspeed, as the trainer's),
+    and the memory estimate follows it."""
+    launch = [
+        "--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(english_shards),
+        "--model", "base", "--output_dir", str(tmp_path / "run"), "--max_steps", "100",
+        "--lr", "3e-4", "--warmup_steps", "10", "--save_interval", "50", "--eval_interval", "25",
+        "--global_batch_size", "32", "--micro_batch_size", "16", "--mask_prob", "0.2",
+        "--whole_word", "--precision", "fp32",
+    ]  # fmt: skip
+
+    def activations(mode: str) -> str:
+        rc, rows = _doctor(*launch, "--activation_checkpointing", mode, "--slots", "2")
+        assert rc in (0, 1)
+        assert _status(rows, "batch") == ["ok"]
+        return next(r["detail"] for r in rows if r["check"] == "memory")
+
+    def gib(detail: str) -> float:
+        return float(detail.split("activations ")[1].split(" GiB")[0])
+
+    assert gib(activations("deepspeed")) < gib(activations("none"))
+    bad = run_cli("-m", "pretrain.doctor", *launch, "--activation_checkpointing", "yes",
+                  check=False)
+    assert bad.returncode == 2 and "--activation_checkpointing" in bad.stderr

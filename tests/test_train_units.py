@@ -132,24 +132,6 @@ def test_bad_config_fails_fast(english_shards, tmp_path, capsys, monkeypatch):
 
 
 # ---- activation checkpointing ------------------------------------------------------------------
-@pytest.fixture
-def one_rank_group():
-    """A one-process gloo group for DeepSpeed's checkpointing module, torn down afterwards."""
-    import deepspeed
-    import torch.distributed as dist
-
-    from pretrain.distributed import free_port
-
-    started = not dist.is_initialized()
-    if started:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                world_size=1)
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield
-    if started:
-        dist.destroy_process_group()
-
-
 def test_activation_checkpointing_same_gradients_less_memory(english_shards, one_rank_group):
     """DeepSpeed's and torch's recomputation give the gradients of the plain model and keep
     fewer activations alive between forward and backward (bytes held by autograd)."""
@@ -210,3 +192,12 @@ def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
     assert "vocab size 2000 (checkpoint) != 3000" in msg
     assert "model.hidden_size = 128 (checkpoint) != 512" in msg
     assert "model.name" not in msg  # the preset's label is not part of the architecture
+
+
+def test_help_prints_each_default_once():
+    from conftest import run_cli
+
+    text = " ".join(run_cli("pretrain/main.py", "--help").stdout.split())
+    assert "--max_steps MAX_STEPS optimizer steps to train" in text
+    assert "(default: 100)" in text and ") (default:" not in text
+    assert "--data DATA_DIR shard folder" in text and "--model MODEL_PRESET model preset" in text
