@@ -208,7 +208,8 @@ def build_parser(groups: dict[str, type], prog: str = "pretrain/main.py",
             dest = names[(g, f.name)]
             flags = _ALIASES.get(dest, [f"--{dest}"])
             default = f.default if f.default is not dataclasses.MISSING else None
-            h = f"{helps.get(f.name, '')} (default: {default})"
+            h = f"{helps.get(f.name, '')} " + ("(required)" if default == "" else
+                                                 f"(default: {default})")
             if tp is bool:
                 grp.add_argument(*flags, dest=dest, nargs="?", const=True, default=None,
                                  type=_str2bool, help=h)
