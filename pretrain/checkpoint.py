@@ -276,19 +276,23 @@ class CheckpointManager:
             return "time"
         return None
 
-    def save_due(self, step: int, preempt: PreemptionHandler) -> str | None:
-        """Why a checkpoint is due after ``step`` on every rank: "signal", "interval", "time"
-        or None. Collective: all ranks call it each step.
+    def save_due(self, step: int, preempt: PreemptionHandler, budget: Any = None) -> str | None:
+        """Why a checkpoint is due after ``step`` on every rank: "signal", "budget" (the run's
+        time budget is used up: the caller ends the run), "interval", "time" or None.
+        Collective: all ranks call it each step.
 
         A signal may reach one rank only, and the clocks of the ranks differ: one all-reduce makes
-        the signal (any rank) and rank 0's time test common to all, so every rank saves together.
+        the signal (any rank) and rank 0's clock tests common to all, so every rank saves together.
         """
-        time_due = self.due(step, 0, self.cfg.save_interval_minutes) is not None
-        signal_any, time_rank0 = sum_across_ranks(
-            [1.0 if preempt.signal is not None else 0.0, 1.0 if time_due and self.rank == 0 else 0.0],
-            self.device)
+        main = self.rank == 0
+        time_due = main and self.due(step, 0, self.cfg.save_interval_minutes) is not None
+        spent = main and budget is not None and budget.exhausted()
+        signal_any, time_rank0, spent_rank0 = sum_across_ranks(
+            [float(preempt.signal is not None), float(time_due), float(spent)], self.device)
         if signal_any > 0:
             return "signal"
+        if spent_rank0 > 0:
+            return "budget"
         return self.due(step, self.cfg.save_interval, 0.0) or ("time" if time_rank0 > 0 else None)
 
     def restore(self, engine, point: ResumePoint, *, schedule: Any, seed: int) -> tuple[int, int]:

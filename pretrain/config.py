@@ -34,6 +34,8 @@ class RunConfig:
     output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/,
     # tensorboard/
     max_steps: int = 100  # optimizer steps to train (including fp16 steps skipped on overflow)
+    max_time_hours: float = 0.0  # also end the run after this many hours of training time, added
+    # up over its launches (final validation and checkpoint at the budget); 0 = no time limit
     seed: int = 1234  # seed for model init, dropout and data order
     resume: str = "none"  # "auto" (newest complete checkpoint in output_dir), "none", or a
     # checkpoint path
@@ -65,6 +67,8 @@ class OptimConfig:
     decay: str = "linear"  # after warmup: "linear", "poly" or "constant"
     poly_power: float = 1.0  # exponent of the "poly" decay (1.0 = linear)
     min_lr_ratio: float = 0.0  # final lr as a fraction of the peak lr
+    schedule_clock: str = "steps"  # "steps", or "time": warmup (--warmup_ratio) and decay follow
+    # the elapsed fraction of --max_time_hours instead of the step count
     gradient_clipping: float | None = None  # max global grad norm (0 = off); default: config's
 
 
@@ -305,6 +309,15 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
+    if cfg.run.max_time_hours < 0:
+        parser.error(f"--max_time_hours must be >= 0, got {cfg.run.max_time_hours}")
+    if cfg.optim.schedule_clock not in ("steps", "time"):
+        parser.error(f"--schedule_clock must be steps or time, got {cfg.optim.schedule_clock!r}")
+    if cfg.optim.schedule_clock == "time" and cfg.run.max_time_hours <= 0:
+        parser.error("--schedule_clock time needs a budget: give --max_time_hours")
+    if cfg.optim.schedule_clock == "time" and cfg.optim.warmup_steps is not None:
+        parser.error("--warmup_steps counts steps; with --schedule_clock time give the warmup as "
+                     "--warmup_ratio (a fraction of the time budget)")
 
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:

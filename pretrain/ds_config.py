@@ -68,6 +68,9 @@ def resolve_deepspeed_config(
     """
     src = cfg.run.ds_config
     ds = load_user_config(src)
+    if "scheduler" in ds and cfg.optim.schedule_clock == "time":
+        raise ConfigError(f"{src}: a \"scheduler\" block steps the lr by itself; remove it to use "
+                          "--schedule_clock time")
     plan = resolve_batch(ds, world_size, global_batch=cfg.batch.global_batch_size,
                          micro_batch=cfg.batch.micro_batch_size, grad_accum=cfg.batch.grad_accum,
                          source=src)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `pretrain`, `kernels`, `data_prep` importable
@@ -56,16 +57,18 @@ def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict):
 
 
 def build_engine(cfg: TrainConfig, model, ds_config: dict):
-    """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler)."""
+    """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler).
+    A time-clock schedule is not given to DeepSpeed: the trainer's TimeClockLR applies it."""
     import deepspeed
 
     from pretrain.optim import build_schedule, lr_scheduler_factory, param_groups
 
     schedule = None if "scheduler" in ds_config else build_schedule(cfg.optim, cfg.run.max_steps)
+    by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=param_groups(model, wd), config=ds_config,
-        lr_scheduler=lr_scheduler_factory(schedule) if schedule else None)
+        lr_scheduler=lr_scheduler_factory(schedule) if by_steps else None)
     return engine, schedule
 
 
@@ -96,12 +99,14 @@ def train(cfg: TrainConfig) -> int:
     from deepspeed.accelerator import get_accelerator
 
     from pretrain import checkpoint as ck
+    from pretrain.budget import TimeBudget, TimeClockLR
     from pretrain.data import build_loader
     from pretrain.distributed import init_distributed
     from pretrain.ds_config import resolve_deepspeed_config
     from pretrain.metrics import MetricsWriter, device_peak_tflops
     from pretrain.trainer import Trainer
 
+    launched = time.monotonic()  # a time budget counts start-up too
     # Everything that can fail on the user's input fails here, before any rendezvous.
     world_env, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_reader = open_shards(cfg)
@@ -128,6 +133,11 @@ def train(cfg: TrainConfig) -> int:
               flush=True)
     if main_rank:
         write_run_files(cfg, setup, train_reader, world)
+    budget = TimeBudget(cfg.run.max_time_hours, point.state.get("elapsed_s", 0.0) if point else 0.0,
+                        start=launched)
+    lr_clock = None
+    if schedule is not None and cfg.optim.schedule_clock == "time":
+        lr_clock = TimeClockLR(schedule, float(setup.config["optimizer"]["params"]["lr"]), budget)
 
     loader = build_loader(train_reader, cfg.data_cfg, cfg.masking, rank=rank, world_size=world,
                           micro_batch_size=setup.batch.micro_batch, consumed_samples=consumed,
@@ -142,7 +152,8 @@ def train(cfg: TrainConfig) -> int:
                   "tokenizer_fingerprint": fingerprint, "precision": setup.precision,
                   "nsp": train_reader.format == "nsp"}
     trainer = Trainer(cfg, engine, setup.batch, loader, val_reader, device, metrics, ckpts,
-                      base_state=base_state, rank=rank, world=world)
+                      base_state=base_state, rank=rank, world=world, budget=budget,
+                      lr_clock=lr_clock)
     try:
         return trainer.run(start_step, consumed)
     finally:

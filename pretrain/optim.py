@@ -101,7 +101,14 @@ class WarmupDecay:
 
 
 def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay:
-    """The schedule for a run of ``max_steps`` optimizer steps."""
+    """The schedule for a run of ``max_steps`` optimizer steps; with ``schedule_clock`` "time",
+    over :data:`~pretrain.budget.TICKS_PER_BUDGET` ticks of the time budget instead."""
+    if cfg.schedule_clock == "time":
+        from pretrain.budget import TICKS_PER_BUDGET
+
+        return WarmupDecay(warmup_steps=int(cfg.warmup_ratio * TICKS_PER_BUDGET),
+                           total_steps=TICKS_PER_BUDGET, decay=cfg.decay, power=cfg.poly_power,
+                           min_ratio=cfg.min_lr_ratio)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * max_steps)
     return WarmupDecay(warmup_steps=warmup, total_steps=max_steps, decay=cfg.decay,
                        power=cfg.poly_power, min_ratio=cfg.min_lr_ratio)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from kernels import IGNORE_INDEX
+from pretrain.budget import TimeBudget, TimeClockLR
 from pretrain.checkpoint import CheckpointManager, PreemptionHandler
 from pretrain.config import TrainConfig
 from pretrain.data import build_loader
@@ -45,14 +46,16 @@ def fp16_give_up_message(loss_scale: float, step: int) -> str:
             "checkpoint. Lower the learning rate, use bf16, or raise min_loss_scale.")
 
 
-def engine_record(engine, consumed: int, timer: StepTimer) -> dict[str, Any]:
-    """The optimizer's side of a step record: lr, loss scale, grad norm, skipped steps."""
+def engine_record(engine, consumed: int, timer: StepTimer, budget: TimeBudget) -> dict[str, Any]:
+    """The optimizer's side of a step record (lr, loss scale, grad norm, skipped steps) and where
+    the run stands (samples consumed, training time over all launches)."""
     norm = engine.get_global_grad_norm()
     return {"lr": current_lr(engine.optimizer), "skipped": not engine.was_step_applied(),
             "skipped_total": int(engine.skipped_steps),
             "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
             "grad_norm": float(norm) if norm is not None else None,
-            "data_wait_s": timer.data_wait, "consumed_samples": consumed}
+            "data_wait_s": timer.data_wait, "consumed_samples": consumed,
+            "elapsed_s": budget.elapsed_s()}
 
 
 def loss_record(sums: dict[str, float], n_masked: float, world: int) -> dict[str, Any]:
@@ -78,11 +81,14 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, engine, plan, loader, val_reader, device: torch.device,
                  metrics: MetricsWriter, ckpts: CheckpointManager, *, base_state: dict[str, Any],
-                 rank: int, world: int):
+                 rank: int, world: int, budget: TimeBudget | None = None,
+                 lr_clock: TimeClockLR | None = None):
         self.cfg, self.engine, self.plan, self.device = cfg, engine, plan, device
         self.loader, self.val_reader = loader, val_reader
         self.metrics, self.ckpts, self.base_state = metrics, ckpts, base_state
         self.rank, self.world = rank, world
+        self.budget = budget or TimeBudget(cfg.run.max_time_hours)
+        self.lr_clock = lr_clock
 
     def run(self, step: int, consumed: int) -> int:
         """Train from ``step`` to ``max_steps``; returns the exit status."""
@@ -100,12 +106,16 @@ class Trainer:
                     self.metrics.print(fp16_give_up_message(scale, step + 1))
                     return EXIT_MIN_LOSS_SCALE
                 step, consumed = step + 1, consumed + self.plan.global_batch
-                rec.update(engine_record(self.engine, consumed, timer))
+                rec.update(engine_record(self.engine, consumed, timer, self.budget))
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
                 # Validation at an interval step; the end of training always validates below.
                 if eval_interval and step % eval_interval == 0 and step < max_steps:
                     self.evaluate(step)
-                reason = self.ckpts.save_due(step, preempt)
+                reason = self.ckpts.save_due(step, preempt, self.budget)
+                if reason == "budget":
+                    self.metrics.print(f"[pretrain] time budget of {self.cfg.run.max_time_hours} "
+                                       f"h used up after step {step}: final validation and save")
+                    break
                 if reason:
                     self.save(step, consumed, reason)
                 if reason == "signal":
@@ -114,7 +124,7 @@ class Trainer:
                     return 0
             self.evaluate(step)
             if self.cfg.checkpoint.save_final and self.ckpts.last_saved_step != step:
-                self.save(step, consumed, "final")
+                self.save(step, consumed, "budget" if reason == "budget" else "final")
             return 0
         finally:
             preempt.restore()
@@ -125,6 +135,8 @@ class Trainer:
     def train_step(self, batches, timer: StepTimer) -> dict[str, Any]:
         """Gradient accumulation over one global batch; returns the step's (global) numbers."""
         eng, accum = self.engine, self.plan.grad_accum
+        if self.lr_clock is not None:  # a time-clock schedule: the lr of this step from the clock
+            self.lr_clock.apply(eng.optimizer)
         t0 = time.perf_counter()
         micro = [next(batches) for _ in range(accum)]  # the whole window, to count its masked tokens
         timer.waited(time.perf_counter() - t0)
@@ -190,6 +202,7 @@ class Trainer:
 
     def save(self, step: int, consumed: int, reason: str) -> None:
         """A checkpoint after ``step`` (all ranks), with the data position and the run's state."""
-        state = {**self.base_state, "consumed_samples": consumed, "reason": reason}
+        state = {**self.base_state, "consumed_samples": consumed, "reason": reason,
+                 "elapsed_s": self.budget.elapsed_s()}
         path = self.ckpts.save(self.engine, step, state)
         self.metrics.print(f"checkpoint ({reason}) step {step}: {path}")

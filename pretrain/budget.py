@@ -1,0 +1,60 @@
+"""A wall-clock budget for a run ("the best model in 24 hours"), carried across launches.
+
+``--max_time_hours H`` ends the run once H hours of training time have passed, counted from the
+start of each launch (start-up included) and added up over resumes: a checkpoint stores the time
+spent so far, so a run stopped after 10 of 24 hours gets 14 more after ``--resume auto``. The end
+of the budget ends the run like the last step does: a final validation and a final checkpoint.
+
+With ``--schedule_clock time`` the learning rate follows the elapsed fraction of the budget
+instead of the step count (warmup over ``--warmup_ratio`` of the budget, then ``--decay``), as
+academic-budget-bert's time-based schedule does: no step arithmetic for a time-boxed run.
+"""
+
+from __future__ import annotations
+
+import time
+
+# A time-clock schedule is a step schedule over this many ticks of the budget (1e-4 resolution).
+TICKS_PER_BUDGET = 10_000
+
+
+class TimeBudget:
+    """Elapsed training time of the run (this launch plus earlier ones) against an optional limit."""
+
+    def __init__(self, hours: float, elapsed_before_s: float = 0.0, start: float | None = None):
+        self.limit_s = max(0.0, hours) * 3600.0  # 0: no budget, elapsed time is still counted
+        self.elapsed_before_s = elapsed_before_s
+        self.start = time.monotonic() if start is None else start
+
+    def elapsed_s(self) -> float:
+        """Seconds of training time over all launches of this run so far."""
+        return self.elapsed_before_s + (time.monotonic() - self.start)
+
+    def fraction(self) -> float:
+        """Elapsed share of the budget, 0..1 (0 when there is no budget)."""
+        return min(1.0, self.elapsed_s() / self.limit_s) if self.limit_s > 0 else 0.0
+
+    def exhausted(self) -> bool:
+        """True once the budget (if any) is used up."""
+        return self.limit_s > 0 and self.elapsed_s() >= self.limit_s
+
+
+class TimeClockLR:
+    """Sets the learning rate from the elapsed fraction of the budget before each optimizer step.
+
+    In this mode DeepSpeed gets no LR scheduler, so nothing else touches the lr; after a resume
+    the lr follows from the restored elapsed time.
+    """
+
+    def __init__(self, schedule, peak_lr: float, budget: TimeBudget):
+        self.schedule, self.peak_lr, self.budget = schedule, peak_lr, budget
+
+    def multiplier(self) -> float:
+        """The schedule's value at the current elapsed fraction of the budget."""
+        return self.schedule(int(self.budget.fraction() * TICKS_PER_BUDGET))
+
+    def apply(self, optimizer) -> None:
+        """Write the lr into every parameter group of ``optimizer``."""
+        lr = self.peak_lr * self.multiplier()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
