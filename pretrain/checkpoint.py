@@ -301,23 +301,23 @@ class CheckpointManager:
         Everything that reaches into DeepSpeed on resume is here: a world-size change loads a
         universal checkpoint (converted once by rank 0; the engine was built with
         ``checkpoint.load_universal``, switched off again afterwards so later saves are ordinary),
-        the LambdaLR gets this run's schedule (the flags decide, not the pickled one), the engine's
-        step and sample counters are set, and on a world-size change each rank's RNG is derived
-        from the seed and step since per-rank states cannot carry over.
+        the LR schedule continues as saved (a warning names it when this launch's flags differ),
+        the engine's step and sample counters are set, and on a world-size change each rank's RNG
+        is derived from the seed and step since per-rank states cannot carry over.
         """
         world_changed = point.world_size_changed(self.world_size)
         path = self.to_universal(point.path) if world_changed else point.path
-        # LambdaLR.load_state_dict writes the saved schedule's fields INTO the callable object
-        # the engine holds: keep this run's schedule aside, or a new --max_steps would be lost.
-        wanted = copy.deepcopy(schedule)
+        flags_schedule = copy.deepcopy(schedule)  # the load below overwrites the engine's copy
         self.load(engine, path)
         engine._config.load_universal_checkpoint = False
-        sched = engine.lr_scheduler
-        if wanted is not None and getattr(sched, "lr_lambdas", None):
-            if sched.lr_lambdas[0] != wanted and self.rank == 0:
-                print(f"[pretrain] learning-rate schedule changed since the checkpoint: "
-                      f"{sched.lr_lambdas[0]} -> {wanted}", flush=True)
-            sched.lr_lambdas = [wanted] * len(sched.lr_lambdas)
+        # LambdaLR.load_state_dict writes the saved schedule's fields into the callable: the run
+        # continues the checkpoint's schedule. Say so when this launch's flags ask for another.
+        saved = getattr(engine.lr_scheduler, "lr_lambdas", [None])[0]
+        if flags_schedule is not None and saved is not None and saved != flags_schedule \
+                and self.rank == 0:
+            print(f"[pretrain] WARNING: the learning-rate schedule continues as saved in the "
+                  f"checkpoint ({saved}); this launch's flags give {flags_schedule}, which is not "
+                  "applied. Start a new run (--init_from) for another schedule.", flush=True)
         step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
         engine.global_steps, engine.global_samples = step, consumed
         self.last_saved_step = step

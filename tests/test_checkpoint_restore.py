@@ -74,8 +74,8 @@ def _weights(engine) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
-def test_restore_puts_back_weights_counters_and_this_runs_schedule(english_shards, tmp_path,
-                                                                   one_rank_group):
+def test_restore_puts_back_weights_counters_and_the_schedule(english_shards, tmp_path,
+                                                            one_rank_group, capsys):
     from pretrain.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
@@ -98,9 +98,11 @@ def test_restore_puts_back_weights_counters_and_this_runs_schedule(english_shard
         assert torch.equal(_weights(engine)[name], w), name
     sched = engine.lr_scheduler
     assert sched.last_epoch == saved.lr_scheduler.last_epoch == 2
-    # This run's flags decide the schedule (LambdaLR's load would have put the saved one back).
-    assert [f.total_steps for f in sched.lr_lambdas] == [10] * len(sched.lr_lambdas)
-    assert saved.lr_scheduler.lr_lambdas[0].total_steps == 2
+    # The schedule continues as saved, and the launch is told that its --max_steps 10 is not used.
+    assert [f.total_steps for f in sched.lr_lambdas] == [2] * len(sched.lr_lambdas)
+    assert sched.get_last_lr() == saved.lr_scheduler.get_last_lr()
+    out = capsys.readouterr().out
+    assert "schedule continues as saved" in out and "total_steps=10" in out
     assert engine._config.load_universal_checkpoint is False
 
 
