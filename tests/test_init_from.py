@@ -277,3 +277,85 @@ def test_extension_of_another_base_is_refused(base_tokenizer, tmp_path):
     ext = _extend(tmp_path / "other", tmp_path)
     with pytest.raises(InitError, match="neither the checkpoint's tokenizer"):
         _our_model(folder, _shards_tokenizer(ext, tmp_path / "tok"), nsp=False)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def own_run(request, english_shards, tmp_path_factory) -> Path:
+    """One optimizer step of our trainer (one process) under ZeRO-2 or ZeRO-3, saved."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    tmp = tmp_path_factory.mktemp(f"run_zero{request.param}")
+    cfg = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
+    cfg["zero_optimization"] = {"stage": request.param, "overlap_comm": False}
+    (tmp / "ds.json").write_text(json.dumps(cfg))
+    run = tmp / "run"
+    cmd = [
+        sys.executable,
+        "pretrain/main.py",
+        "--ds_config",
+        str(tmp / "ds.json"),
+        "--data",
+        str(english_shards),
+        "--output_dir",
+        str(run),
+        "--max_steps",
+        "1",
+        "--model",
+        "tiny",
+        "--num_workers",
+        "0",
+        "--progress",
+        "false",
+        "--global_batch_size",
+        "4",
+        "--micro_batch_size",
+        "4",
+        "--eval_batches",
+        "1",
+        "--hidden_size",
+        "64",
+        "--intermediate_size",
+        "128",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run
+
+
+def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
+    from pretrain.checkpoint import find_latest
+    from pretrain.export import consolidated_state_dict
+
+    ckpt = find_latest(own_run / "checkpoints")
+    source = consolidated_state_dict(ckpt)
+    for path in (own_run, ckpt):  # a run folder or one step_N folder
+        fields, tok_dir = read_init_config(path)
+        assert fields["hidden_size"] == 64 and tok_dir == own_run / "tokenizer"
+        model, report = _our_model(path, english_shards / "tokenizer", nsp=False, max_seq_len=128)
+        assert report.kind == "run" and report.newly_initialised == [] and report.ignored == []
+        for key, value in model.state_dict().items():
+            if key in source:
+                assert torch.equal(value, source[key].float()), key
+
+
+def test_export_then_init_from_gives_identical_logits(own_run, english_shards, tmp_path):
+    from pretrain.export import export
+
+    if "zero3" in own_run.parent.name:
+        pytest.skip("one export round trip is enough (the ZeRO-2 run)")
+    export(own_run, tmp_path / "hf", verify=False)
+    model, report = _our_model(
+        tmp_path / "hf", english_shards / "tokenizer", nsp=False, max_seq_len=128
+    )
+    assert report.kind == "hf" and report.vocabulary["relation"] == "identical"
+    hf = BertForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
+    batch = _batch(model.true_vocab_size)
+    with torch.no_grad():
+        ours = model.predict_masked(
+            batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["labels"]
+        )
+        ref = hf(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
+    torch.testing.assert_close(ours, ref[batch["labels"] != IGNORE_INDEX], rtol=1e-6, atol=1e-6)
