@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
@@ -226,12 +227,28 @@ def check_one_token_each(folder: Path, new_tokens: list[NewToken]) -> None:
         )
 
 
-def text_stats(tok: Tokenizer, docs: list[str], unk_id: int) -> tuple[dict[str, float], Counter]:
+def _batches(docs: Iterable[str], size: int = 1000) -> Iterable[list[str]]:
+    batch: list[str] = []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def text_stats(
+    tok: Tokenizer, docs: Iterable[str], unk_id: int
+) -> tuple[dict[str, float], Counter]:
     """Tokens per character and [UNK] rate of `tok` on `docs`, and how often each id occurs."""
     ids: Counter[int] = Counter()
-    for enc in tok.encode_batch_fast(docs, add_special_tokens=False):
-        ids.update(enc.ids)
-    tokens, chars = sum(ids.values()), sum(len(d) for d in docs)
+    chars = 0
+    for batch in _batches(docs):
+        chars += sum(len(d) for d in batch)
+        for enc in tok.encode_batch_fast(batch, add_special_tokens=False):
+            ids.update(enc.ids)
+    tokens = sum(ids.values())
     stats = {
         "tokens": tokens,
         "characters": chars,
@@ -264,10 +281,14 @@ def extend_tokenizer(cfg: ExtendConfig) -> ExtensionReport:
     base_hf = load_base(cfg.tokenizer)
     base = base_hf.backend_tokenizer
     terms = read_protected_terms(cfg.terms) if cfg.terms else []
-    docs = list(iter_documents(expand_inputs(list(cfg.inputs)), cfg.input, DropCounter()))
-    if not docs:
-        raise TokenizerError(f"--input {' '.join(cfg.inputs)}: no text found.")
-    counts = count_words(docs, base)
+    files = expand_inputs(list(cfg.inputs))
+
+    def docs(quiet: bool = True) -> Iterable[str]:  # streamed: the text is read three times
+        return iter_documents(files, cfg.input, DropCounter(quiet=quiet))
+
+    counts = count_words(docs(quiet=False), base)
+    if not counts:
+        raise TokenizerError(f"--input {' '.join(cfg.inputs)}: no words found in the text.")
     unk_id = base_hf.unk_token_id
     ranked = rank_candidates(counts, base, unk_id, cfg.min_frequency, cfg.min_pieces)
     report = ExtensionReport(
@@ -276,12 +297,13 @@ def extend_tokenizer(cfg: ExtendConfig) -> ExtensionReport:
     chosen = _choose(terms, ranked, base, cfg.max_new, report)
     tok, report.new_tokens = build_extended(base, chosen)
     report.new_vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    report.before, _ = text_stats(base, docs, unk_id)
-    report.after, occurrences = text_stats(tok, docs, unk_id)
+    report.before, _ = text_stats(base, docs(), unk_id)
+    report.after, occurrences = text_stats(tok, docs(), unk_id)
     for t in report.new_tokens:
         t.count, t.saved = occurrences[t.id], occurrences[t.id] * (t.pieces - 1)
     cfg.output.parent.mkdir(parents=True, exist_ok=True)
     tmp = cfg.output.with_name(cfg.output.name + ".check")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
     _save(base_hf, tok, tmp)
     check_one_token_each(tmp, report.new_tokens)
     write_json_atomic(tmp / REPORT_FILE, report.to_dict())

@@ -111,9 +111,16 @@ def _batch(vocab: int, nsp: bool = False, n: int = 4, length: int = 24) -> dict:
     return batch
 
 
-@pytest.mark.parametrize("layout", ["safetensors", "bin", "prefixed_gamma_beta"])
+@pytest.mark.parametrize("layout", ["safetensors", "sharded", "bin", "prefixed_gamma_beta"])
 def test_masked_lm_folder_gives_transformers_loss(base_tokenizer, tmp_path, layout):
-    folder, hf = _hf_folder(tmp_path, BertForMaskedLM, base_tokenizer, safe=layout == "safetensors")
+    folder, hf = _hf_folder(
+        tmp_path, BertForMaskedLM, base_tokenizer, safe=layout in ("safetensors", "sharded")
+    )
+    if layout == "sharded":  # several files and an index, as large checkpoints come
+        for f in folder.glob("model*.safetensors*"):
+            f.unlink()
+        hf.save_pretrained(str(folder), max_shard_size="100KB")
+        assert (folder / "model.safetensors.index.json").is_file()
     if layout == "prefixed_gamma_beta":  # a Lightning-style prefix and old TF-converted names
         sd = torch.load(folder / "pytorch_model.bin", weights_only=True)
         renamed = {
@@ -359,3 +366,51 @@ def test_export_then_init_from_gives_identical_logits(own_run, english_shards, t
         )
         ref = hf(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
     torch.testing.assert_close(ours, ref[batch["labels"] != IGNORE_INDEX], rtol=1e-6, atol=1e-6)
+
+
+_ZERO3_SCRIPT = """
+import os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0")
+import dataclasses, torch, deepspeed
+from safetensors.torch import load_file
+from pretrain.init_from import init_model_config, load_initial_weights
+from pretrain.model import PRESETS, build_model
+folder, vocab = sys.argv[1], int(sys.argv[2])
+deepspeed.init_distributed("gloo")
+model = build_model(init_model_config(folder, PRESETS["tiny"], {}), vocab)
+deepspeed.zero.Init(module=model, config_dict_or_path={"zero_optimization": {"stage": 3},
+                                                       "train_batch_size": 1})
+assert all(p.numel() == 0 for p in model.parameters())  # partitioned: nothing held locally
+load_initial_weights(model, folder, tokenizer_dir_of_shards=folder)
+src = load_file(folder + "/model.safetensors")
+with deepspeed.zero.GatheredParameters(list(model.parameters())):
+    for key, value in model.state_dict().items():
+        if key in src:
+            assert torch.equal(value[:len(src[key])], src[key]), key
+print("equal")
+"""
+
+
+def test_load_into_a_zero3_partitioned_module(base_tokenizer, tmp_path):
+    """Parameters ZeRO-3 already partitioned (zero.Init) are gathered, loaded and re-partitioned."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    folder, hf = _hf_folder(tmp_path, BertForMaskedLM, base_tokenizer)
+    proc = subprocess.run(
+        [sys.executable, "-c", _ZERO3_SCRIPT, str(folder), str(hf.config.vocab_size)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0 and "equal" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    )
