@@ -73,7 +73,6 @@ class InitSource:
     kind: str  # "hf" (transformers folder) or "run" (a checkpoint of our trainer)
     checkpoint: Path  # the HF folder, or the run's step_N folder
     model_fields: dict[str, Any]  # ModelConfig architecture fields (pretrain.model._ARCH_FIELDS)
-    vocab_rows: int  # vocabulary size in the checkpoint's config
     tokenizer_dir: Path | None  # the checkpoint's tokenizer, when it has one
 
 
@@ -144,11 +143,11 @@ def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
             f"{', '.join(_HF_WEIGHTS)}; TensorFlow/Flax files must be converted with "
             "transformers first)."
         )
-    missing = [k for k in _arch_fields() if k not in config]
-    if missing or "vocab_size" not in config:
-        raise InitError(f"--init_from {path}: {cfg_file} lacks {missing or ['vocab_size']}.")
-    fields = {k: config[k] for k in _arch_fields()}
-    return InitSource(path, "hf", path, fields, int(config["vocab_size"]), _find_tokenizer(path))
+    from transformers import BertConfig
+
+    full = BertConfig.from_dict(config)  # keys the file omits take transformers' defaults, as there
+    fields = {k: getattr(full, k) for k in _arch_fields()}
+    return InitSource(path, "hf", path, fields, _find_tokenizer(path))
 
 
 def _run_source(path: Path, ckpt: Path) -> InitSource:
@@ -162,7 +161,7 @@ def _run_source(path: Path, ckpt: Path) -> InitSource:
     except ValueError as e:
         raise InitError(f"--init_from {path}: the architecture of {ckpt}: {e}") from e
     fields = {k: getattr(cfg, k) for k in _arch_fields()}
-    return InitSource(path, "run", ckpt, fields, vocab, _tokenizer_dir(ckpt.parent.parent, state))
+    return InitSource(path, "run", ckpt, fields, _tokenizer_dir(ckpt.parent.parent, state))
 
 
 def locate(path: str | Path) -> InitSource:
@@ -275,7 +274,7 @@ def init_model_config(
         )
     _check_positions(fields["max_position_embeddings"], max_seq_len, Path(path))
     kept = {k: v for k, v in explicit.items() if k in fields and k not in CONFLICT_FIELDS}
-    return dataclasses.replace(base_cfg, **{**fields, **kept}, config_json=None)
+    return dataclasses.replace(base_cfg, **{**fields, **kept}, config_json=None, name="init_from")
 
 
 def _check_positions(rows: int, max_seq_len: int | None, path: Path) -> None:
