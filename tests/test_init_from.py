@@ -413,3 +413,21 @@ def test_load_into_a_zero3_partitioned_module(base_tokenizer, tmp_path):
     assert proc.returncode == 0 and "equal" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-3000:]
     )
+
+
+def test_new_continuation_piece_is_split_into_continuation_pieces(base_tokenizer, tmp_path):
+    """A hand-made extension may append `##` pieces: their rows come from `##` pieces."""
+    from pretrain.init_from import plan_vocabulary
+
+    spec = json.loads((base_tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    new_id = len(vocab)
+    vocab["##ologyx"] = new_id
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    plan = plan_vocabulary(base_tokenizer, tmp_path / "ext")
+    assert plan.relation == "extension" and list(plan.pieces) == [new_id]
+    base = AutoTokenizer.from_pretrained(str(base_tokenizer))
+    pieces = base.convert_ids_to_tokens(plan.pieces[new_id])
+    assert len(pieces) >= 2 and all(p.startswith("##") for p in pieces)
+    assert "".join(p[2:] for p in pieces) == "ologyx"
