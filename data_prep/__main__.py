@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from data_prep import extend_tokenizer
 from data_prep.inputs import InputConfig
 from data_prep.sequences import SequenceConfig
 
@@ -14,6 +15,7 @@ from data_prep.sequences import SequenceConfig
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    extend_tokenizer.add_parser(sub)
 
     b = sub.add_parser("build", help="raw text -> tokenizer + packed binary shards + manifest")
     b.add_argument("--input", nargs="+", required=True, metavar="PATH",
@@ -65,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input or a bad shard folder)."""
     args = _parser().parse_args(argv)
+    if args.command == "extend-tokenizer":
+        return extend_tokenizer.run_command(args)
     from data_prep.build import BuildConfig, BuildError, build
     from data_prep.inputs import InputError
     from data_prep.reader import ShardError

@@ -1,0 +1,536 @@
+"""`--init_from PATH`: initial weights (only) from a Hugging Face BERT folder or one of our runs.
+
+PATH is a transformers folder (`BertForMaskedLM`, `BertForPreTraining` or a bare `BertModel`;
+`model.safetensors`, `pytorch_model.bin` or their sharded `*.index.json` forms; keys with or
+without the `bert.`, `model.` or `module.` prefixes, `LayerNorm.gamma/beta` as old TF-converted
+files spell them) or a pretrain run: its folder, its `checkpoints/` folder or one `step_N` folder
+(ZeRO-2 or ZeRO-3 shards, consolidated with `pretrain.export.consolidated_state_dict`).
+
+The contract:
+- the architecture comes from the checkpoint (`read_init_config`); fields the user gave
+  explicitly that disagree are listed by `architecture_conflicts`;
+- `load_initial_weights` fills the plain module *before* `deepspeed.initialize` (so ZeRO-2 and
+  ZeRO-3 simply partition already-loaded weights), copying every tensor of matching shape and
+  reporting keys loaded, newly initialised (left as the model initialised them) and ignored;
+  any other shape mismatch is an error, and so are position embeddings shorter than the shards'
+  sequences;
+- vocabulary: the shards' tokenizer must be the checkpoint's, or an extension of it in which
+  every old token keeps its id and new tokens fill `[unused*]` slots or are appended (what
+  `python -m data_prep extend-tokenizer` writes). Old rows are copied bit for bit; each new row
+  of the word embeddings (tied to the MLM decoder) and of the MLM bias is the mean of the rows of
+  the pieces the checkpoint's tokenizer splits the new token into (transformers PR #14709:
+  random rows distort the model). Anything else is refused with the first differing entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.checkpoint import CheckpointError, read_state, resolve_resume
+
+WORD_EMB = "bert.embeddings.word_embeddings.weight"
+POS_EMB = "bert.embeddings.position_embeddings.weight"
+MLM_BIAS = "cls.predictions.bias"
+# Keys tied to another parameter in our model (and in transformers' BERT): never loaded on their own.
+TIED = {"cls.predictions.decoder.weight": WORD_EMB, "cls.predictions.decoder.bias": MLM_BIAS}
+# Architecture fields whose difference changes the weights' shapes or meaning (dropout and
+# initializer_range may differ: continued pretraining often changes them on purpose).
+CONFLICT_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_act",
+    "layer_norm_eps",
+)
+_UNUSED_RE = re.compile(r"^\[unused\d+\]$")
+_HF_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+class InitError(CheckpointError):
+    """An --init_from source that cannot initialise this run; the message says what to do."""
+
+
+@dataclass
+class InitSource:
+    """Where the initial weights come from and what they are."""
+
+    path: Path  # as given to --init_from
+    kind: str  # "hf" (transformers folder) or "run" (a checkpoint of our trainer)
+    checkpoint: Path  # the HF folder, or the run's step_N folder
+    model_fields: dict[str, Any]  # ModelConfig architecture fields (pretrain.model._ARCH_FIELDS)
+    tokenizer_dir: Path | None  # the checkpoint's tokenizer, when it has one
+
+
+@dataclass
+class InitReport:
+    """What `load_initial_weights` did; JSON-ready for the run's config.json."""
+
+    source: str
+    kind: str
+    checkpoint: str
+    loaded: list[str] = field(default_factory=list)
+    newly_initialised: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    vocabulary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the run's config.json key "init_from")."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One paragraph for the rank-0 console."""
+        v = self.vocabulary
+        new = f" {self.newly_initialised}" if self.newly_initialised else ""
+        ignored = f" {self.ignored}" if self.ignored else ""
+        head = (
+            f"[pretrain] initialised from {self.source} ({self.kind}): {len(self.loaded)} "
+            f"tensors loaded, {len(self.newly_initialised)} newly initialised{new}, "
+            f"{len(self.ignored)} ignored{ignored}"
+        )
+        vocab = (
+            f"[pretrain] vocabulary: {v.get('relation')}, {v.get('new_count', 0)} new rows "
+            "initialised as the mean of their base pieces"
+        )
+        lines = [head, vocab]
+        lines += [f"[pretrain] note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _arch_fields() -> tuple[str, ...]:
+    from pretrain.model import _ARCH_FIELDS
+
+    return _ARCH_FIELDS
+
+
+def _find_tokenizer(folder: Path) -> Path | None:
+    has = any((folder / f).is_file() for f in ("tokenizer.json", "vocab.txt"))
+    return folder if has else None
+
+
+def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
+    cfg_file = path / "config.json"
+    if config.get("model_type") != "bert":
+        raise InitError(
+            f"--init_from {path}: {cfg_file} has model_type "
+            f"{config.get('model_type')!r}; only BERT checkpoints (model_type "
+            '"bert") can initialise this model.'
+        )
+    pos = config.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        raise InitError(
+            f"--init_from {path}: position_embedding_type {pos!r} in {cfg_file}; "
+            "this trainer's BERT uses absolute position embeddings only."
+        )
+    if not any((path / f).is_file() for f in _HF_WEIGHTS):
+        raise InitError(
+            f"--init_from {path}: no weights there (expected one of "
+            f"{', '.join(_HF_WEIGHTS)}; TensorFlow/Flax files must be converted with "
+            "transformers first)."
+        )
+    from transformers import BertConfig
+
+    full = BertConfig.from_dict(config)  # keys the file omits take transformers' defaults, as there
+    fields = {k: getattr(full, k) for k in _arch_fields()}
+    return InitSource(path, "hf", path, fields, _find_tokenizer(path))
+
+
+def _run_source(path: Path, ckpt: Path) -> InitSource:
+    from pretrain.export import _tokenizer_dir
+    from pretrain.model import ModelConfig, resolve_config
+
+    state = read_state(ckpt)
+    vocab = int(state["vocab_size"])
+    try:
+        cfg = resolve_config(ModelConfig(**state["config"]["model_cfg"]), vocab)
+    except ValueError as e:
+        raise InitError(f"--init_from {path}: the architecture of {ckpt}: {e}") from e
+    fields = {k: getattr(cfg, k) for k in _arch_fields()}
+    return InitSource(path, "run", ckpt, fields, _tokenizer_dir(ckpt.parent.parent, state))
+
+
+def locate(path: str | Path) -> InitSource:
+    """Identify --init_from PATH (HF folder or run checkpoint); errors say what was expected."""
+    path = Path(path)
+    if not path.exists():
+        raise InitError(f"--init_from {path}: no such file or folder.")
+    cfg_file = path / "config.json"
+    config = None
+    if cfg_file.is_file():
+        try:
+            config = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise InitError(f"--init_from {path}: {cfg_file} is not valid JSON ({e}).") from None
+    if isinstance(config, dict) and "model_type" in config:
+        return _hf_source(path, config)
+    try:
+        ckpt = resolve_resume(str(path), path) if path.is_dir() else None
+    except CheckpointError:
+        ckpt = None
+    if ckpt is not None:
+        return _run_source(path, ckpt)
+    raise InitError(
+        f"--init_from {path}: not a BERT checkpoint: expected a transformers folder "
+        '(config.json with model_type "bert" and model.safetensors or '
+        "pytorch_model.bin) or a pretrain run / checkpoints/step_N folder with a "
+        "COMPLETE marker."
+    )
+
+
+def read_init_config(path: str | Path) -> tuple[dict[str, Any], Path | None]:
+    """(ModelConfig architecture fields of the checkpoint, its tokenizer folder or None)."""
+    src = locate(path)
+    return src.model_fields, src.tokenizer_dir
+
+
+def architecture_conflicts(ckpt_cfg: dict[str, Any], flags_cfg: dict[str, Any]) -> list[str]:
+    """Differences between the checkpoint's architecture and fields the user gave explicitly
+    (a preset's fields or flags), as "field: checkpoint X, flags Y" lines; empty when none."""
+    return [
+        f"{k}: checkpoint {ckpt_cfg[k]!r}, flags {flags_cfg[k]!r}"
+        for k in CONFLICT_FIELDS
+        if k in flags_cfg and k in ckpt_cfg and flags_cfg[k] != ckpt_cfg[k]
+    ]
+
+
+def _load_file(file: Path) -> dict[str, torch.Tensor]:
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(file), device="cpu")
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """All tensors of a transformers folder (single or sharded file) and the file read."""
+    for name in _HF_WEIGHTS:
+        file = folder / name
+        if not file.is_file():
+            continue
+        if name.endswith(".index.json"):
+            shards = sorted(set(json.loads(file.read_text())["weight_map"].values()))
+            sd: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                sd.update(_load_file(folder / shard))
+            return sd, file
+        return _load_file(file), file
+    raise InitError(f"--init_from {folder}: no weights file ({', '.join(_HF_WEIGHTS)}).")
+
+
+def canonical_keys(sd: dict[str, Any], where: Path) -> dict[str, Any]:
+    """Our (transformers BertFor*) names: prefixes model./module. dropped, bare BertModel keys
+    under bert., LayerNorm gamma/beta renamed weight/bias."""
+    out: dict[str, Any] = {}
+    for key, value in sd.items():
+        k = key
+        while k.startswith(("model.", "module.")):
+            k = k.split(".", 1)[1]
+        if k.startswith(("embeddings.", "encoder.", "pooler.")):
+            k = "bert." + k
+        k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
+        k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+        if k in out:
+            raise InitError(f"--init_from {where}: keys {key!r} and another both map to {k!r}.")
+        out[k] = value
+    return out
+
+
+def init_model_config(
+    path: str | Path, base_cfg: Any, explicit: dict[str, Any], max_seq_len: int | None = None
+) -> Any:
+    """The ModelConfig to build for --init_from PATH: `base_cfg` (the preset with the flags) with
+    the checkpoint's architecture. `explicit`: the ModelConfig fields the user set on purpose (a
+    --model preset's fields and --hidden_size-style flags); disagreeing ones are an InitError
+    listing every difference. Dropout and initializer_range given explicitly are kept."""
+    import dataclasses
+
+    fields, _ = read_init_config(path)
+    if explicit.get("config_json"):
+        raise InitError(
+            f"--init_from {path} and --config_json {explicit['config_json']} both "
+            "set the architecture; drop --config_json (it comes from the checkpoint)."
+        )
+    conflicts = architecture_conflicts(fields, explicit)
+    if conflicts:
+        raise InitError(
+            f"--init_from {path}: the checkpoint's architecture differs from the "
+            "preset/flags given:\n  " + "\n  ".join(conflicts) + "\nDrop those flags "
+            "(the architecture comes from the checkpoint) or choose another checkpoint."
+        )
+    _check_positions(fields["max_position_embeddings"], max_seq_len, Path(path))
+    kept = {k: v for k, v in explicit.items() if k in fields and k not in CONFLICT_FIELDS}
+    return dataclasses.replace(base_cfg, **{**fields, **kept}, config_json=None, name="init_from")
+
+
+def _check_positions(rows: int, max_seq_len: int | None, path: Path) -> None:
+    if max_seq_len is not None and rows < max_seq_len:
+        raise InitError(
+            f"--init_from {path}: its position embeddings cover {rows} positions, but "
+            f"the shards' max_seq_len is {max_seq_len}. BERT has no rows for the "
+            f"positions beyond {rows}: rebuild the shards with --max_seq_len {rows} "
+            "or less, or start from a checkpoint with more positions."
+        )
+
+
+def _tokenizer(folder: Path):
+    """The `tokenizers.Tokenizer` of an HF tokenizer folder (tokenizer.json or vocab.txt)."""
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+    except Exception as e:  # transformers raises many types for a bad folder
+        raise InitError(f"tokenizer {folder} does not load ({type(e).__name__}: {e}).") from e
+
+
+def _id_to_token(tok, where: Path) -> list[str]:
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = sorted((i, t) for t, i in vocab.items())
+    if [i for i, _ in by_id] != list(range(len(by_id))):
+        raise InitError(f"tokenizer {where}: its ids are not 0..{len(by_id) - 1} without gaps.")
+    return [t for _, t in by_id]
+
+
+@dataclass
+class VocabPlan:
+    """How the shards' vocabulary relates to the checkpoint's, and the pieces of each new token."""
+
+    relation: str  # "identical" or "extension"
+    base_size: int  # tokens of the checkpoint's tokenizer
+    new_size: int  # tokens of the shards' tokenizer
+    pieces: dict[int, list[int]]  # new id -> ids of its pieces under the checkpoint's tokenizer
+    tokens: dict[int, str]  # new id -> token
+    unused_filled: int  # how many new tokens took an [unused*] slot
+
+
+def _difference_error(base: list[str], new: list[str], base_dir: Path, new_dir: Path) -> InitError:
+    diffs = [
+        f"id {i}: checkpoint {b!r}, shards {n!r}"
+        for i, (b, n) in enumerate(zip(base, new))
+        if b != n and not _UNUSED_RE.match(b)
+    ][:5]
+    if len(new) < len(base):
+        diffs.append(f"the shards' vocabulary has {len(new)} entries, the checkpoint's {len(base)}")
+    return InitError(
+        f"the shards' tokenizer ({new_dir}) is neither the checkpoint's tokenizer "
+        f"({base_dir}) nor an extension of it (every old token at its id; new tokens "
+        "only in [unused*] slots or appended). First differences:\n  "
+        + "\n  ".join(diffs)
+        + "\nBuild the shards with `python -m data_prep build "
+        f"--tokenizer {base_dir}` or with a tokenizer made from it by `python -m "
+        "data_prep extend-tokenizer`."
+    )
+
+
+def _pieces(base_tok, vocab: dict[str, int], token: str) -> list[int]:
+    """Ids the base tokenizer splits `token` into; a `##x` continuation is split greedily into
+    `##` pieces as WordPiece would inside a word."""
+    if not (token.startswith("##") and len(token) > 2):
+        return base_tok.encode(token, add_special_tokens=False).ids
+    rest, ids = token[2:], []
+    while rest:
+        end = next((e for e in range(len(rest), 0, -1) if "##" + rest[:e] in vocab), 0)
+        if not end:
+            return []
+        ids.append(vocab["##" + rest[:end]])
+        rest = rest[end:]
+    return ids
+
+
+def plan_vocabulary(base_dir: Path, shards_dir: Path) -> VocabPlan:
+    """Compare the checkpoint's tokenizer with the shards'; InitError unless identical or an
+    extension (see module doc)."""
+    base_tok, new_tok = _tokenizer(base_dir), _tokenizer(shards_dir)
+    base, new = _id_to_token(base_tok, base_dir), _id_to_token(new_tok, shards_dir)
+    if len(new) < len(base) or any(b != n and not _UNUSED_RE.match(b) for b, n in zip(base, new)):
+        raise _difference_error(base, new, base_dir, shards_dir)
+    for part in ("normalizer", "pre_tokenizer"):
+        a, b = (json.loads(t.to_str()).get(part) for t in (base_tok, new_tok))
+        if a != b:
+            raise InitError(
+                f"the shards' tokenizer ({shards_dir}) has another {part} than the "
+                f"checkpoint's ({base_dir}): {b} vs {a}. The same ids would stand for "
+                "differently prepared text; build the shards with the checkpoint's "
+                "tokenizer or an extension of it."
+            )
+    new_ids = [i for i, b in enumerate(base) if b != new[i]] + list(range(len(base), len(new)))
+    vocab = base_tok.get_vocab(with_added_tokens=True)
+    pieces = {i: _pieces(base_tok, vocab, new[i]) for i in new_ids}
+    empty = [new[i] for i, p in pieces.items() if not p]
+    if empty:
+        raise InitError(
+            f"new tokens of {shards_dir} that the checkpoint's tokenizer {base_dir} "
+            f"cannot split into pieces: {empty[:5]}."
+        )
+    relation = "extension" if new_ids else "identical"
+    unused = sum(1 for i in new_ids if i < len(base))
+    return VocabPlan(relation, len(base), len(new), pieces, {i: new[i] for i in new_ids}, unused)
+
+
+def _source_state_dict(src: InitSource) -> tuple[dict[str, torch.Tensor], Path]:
+    if src.kind == "hf":
+        sd, file = read_hf_weights(src.checkpoint)
+    else:
+        from pretrain.export import consolidated_state_dict
+
+        sd, file = consolidated_state_dict(src.checkpoint), src.checkpoint
+    return canonical_keys(sd, src.path), file
+
+
+def _gathered(model: torch.nn.Module):
+    """Parameters partitioned by ZeRO-3's zero.Init (build_model does not use it today) are
+    gathered for the load; rank 0's values are kept and re-partitioned on exit."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+
+
+def _mlm_bias(sd: dict[str, torch.Tensor], report: InitReport) -> None:
+    """HF BertForPreTraining files sometimes hold the MLM bias only as the decoder's bias
+    (transformers #14630); our model ties the two."""
+    alt = sd.pop("cls.predictions.decoder.bias", None)
+    if MLM_BIAS not in sd and alt is not None:
+        sd[MLM_BIAS] = alt
+        report.notes.append(f"{MLM_BIAS} taken from cls.predictions.decoder.bias")
+    elif alt is not None and not torch.equal(alt, sd[MLM_BIAS]):
+        report.notes.append(
+            f"cls.predictions.decoder.bias differs from {MLM_BIAS} in the "
+            f"checkpoint; this model ties them and uses {MLM_BIAS}"
+        )
+    dec_w = sd.pop("cls.predictions.decoder.weight", None)
+    if dec_w is not None and WORD_EMB in sd and not torch.equal(dec_w, sd[WORD_EMB]):
+        report.notes.append(
+            f"cls.predictions.decoder.weight differs from {WORD_EMB} in the "
+            "checkpoint; this model ties them and uses the word embeddings"
+        )
+
+
+def _copy_vocab_rows(
+    dst: torch.Tensor, src: torch.Tensor, plan: VocabPlan, key: str, where: Path
+) -> None:
+    """Old rows bit for bit; each new row the mean of its pieces' rows (float32)."""
+    if src.shape[1:] != dst.shape[1:] or src.shape[0] < plan.base_size:
+        raise InitError(
+            f"--init_from {where}: {key} has shape {tuple(src.shape)}; this model "
+            f"needs {tuple(dst.shape)} and at least {plan.base_size} rows for the "
+            "checkpoint's tokenizer."
+        )
+    n = min(src.shape[0], dst.shape[0])
+    dst[:n] = src[:n].to(dst.dtype)
+    for tid, ids in plan.pieces.items():
+        dst[tid] = src[ids].to(torch.float32).mean(0).to(dst.dtype)
+
+
+def _vocab_report(plan: VocabPlan, base_dir: Path, shards_dir: Path, base_tok) -> dict[str, Any]:
+    listed = [
+        {
+            "id": i,
+            "token": plan.tokens[i],
+            "pieces": [base_tok.id_to_token(p) for p in plan.pieces[i]],
+        }
+        for i in sorted(plan.pieces)[:200]
+    ]
+    return {
+        "relation": plan.relation,
+        "checkpoint_tokenizer": str(base_dir),
+        "shards_tokenizer": str(shards_dir),
+        "checkpoint_tokens": plan.base_size,
+        "shards_tokens": plan.new_size,
+        "new_count": len(plan.pieces),
+        "unused_slots_filled": plan.unused_filled,
+        "appended": len(plan.pieces) - plan.unused_filled,
+        "new_tokens": listed,
+    }
+
+
+def load_initial_weights(
+    model: torch.nn.Module,
+    path: str | Path,
+    *,
+    tokenizer_dir_of_shards: str | Path,
+    max_seq_len: int | None = None,
+    base_tokenizer_dir: str | Path | None = None,
+) -> InitReport:
+    """Fill `model` (pretrain.model.BertForPretrainingMasked, before deepspeed.initialize) from
+    --init_from `path`; returns what was loaded, newly initialised and ignored.
+
+    tokenizer_dir_of_shards: the shard folder's tokenizer/. max_seq_len: the shards'.
+    base_tokenizer_dir: the checkpoint's tokenizer when its folder has none.
+    """
+    src = locate(path)
+    base_dir = Path(base_tokenizer_dir) if base_tokenizer_dir else src.tokenizer_dir
+    if base_dir is None:
+        raise InitError(
+            f"--init_from {path}: no tokenizer there (tokenizer.json or vocab.txt), "
+            "so the shards' token ids cannot be checked against the checkpoint's. "
+            "Copy the checkpoint's tokenizer files into that folder."
+        )
+    shards_dir = Path(tokenizer_dir_of_shards)
+    plan = plan_vocabulary(base_dir, shards_dir)
+    sd, file = _source_state_dict(src)
+    report = InitReport(str(path), src.kind, str(file))
+    if WORD_EMB not in sd:
+        raise InitError(
+            f"--init_from {path}: {file} has no {WORD_EMB} (nor embeddings.* "
+            "without prefix); not a BERT checkpoint."
+        )
+    if POS_EMB in sd:
+        _check_positions(int(sd[POS_EMB].shape[0]), max_seq_len, Path(path))
+    _mlm_bias(sd, report)
+    used: set[str] = set()
+    mismatched = []
+    with torch.no_grad(), _gathered(model):
+        for key, dst in model.state_dict().items():
+            if key in TIED:
+                continue
+            if key not in sd:
+                report.newly_initialised.append(key)
+                continue
+            used.add(key)
+            if key in (WORD_EMB, MLM_BIAS):
+                _copy_vocab_rows(dst, sd[key], plan, key, Path(path))
+            elif sd[key].shape != dst.shape:
+                mismatched.append(
+                    f"{key}: checkpoint {tuple(sd[key].shape)}, model {tuple(dst.shape)}"
+                )
+                continue
+            else:
+                dst.copy_(sd[key].to(dst.dtype))
+            report.loaded.append(key)
+    if mismatched:
+        raise InitError(
+            f"--init_from {path}: shapes differ from the model built from its "
+            "config:\n  " + "\n  ".join(mismatched)
+        )
+    report.ignored = sorted(set(sd) - used)
+    base_tok = _tokenizer(base_dir)
+    report.vocabulary = _vocab_report(plan, base_dir, shards_dir, base_tok)
+    unk = base_tok.token_to_id("[UNK]")
+    with_unk = [plan.tokens[i] for i, ids in plan.pieces.items() if unk in ids]
+    if with_unk:
+        report.notes.append(
+            f"{len(with_unk)} new tokens have [UNK] among their base pieces, so the [UNK] row "
+            f"enters their mean: {with_unk[:10]}"
+        )
+    return report
