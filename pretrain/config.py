@@ -39,6 +39,8 @@ class RunConfig:
     seed: int = 1234  # seed for model init, dropout and data order
     resume: str = "none"  # "auto" (newest complete checkpoint in output_dir), "none", or a
     # checkpoint path
+    init_from: str = ""  # initial weights only (fresh optimizer, schedule, step 0) from a HF BERT
+    # folder or one of our runs; the architecture comes from it; a checkpoint to resume wins
     dist_timeout_s: float = 600.0  # how long ranks wait for each other at start-up and in
     # collectives
     dry_run: bool = False  # print the resolved plan (memory, batch sizes) and exit without training
@@ -245,10 +247,14 @@ class TrainConfig:
     model_cfg: ModelConfig | None = None  # the architecture: --model's preset plus flag overrides
     data_cfg: DataConfig | None = None  # loader settings (order, workers, padding)
     masking: MaskingConfig | None = None  # dynamic masking settings
+    # ModelConfig fields the command line set on purpose (a given --model counts for all of its
+    # architecture): --init_from lists those that disagree with the checkpoint.
+    explicit_model: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every concern (saved as RUN/config.json and in checkpoints)."""
-        return {k: dataclasses.asdict(v) for k, v in vars(self).items() if v is not None}
+        return {k: dataclasses.asdict(v) for k, v in vars(self).items()
+                if dataclasses.is_dataclass(v)}
 
 
 def trainer_parser(prog: str = "pretrain/main.py",
@@ -271,7 +277,10 @@ def config_from_args(ns: argparse.Namespace, names: dict, parser: argparse.Argum
         base = preset(cfg.run.model_preset)
     except ValueError as e:
         parser.error(str(e))
-    cfg.model_cfg = dataclasses.replace(base, **_overrides(ns, names, "model_cfg"))
+    flags = _overrides(ns, names, "model_cfg")
+    cfg.model_cfg = dataclasses.replace(base, **flags)
+    chosen = dataclasses.asdict(base) if getattr(ns, "model_preset", None) is not None else {}
+    cfg.explicit_model = {**{k: v for k, v in chosen.items() if k != "name"}, **flags}
     data_over = _overrides(ns, names, "data_cfg")
     mask_over = _overrides(ns, names, "masking")
     # One --seed drives data order and masking too, unless they are given their own seeds.
@@ -330,6 +339,8 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
                      f"{cfg.run.data_dir} ...` first")
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
+    if cfg.run.init_from and not os.path.exists(cfg.run.init_from):
+        parser.error(f"--init_from {cfg.run.init_from}: no such folder (a HF BERT folder or a run)")
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")

@@ -128,10 +128,16 @@ def main(cfg) -> int:
         ShardError = ValueError
     extra = {k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")}
     try:
+        if cfg.run.init_from:  # report the checkpoint's architecture, as the run will build it
+            from data_prep.reader import ShardReader
+            from pretrain.init_from import init_architecture
+
+            seq_len = ShardReader(cfg.run.data_dir, "train", verify="none").max_seq_len
+            cfg.model_cfg = init_architecture(cfg, seq_len)
         run_dry_run(cfg.run.data_dir, cfg.model_cfg, cfg.masking, cfg.data_cfg,
                     as_json=cfg.run.json, micro_batch_size=cfg.batch.micro_batch_size or 32,
                     extra_config=extra)
-    except (ShardError, ValueError) as e:
+    except (ShardError, ValueError) as e:  # CheckpointError (--init_from) is a ValueError
         print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -534,3 +534,16 @@ def load_initial_weights(
             f"enters their mean: {with_unk[:10]}"
         )
     return report
+
+
+def init_architecture(cfg: Any, max_seq_len: int | None) -> Any:
+    """The ModelConfig of a run started with --init_from (``cfg``: its TrainConfig): the
+    checkpoint's architecture at the first launch; on a resume the run's own checkpoint's (it
+    took the architecture from the source then, and the source folder may be gone now)."""
+    from pretrain.model import ModelConfig
+
+    resume = resolve_resume(cfg.run.resume, cfg.run.output_dir)
+    if resume is not None:
+        return ModelConfig(**read_state(resume)["config"]["model_cfg"])
+    return init_model_config(cfg.run.init_from, cfg.model_cfg, cfg.explicit_model,
+                             max_seq_len=max_seq_len)

@@ -39,21 +39,28 @@ def open_shards(cfg: TrainConfig):
     return train, val
 
 
-def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict):
-    """The model, identical on every rank (seeded), ready for ``deepspeed.initialize``."""
+def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict, *,
+                init_from: str | None = None):
+    """(model, --init_from report or None): the model, identical on every rank (seeded or
+    loaded from ``init_from`` before DeepSpeed partitions it), ready for deepspeed.initialize."""
     import deepspeed
     import torch
 
+    from pretrain.init_from import load_initial_weights
     from pretrain.model import build_model as build
 
     torch.manual_seed(cfg.run.seed)
     model = build(cfg.model_cfg, vocab_size=reader.vocab_size, nsp=reader.format == "nsp",
                   max_seq_len=reader.max_seq_len)
+    report = None
+    if init_from:
+        report = load_initial_weights(model, init_from, tokenizer_dir_of_shards=reader.tokenizer_path,
+                                      max_seq_len=reader.max_seq_len)
     model.register_zero3_external_parameters()
     if checkpointing == "deepspeed":
         deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
     model.set_activation_checkpointing(checkpointing)
-    return model
+    return model, report
 
 
 def build_engine(cfg: TrainConfig, model, ds_config: dict):
@@ -72,7 +79,30 @@ def build_engine(cfg: TrainConfig, model, ds_config: dict):
     return engine, schedule
 
 
-def write_run_files(cfg: TrainConfig, setup, reader, world: int) -> None:
+def announce_init(cfg: TrainConfig, init, point, main_rank: bool) -> dict | None:
+    """Print what --init_from did (or that a resume took precedence); the report for config.json
+    and the checkpoints (a resumed run keeps the one its first launch made)."""
+    if main_rank and cfg.run.init_from:
+        print(init.summary() if init else f"[pretrain] --init_from {cfg.run.init_from} not "
+              f"applied: resuming from {point.path}", flush=True)
+    if init is not None:
+        return init.to_dict()
+    return point.state.get("init_from") if point is not None else None
+
+
+def open_metrics(cfg: TrainConfig, rank: int, world: int, start_step: int, model, reader, setup,
+                 engine):
+    """The metrics writer of this rank (rank 0 writes; DeepSpeed's monitor gets the records)."""
+    from pretrain.metrics import MetricsWriter, device_peak_tflops
+
+    return MetricsWriter(cfg.run.output_dir, rank=rank, max_steps=cfg.run.max_steps,
+                         start_step=start_step, log_interval=cfg.log.log_interval,
+                         flops_per_token=model.flops_per_token(reader.max_seq_len),
+                         peak_tflops=device_peak_tflops(setup.precision), world_size=world,
+                         monitor=engine.monitor if rank == 0 else None, progress=cfg.log.progress)
+
+
+def write_run_files(cfg: TrainConfig, setup, reader, world: int, init_report: dict | None) -> None:
     """The run folder's config.json (everything resolved) and a copy of the tokenizer, so that
     export does not need the shard folder."""
     import shutil
@@ -90,7 +120,8 @@ def write_run_files(cfg: TrainConfig, setup, reader, world: int) -> None:
         "precision_resolved": setup.precision,
         "activation_checkpointing": setup.activation_checkpointing, "world_size": world,
         "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
-        "precision_note": setup.precision_note}, indent=2, sort_keys=True)
+        "precision_note": setup.precision_note,
+        **({"init_from": init_report} if init_report else {})}, indent=2, sort_keys=True)
 
 
 def train(cfg: TrainConfig) -> int:
@@ -103,13 +134,15 @@ def train(cfg: TrainConfig) -> int:
     from pretrain.data import build_loader
     from pretrain.distributed import init_distributed
     from pretrain.ds_config import resolve_deepspeed_config
-    from pretrain.metrics import MetricsWriter, device_peak_tflops
+    from pretrain.init_from import init_architecture
     from pretrain.trainer import Trainer
 
     launched = time.monotonic()  # a time budget counts start-up too
     # Everything that can fail on the user's input fails here, before any rendezvous.
     world_env, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_reader = open_shards(cfg)
+    if cfg.run.init_from:  # the architecture is the checkpoint's
+        cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
     point = ck.find_resume(cfg.run.resume, cfg.run.output_dir, vocab_size=train_reader.vocab_size,
                            tokenizer_fingerprint=fingerprint,
@@ -122,7 +155,9 @@ def train(cfg: TrainConfig) -> int:
     if setup.precision_note and main_rank:
         print(f"[pretrain] WARNING: {setup.precision_note}", flush=True)
 
-    model = build_model(cfg, train_reader, setup.activation_checkpointing, setup.config)
+    model, init = build_model(cfg, train_reader, setup.activation_checkpointing, setup.config,
+                              init_from=cfg.run.init_from if point is None else None)
+    init_report = announce_init(cfg, init, point, main_rank)
     engine, schedule = build_engine(cfg, model, setup.config)
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, rank, world, device)
     start_step, consumed = 0, 0
@@ -132,7 +167,7 @@ def train(cfg: TrainConfig) -> int:
         print(f"[pretrain] no complete checkpoint in {cfg.run.output_dir}: starting fresh",
               flush=True)
     if main_rank:
-        write_run_files(cfg, setup, train_reader, world)
+        write_run_files(cfg, setup, train_reader, world, init_report)
     budget = TimeBudget(cfg.run.max_time_hours, point.state.get("elapsed_s", 0.0) if point else 0.0,
                         start=launched)
     lr_clock = None
@@ -142,15 +177,10 @@ def train(cfg: TrainConfig) -> int:
     loader = build_loader(train_reader, cfg.data_cfg, cfg.masking, rank=rank, world_size=world,
                           micro_batch_size=setup.batch.micro_batch, consumed_samples=consumed,
                           train=True)
-    metrics = MetricsWriter(cfg.run.output_dir, rank=rank, max_steps=cfg.run.max_steps,
-                            start_step=start_step, log_interval=cfg.log.log_interval,
-                            flops_per_token=model.flops_per_token(train_reader.max_seq_len),
-                            peak_tflops=device_peak_tflops(setup.precision), world_size=world,
-                            monitor=engine.monitor if main_rank else None,
-                            progress=cfg.log.progress)
+    metrics = open_metrics(cfg, rank, world, start_step, model, train_reader, setup, engine)
     base_state = {"config": cfg.to_dict(), "vocab_size": train_reader.vocab_size,
                   "tokenizer_fingerprint": fingerprint, "precision": setup.precision,
-                  "nsp": train_reader.format == "nsp"}
+                  "nsp": train_reader.format == "nsp", "init_from": init_report}
     trainer = Trainer(cfg, engine, setup.batch, loader, val_reader, device, metrics, ckpts,
                       base_state=base_state, rank=rank, world=world, budget=budget,
                       lr_clock=lr_clock)

@@ -35,8 +35,8 @@ def _engine(cfg, seed: int, *, load_universal: bool = False):
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
     reader = ShardReader(cfg.run.data_dir, "train")
-    model = build_model(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)),
-                        reader, "none", setup.config)
+    model, _ = build_model(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)),
+                           reader, "none", setup.config)
     engine, schedule = build_engine(cfg, model, setup.config)
     return engine, schedule, setup, reader
 
