@@ -63,6 +63,8 @@ class SampleBatch:
     word_start: np.ndarray | None  # [B, T] bool, False in the padding; None when not asked for
     segment_a_len: np.ndarray | None = None  # nsp: [B] int64
     is_random_next: np.ndarray | None = None  # nsp: [B] int64
+    source: np.ndarray | None = None  # mixtures (pretrain.mixture): [B] int64 source number
+    mask_prob: np.ndarray | None = None  # mixtures: [B] float64 per-source rate, NaN = default
 
 
 def load_manifest(root: Path) -> dict[str, Any]:

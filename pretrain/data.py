@@ -189,7 +189,7 @@ class MaskedBatches(Dataset):
         positions = plan.positions if self.schedule_position is None else \
             np.full(B, self.schedule_position, dtype=np.int64)
         masked, labels, stats = self.masker(ids, lengths, got.word_start, plan.indices,
-                                            plan.epochs, positions)
+                                            plan.epochs, positions, got.mask_prob)
         batch = {
             "input_ids": torch.from_numpy(masked),
             "attention_mask": torch.from_numpy(in_seq.astype(np.int64)),
@@ -200,6 +200,8 @@ class MaskedBatches(Dataset):
             types = (np.arange(T)[None, :] >= got.segment_a_len[:, None]) & in_seq
             batch["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
             batch["next_sentence_label"] = torch.from_numpy(got.is_random_next.astype(np.int64))
+        if got.source is not None:  # a mixture: which source each row came from (pop it too)
+            batch["source"] = torch.from_numpy(got.source)
         batch["masking_stats"] = stats
         return batch
 
@@ -221,8 +223,13 @@ def build_loader(reader, data_cfg: DataConfig, masking_cfg: MaskingConfig, *, ra
     """
     if reader.max_seq_len <= 0 or len(reader) == 0:
         raise ValueError(f"{getattr(reader, 'root', reader)}: the split has no sequences")
-    sampler = GlobalSampler(len(reader), micro_batch_size, rank, world_size, consumed_samples,
-                            seed=data_cfg.seed, shuffle=data_cfg.shuffle, train=train)
+    if train and hasattr(reader, "sampler"):  # a mixture (pretrain.mixture) orders its sources
+        sampler = reader.sampler(micro_batch_size, rank, world_size, consumed_samples,
+                                 seed=data_cfg.seed, shuffle=data_cfg.shuffle)
+    else:
+        sampler = GlobalSampler(len(reader), micro_batch_size, rank, world_size,
+                                consumed_samples, seed=data_cfg.seed, shuffle=data_cfg.shuffle,
+                                train=train)
     # Validation masks every sample at the schedule's final rate, so evaluations stay comparable.
     final = masking_cfg.schedule_samples if masking_cfg.mask_prob_end is not None else 0
     dataset = MaskedBatches(reader, masking_cfg, data_cfg.pad_to_multiple_of,
