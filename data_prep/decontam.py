@@ -13,6 +13,7 @@ of the validation documents is built once, before the work units, and saved unde
 `check-overlap A B` uses it on two finished builds by decoding their sequences (see
 `overlap_report`).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -48,7 +49,7 @@ def shingle_hashes(text: str, k: int = SHINGLE) -> np.ndarray:
     acc = np.zeros(len(h) - k + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for j in range(k):  # a polynomial hash of each window of k word hashes
-            acc = acc * np.uint64(0x100000001B3) + h[j:len(h) - k + 1 + j]
+            acc = acc * np.uint64(0x100000001B3) + h[j : len(h) - k + 1 + j]
         acc ^= acc >> np.uint64(29)
         acc *= np.uint64(0xBF58476D1CE4E5B9)
         acc ^= acc >> np.uint64(32)
@@ -73,8 +74,13 @@ class Signer:
 
     def signature(self, text: str) -> np.ndarray:
         """The MinHash values [num_perm] of the text's shingle set."""
-        m = self._minhash(num_perm=self.num_perm, seed=self.seed, hashfunc=_identity,
-                          permutations=self._permutations, scheme=self.scheme)
+        m = self._minhash(
+            num_perm=self.num_perm,
+            seed=self.seed,
+            hashfunc=_identity,
+            permutations=self._permutations,
+            scheme=self.scheme,
+        )
         m.update_batch(shingle_hashes(text).tolist())
         return np.asarray(m.hashvalues)
 
@@ -156,10 +162,19 @@ class Decontaminator:
                 continue
             dropped_chars += len(t)
             if len(examples) < self.max_examples:
-                examples.append({"train": t[:80], "validation": self.index.previews[hit[0]],
-                                 "jaccard": round(hit[1], 3)})
-        stats = {"checked": len(texts), "dropped": len(texts) - len(kept),
-                 "dropped_characters": dropped_chars, "examples": examples}
+                examples.append(
+                    {
+                        "train": t[:80],
+                        "validation": self.index.previews[hit[0]],
+                        "jaccard": round(hit[1], 3),
+                    }
+                )
+        stats = {
+            "checked": len(texts),
+            "dropped": len(texts) - len(kept),
+            "dropped_characters": dropped_chars,
+            "examples": examples,
+        }
         return kept, stats
 
 
@@ -169,5 +184,5 @@ def sum_stats(parts: Iterable[dict], max_examples: int = 10) -> dict:
     for p in parts:
         for k in ("checked", "dropped", "dropped_characters"):
             total[k] += int(p[k])
-        total["examples"].extend(p["examples"][:max_examples - len(total["examples"])])
+        total["examples"].extend(p["examples"][: max_examples - len(total["examples"])])
     return total

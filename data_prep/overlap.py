@@ -8,6 +8,7 @@ documents (a document whose separator fell on a sequence boundary stays glued to
 which only lowers its similarity); --stride and nsp builds are compared sequence by sequence.
 A's units are indexed (give the smaller build, e.g. an eval set, as A) and B's are queried.
 """
+
 from __future__ import annotations
 
 import time
@@ -53,10 +54,14 @@ def iter_texts(root: Path, splits: tuple[str, ...]) -> Iterator[str]:
             yield from tok.decode_batch(units, skip_special_tokens=True)
 
 
-def overlap_report(a: Path, b: Path, threshold: float = 0.8,
-                   splits_a: tuple[str, ...] = ("train", "validation"),
-                   splits_b: tuple[str, ...] = ("train", "validation"),
-                   max_examples: int = 10) -> dict[str, Any]:
+def overlap_report(
+    a: Path,
+    b: Path,
+    threshold: float = 0.8,
+    splits_a: tuple[str, ...] = ("train", "validation"),
+    splits_b: tuple[str, ...] = ("train", "validation"),
+    max_examples: int = 10,
+) -> dict[str, Any]:
     """Counts (and a few examples) of B's units that near-duplicate one of A's."""
     signer = Signer()
     t0 = time.perf_counter()
@@ -74,24 +79,37 @@ def overlap_report(a: Path, b: Path, threshold: float = 0.8,
         hits += 1
         matched_a.add(hit[0])
         if len(examples) < max_examples:
-            examples.append({"a": index.previews[hit[0]], "b": text[:80],
-                             "jaccard": round(hit[1], 3)})
+            examples.append(
+                {"a": index.previews[hit[0]], "b": text[:80], "jaccard": round(hit[1], 3)}
+            )
     seconds = time.perf_counter() - t0
     a_bytes = sum(len(t.encode()) for t in a_texts)
-    return {"a": str(a), "b": str(b), "splits_a": list(splits_a), "splits_b": list(splits_b),
-            "threshold": threshold, "a_units": len(a_texts), "b_units": checked,
-            "b_units_near_duplicate": hits, "a_units_with_a_near_duplicate": len(matched_a),
-            "seconds": round(seconds, 3),
-            "mb_per_s": round((a_bytes + chars) / 1e6 / max(seconds, 1e-9), 2),
-            "examples": examples}
+    return {
+        "a": str(a),
+        "b": str(b),
+        "splits_a": list(splits_a),
+        "splits_b": list(splits_b),
+        "threshold": threshold,
+        "a_units": len(a_texts),
+        "b_units": checked,
+        "b_units_near_duplicate": hits,
+        "a_units_with_a_near_duplicate": len(matched_a),
+        "seconds": round(seconds, 3),
+        "mb_per_s": round((a_bytes + chars) / 1e6 / max(seconds, 1e-9), 2),
+        "examples": examples,
+    }
 
 
 def print_report(r: dict[str, Any]) -> None:
     """Human-readable form of `overlap_report`."""
-    print(f"A {r['a']} ({'+'.join(r['splits_a'])}): {r['a_units']:,} units; "
-          f"B {r['b']} ({'+'.join(r['splits_b'])}): {r['b_units']:,} units")
-    print(f"near-duplicates (estimated Jaccard >= {r['threshold']}): {r['b_units_near_duplicate']:,}"
-          f" of B's units match {r['a_units_with_a_near_duplicate']:,} of A's "
-          f"({r['seconds']} s, {r['mb_per_s']} MB/s of decoded text)")
+    print(
+        f"A {r['a']} ({'+'.join(r['splits_a'])}): {r['a_units']:,} units; "
+        f"B {r['b']} ({'+'.join(r['splits_b'])}): {r['b_units']:,} units"
+    )
+    print(
+        f"near-duplicates (estimated Jaccard >= {r['threshold']}): {r['b_units_near_duplicate']:,}"
+        f" of B's units match {r['a_units_with_a_near_duplicate']:,} of A's "
+        f"({r['seconds']} s, {r['mb_per_s']} MB/s of decoded text)"
+    )
     for e in r["examples"]:
         print(f"  {e['jaccard']:.2f}  A: {e['a']!r}\n        B: {e['b']!r}")

@@ -9,6 +9,7 @@ units it owns, the total number of units); the manifest is written by `merge` on
 are there, agree on the build key and N, and together cover every unit. The last part to finish
 merges by itself, under an exclusive lock file.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,31 +74,42 @@ def complete_units(out: Path, key: dict[str, Any]) -> tuple[int, list[dict[str, 
     raises PartitionError naming what is missing or inconsistent."""
     records = read_part_records(out)
     if not records:
-        raise PartitionError(f"{out / WORK_DIR}: no finished part yet; run the parts "
-                             "(`python -m data_prep build ... --num_partitions N --partition K`).")
+        raise PartitionError(
+            f"{out / WORK_DIR}: no finished part yet; run the parts "
+            "(`python -m data_prep build ... --num_partitions N --partition K`)."
+        )
     sizes = sorted({n for _, n in records})
     if len(sizes) > 1:
-        raise PartitionError(f"{out / WORK_DIR} holds parts of different --num_partitions "
-                             f"{sizes}; rerun every part with one value (delete the stray "
-                             "part-*-of-*.json records of the other).")
+        raise PartitionError(
+            f"{out / WORK_DIR} holds parts of different --num_partitions "
+            f"{sizes}; rerun every part with one value (delete the stray "
+            "part-*-of-*.json records of the other)."
+        )
     n = sizes[0]
     missing = [k for k in range(n) if (k, n) not in records]
     if missing:
-        raise PartitionError(f"{out}: part(s) {missing} of {n} not finished yet; run "
-                             f"`python -m data_prep build ... --num_partitions {n} --partition K` "
-                             "for each of them, then merge.")
+        raise PartitionError(
+            f"{out}: part(s) {missing} of {n} not finished yet; run "
+            f"`python -m data_prep build ... --num_partitions {n} --partition K` "
+            "for each of them, then merge."
+        )
     ordered = [records[(k, n)] for k in range(n)]
     for k, rec in enumerate(ordered):
         if rec["build_key"] != key:
-            diffs = sorted(f for f in set(key) | set(rec["build_key"])
-                           if key.get(f) != rec["build_key"].get(f))
-            raise PartitionError(f"{part_record_path(out, n, k)}: part {k} was built with other "
-                                 f"arguments than {out / WORK_DIR}/build.json (differs in: "
-                                 f"{', '.join(diffs)}); rerun that part with the same arguments.")
+            diffs = sorted(
+                f for f in set(key) | set(rec["build_key"]) if key.get(f) != rec["build_key"].get(f)
+            )
+            raise PartitionError(
+                f"{part_record_path(out, n, k)}: part {k} was built with other "
+                f"arguments than {out / WORK_DIR}/build.json (differs in: "
+                f"{', '.join(diffs)}); rerun that part with the same arguments."
+            )
     totals = {rec["total_units"] for rec in ordered}
     if len(totals) > 1:
-        raise PartitionError(f"{out}: the parts saw different inputs ({sorted(totals)} work "
-                             "units); the input files changed between parts: rebuild.")
+        raise PartitionError(
+            f"{out}: the parts saw different inputs ({sorted(totals)} work "
+            "units); the input files changed between parts: rebuild."
+        )
     return n, ordered
 
 

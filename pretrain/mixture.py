@@ -18,6 +18,7 @@ data is used over several. Everything is a function of the global position, so t
 same for any world size and resumes exactly from the one consumed-samples number; a sample's
 masking key is (its source epoch, its index in the concatenation of the sources).
 """
+
 from __future__ import annotations
 
 import math
@@ -83,8 +84,10 @@ def parse_mixture(values: str | list[str]) -> list[Source]:
         return [Source(Path(values[0]).name or "data", Path(values[0]), 1.0)]
     plain = [v for v in values if "=" not in v]
     if plain:
-        raise MixtureError(f"--data {plain[0]!r}: in a mixture every source needs a name and a "
-                           "weight (name=DIR:weight)")
+        raise MixtureError(
+            f"--data {plain[0]!r}: in a mixture every source needs a name and a "
+            "weight (name=DIR:weight)"
+        )
     sources = [parse_source(v) for v in values]
     names = [s.name for s in sources]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -94,8 +97,11 @@ def parse_mixture(values: str | list[str]) -> list[Source]:
 
 
 def _signature(reader: ShardReader) -> dict[str, Any]:
-    return {"tokenizer fingerprint": reader.manifest["tokenizer"]["fingerprint"],
-            "max_seq_len": reader.max_seq_len, "format": reader.format}
+    return {
+        "tokenizer fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+        "max_seq_len": reader.max_seq_len,
+        "format": reader.format,
+    }
 
 
 def check_compatible(sources: list[Source], readers: list[ShardReader]) -> None:
@@ -104,14 +110,16 @@ def check_compatible(sources: list[Source], readers: list[ShardReader]) -> None:
     lines = []
     for key in COMPARED:
         if len({str(s[key]) for s in sigs}) > 1:
-            values = ", ".join(f"{src.name} ({src.path}): {sig[key]}"
-                               for src, sig in zip(sources, sigs))
+            values = ", ".join(
+                f"{src.name} ({src.path}): {sig[key]}" for src, sig in zip(sources, sigs)
+            )
             lines.append(f"{key} differs: {values}")
     if lines:
-        raise MixtureError("the sources of --data cannot be mixed (every source must be built "
-                           "with the same tokenizer, --max_seq_len and --format; rebuild the odd "
-                           "one out with `python -m data_prep build --tokenizer ...`): "
-                           + "; ".join(lines))
+        raise MixtureError(
+            "the sources of --data cannot be mixed (every source must be built "
+            "with the same tokenizer, --max_seq_len and --format; rebuild the odd "
+            "one out with `python -m data_prep build --tokenizer ...`): " + "; ".join(lines)
+        )
 
 
 def quotas(weights: list[float], epoch_size: int) -> np.ndarray:
@@ -138,12 +146,28 @@ def even_layout(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class MixtureSampler(GlobalSampler):
     """GlobalSampler over a mixture's stream (the module doc's epoch); only `plan` differs."""
 
-    def __init__(self, lengths: list[int], weights: list[float], micro_batch_size: int,
-                 rank: int = 0, world_size: int = 1, consumed_samples: int = 0,
-                 seed: int = 1234, shuffle: bool = True):
+    def __init__(
+        self,
+        lengths: list[int],
+        weights: list[float],
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        consumed_samples: int = 0,
+        seed: int = 1234,
+        shuffle: bool = True,
+    ):
         self.lengths = np.asarray(lengths, dtype=np.int64)
-        super().__init__(int(self.lengths.sum()), micro_batch_size, rank, world_size,
-                         consumed_samples, seed=seed, shuffle=shuffle, train=True)
+        super().__init__(
+            int(self.lengths.sum()),
+            micro_batch_size,
+            rank,
+            world_size,
+            consumed_samples,
+            seed=seed,
+            shuffle=shuffle,
+            train=True,
+        )
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.quota = quotas(weights, self.num_samples)
         self.layout_source, self.layout_slot = even_layout(self.quota)
@@ -183,8 +207,13 @@ class MixtureReader:
     """The sequences of several compatible builds' `split`, back to back, with the interface
     the loader uses from ShardReader; batches carry each row's source number and mask rate."""
 
-    def __init__(self, sources: list[Source], split: str = "train", verify: str = "size",
-                 source_ids: list[int] | None = None):
+    def __init__(
+        self,
+        sources: list[Source],
+        split: str = "train",
+        verify: str = "size",
+        source_ids: list[int] | None = None,
+    ):
         if not sources:
             raise MixtureError("a mixture needs at least one source")
         self.sources = list(sources)
@@ -201,8 +230,9 @@ class MixtureReader:
         self.lengths = [len(r) for r in self.readers]
         self.num_tokens = sum(r.num_tokens for r in self.readers)
         self._offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-        self._mask_prob = np.array([np.nan if s.mask_prob is None else s.mask_prob
-                                    for s in sources], dtype=np.float64)
+        self._mask_prob = np.array(
+            [np.nan if s.mask_prob is None else s.mask_prob for s in sources], dtype=np.float64
+        )
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -211,16 +241,32 @@ class MixtureReader:
         parts = ", ".join(f"{s.name}={s.path}:{s.weight:g}" for s in self.sources)
         return f"MixtureReader({parts}, split={self.split!r}, sequences={len(self)})"
 
-    def sampler(self, micro_batch_size: int, rank: int = 0, world_size: int = 1,
-                consumed_samples: int = 0, seed: int = 1234, shuffle: bool = True
-                ) -> MixtureSampler:
+    def sampler(
+        self,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        consumed_samples: int = 0,
+        seed: int = 1234,
+        shuffle: bool = True,
+    ) -> MixtureSampler:
         """The training order (used by pretrain.data.build_loader for train=True)."""
         empty = [s.name for s, n in zip(self.sources, self.lengths) if n == 0]
         if empty:
-            raise MixtureError(f"source(s) {empty} have no {self.split!r} sequences; rebuild "
-                               "them with more text or drop them from --data")
-        return MixtureSampler(self.lengths, [s.weight for s in self.sources], micro_batch_size,
-                              rank, world_size, consumed_samples, seed, shuffle)
+            raise MixtureError(
+                f"source(s) {empty} have no {self.split!r} sequences; rebuild "
+                "them with more text or drop them from --data"
+            )
+        return MixtureSampler(
+            self.lengths,
+            [s.weight for s in self.sources],
+            micro_batch_size,
+            rank,
+            world_size,
+            consumed_samples,
+            seed,
+            shuffle,
+        )
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(source number, index within that source) of concatenated indices."""
@@ -234,8 +280,14 @@ class MixtureReader:
         src, local = self.locate([i])
         return self.readers[int(src[0])][int(local[0])]
 
-    def get_batch(self, indices, *, pad_to_multiple_of: int = 1, word_start: bool = True,
-                  dtype: np.dtype | type = np.int64) -> SampleBatch:
+    def get_batch(
+        self,
+        indices,
+        *,
+        pad_to_multiple_of: int = 1,
+        word_start: bool = True,
+        dtype: np.dtype | type = np.int64,
+    ) -> SampleBatch:
         """As ShardReader.get_batch, plus `source` and `mask_prob` per row."""
         src, local = self.locate(indices)
         present = np.unique(src).tolist()
@@ -244,8 +296,11 @@ class MixtureReader:
             present = present or [0]
             got = self.readers[present[0]].get_batch(local, **kw)
         else:
-            got = self._join([(src == s, self.readers[s].get_batch(local[src == s], **kw))
-                              for s in present], len(src), dtype)
+            got = self._join(
+                [(src == s, self.readers[s].get_batch(local[src == s], **kw)) for s in present],
+                len(src),
+                dtype,
+            )
         return replace(got, source=self.source_ids[src], mask_prob=self._mask_prob[src])
 
     def _join(self, parts: list[tuple[np.ndarray, SampleBatch]], B: int, dtype) -> SampleBatch:
@@ -273,8 +328,13 @@ class MixtureReader:
         n = quotas([s.weight for s in self.sources], len(self)) if len(self) else None
         out = []
         for k, (s, length) in enumerate(zip(self.sources, self.lengths)):
-            row = {"name": s.name, "path": str(s.path), "weight": s.weight / sum(
-                x.weight for x in self.sources), "mask_prob": s.mask_prob, "sequences": length}
+            row = {
+                "name": s.name,
+                "path": str(s.path),
+                "weight": s.weight / sum(x.weight for x in self.sources),
+                "mask_prob": s.mask_prob,
+                "sequences": length,
+            }
             if n is not None:
                 row["per_mixture_epoch"] = int(n[k])
                 row["passes_per_mixture_epoch"] = round(int(n[k]) / max(length, 1), 4)
@@ -290,8 +350,9 @@ def open_training(sources: list[Source], verify: str = "size") -> ShardReader | 
     return MixtureReader(sources, "train", verify=verify)
 
 
-def validation_readers(sources: list[Source], verify: str = "size"
-                       ) -> list[tuple[str, MixtureReader]]:
+def validation_readers(
+    sources: list[Source], verify: str = "size"
+) -> list[tuple[str, MixtureReader]]:
     """(name, reader) of each source's validation split, at that source's mask rate; sources
     without validation sequences are left out with a warning."""
     out = []
@@ -299,12 +360,18 @@ def validation_readers(sources: list[Source], verify: str = "size"
         try:
             reader = MixtureReader([s], "validation", verify=verify, source_ids=[k])
         except ValueError as e:  # no validation split in that build
-            print(f"warning: source {s.name} ({s.path}) has no validation split ({e}); it gets "
-                  "no validation records", file=sys.stderr)
+            print(
+                f"warning: source {s.name} ({s.path}) has no validation split ({e}); it gets "
+                "no validation records",
+                file=sys.stderr,
+            )
             continue
         if len(reader) == 0:
-            print(f"warning: source {s.name} ({s.path}) has no validation sequences; it gets no "
-                  "validation records", file=sys.stderr)
+            print(
+                f"warning: source {s.name} ({s.path}) has no validation sequences; it gets no "
+                "validation records",
+                file=sys.stderr,
+            )
             continue
         out.append((s.name, reader))
     return out
