@@ -31,12 +31,15 @@ SHINGLE = 5  # words (or CJK characters) per shingle
 SEED = 1  # datasketch permutation seed: fixed, so signatures of two builds are comparable
 _WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|[^\W_]+")
 _MASK32 = np.uint64(0xFFFFFFFF)
+# The combining-mark blocks (accents left by NFKD): diacritics, extended, supplement, symbols, half.
+_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 
 
 def normalise(text: str) -> str:
     """NFKD, combining marks removed, casefolded: what shingling sees."""
-    decomposed = unicodedata.normalize("NFKD", text)
-    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+    if text.isascii():
+        return text.lower()
+    return _COMBINING.sub("", unicodedata.normalize("NFKD", text)).casefold()
 
 
 def shingle_hashes(text: str, k: int = SHINGLE) -> np.ndarray:
@@ -44,7 +47,7 @@ def shingle_hashes(text: str, k: int = SHINGLE) -> np.ndarray:
     words = _WORD.findall(normalise(text))
     if not words:
         return np.zeros(0, dtype=np.uint64)
-    h = np.fromiter((zlib.crc32(w.encode()) for w in words), dtype=np.uint64, count=len(words))
+    h = np.fromiter(map(zlib.crc32, map(str.encode, words)), dtype=np.uint64, count=len(words))
     k = min(k, len(h))
     acc = np.zeros(len(h) - k + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -56,33 +59,37 @@ def shingle_hashes(text: str, k: int = SHINGLE) -> np.ndarray:
     return np.unique(acc & _MASK32)
 
 
-def _identity(x: int) -> int:
-    return x
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer, which datasketch applies before its permutations."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
 
 
 class Signer:
-    """MinHash signatures: datasketch's MinHash over the shingle hashes (already 32-bit values,
-    so its hash function is the identity)."""
+    """MinHash signatures equal to datasketch's MinHash (scheme affine32) updated with the
+    shingle hashes, computed in one numpy pass per document instead of a MinHash object each
+    (tests/test_decontam.py checks the equality)."""
 
     def __init__(self, num_perm: int = NUM_PERM, seed: int = SEED):
         from datasketch import MinHash
 
-        self._minhash = MinHash
-        self.num_perm, self.seed = num_perm, seed
-        self.scheme = MinHash(num_perm=num_perm, seed=seed).scheme
-        self._permutations = MinHash(num_perm=num_perm, seed=seed).permutations
+        proto = MinHash(num_perm=num_perm, seed=seed, scheme="affine32")
+        self.num_perm, self.seed, self.scheme = num_perm, seed, proto.scheme
+        a, b = (np.asarray(x, dtype=np.uint32) for x in proto.permutations)
+        self._a, self._b = a[None, :], b[None, :]
+        self._empty = np.asarray(proto.hashvalues, dtype=np.uint32)
 
     def signature(self, text: str) -> np.ndarray:
-        """The MinHash values [num_perm] of the text's shingle set."""
-        m = self._minhash(
-            num_perm=self.num_perm,
-            seed=self.seed,
-            hashfunc=_identity,
-            permutations=self._permutations,
-            scheme=self.scheme,
-        )
-        m.update_batch(shingle_hashes(text).tolist())
-        return np.asarray(m.hashvalues)
+        """uint32 [num_perm]: the MinHash values of the text's shingle set."""
+        hv = shingle_hashes(text)
+        if not len(hv):
+            return self._empty.copy()
+        with np.errstate(over="ignore"):
+            mixed = _fmix32(hv.astype(np.uint32))[:, None]
+            return (mixed * self._a + self._b).min(axis=0)
 
     def lean(self, sig: np.ndarray):
         """A datasketch LeanMinHash over a signature (what MinHashLSH stores and queries)."""
