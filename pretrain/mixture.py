@@ -195,10 +195,13 @@ class MixtureSampler(GlobalSampler):
         src = self.layout_source[offset].astype(np.int64)
         src_pos = mix_epoch * self.quota[src] + self.layout_slot[offset]
         epochs, indices = np.divmod(src_pos, self.lengths[src])
-        for s in np.unique(src).tolist():
+        for s in range(len(self.lengths)):
             sel = src == s
-            for e in np.unique(epochs[sel]).tolist():
-                rows = sel & (epochs == e)
+            if not sel.any():
+                continue
+            first, last = int(epochs[sel].min()), int(epochs[sel].max())
+            for e in range(first, last + 1):  # one epoch, or two where the batch straddles
+                rows = sel if first == last else sel & (epochs == e)
                 indices[rows] = self.source_order(s, e)[indices[rows]] + self.offsets[s]
         return BatchPlan(positions, epochs, indices)
 
@@ -233,6 +236,8 @@ class MixtureReader:
         self._mask_prob = np.array(
             [np.nan if s.mask_prob is None else s.mask_prob for s in sources], dtype=np.float64
         )
+        self._all_default = bool(np.isnan(self._mask_prob).all())  # no per-source rate
+        self._joined = ShardReader.concatenate(self.readers)  # same index space as _offsets
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -277,8 +282,7 @@ class MixtureReader:
         return src, idx - self._offsets[src]
 
     def __getitem__(self, i: int) -> Sample:
-        src, local = self.locate([i])
-        return self.readers[int(src[0])][int(local[0])]
+        return self._joined[i]
 
     def get_batch(
         self,
@@ -288,39 +292,14 @@ class MixtureReader:
         word_start: bool = True,
         dtype: np.dtype | type = np.int64,
     ) -> SampleBatch:
-        """As ShardReader.get_batch, plus `source` and `mask_prob` per row."""
-        src, local = self.locate(indices)
-        present = np.unique(src).tolist()
-        kw = {"pad_to_multiple_of": pad_to_multiple_of, "word_start": word_start, "dtype": dtype}
-        if len(present) <= 1:  # one source (or none): its batch as it is
-            present = present or [0]
-            got = self.readers[present[0]].get_batch(local, **kw)
-        else:
-            got = self._join(
-                [(src == s, self.readers[s].get_batch(local[src == s], **kw)) for s in present],
-                len(src),
-                dtype,
-            )
-        return replace(got, source=self.source_ids[src], mask_prob=self._mask_prob[src])
-
-    def _join(self, parts: list[tuple[np.ndarray, SampleBatch]], B: int, dtype) -> SampleBatch:
-        """One padded batch from per-source batches (rows scattered back to their places)."""
-        T = max(b.input_ids.shape[1] for _, b in parts)
-        ids = np.full((B, T), self.special_tokens["pad"], dtype=dtype)
-        lengths = np.empty(B, dtype=np.int64)
-        ws = None if parts[0][1].word_start is None else np.zeros((B, T), dtype=bool)
-        nsp = self.format == "nsp"
-        seg = np.empty(B, dtype=np.int64) if nsp else None
-        rnd = np.empty(B, dtype=np.int64) if nsp else None
-        for rows, b in parts:
-            width = b.input_ids.shape[1]
-            ids[rows, :width] = b.input_ids
-            lengths[rows] = b.lengths
-            if ws is not None:
-                ws[rows, :width] = b.word_start
-            if nsp:
-                seg[rows], rnd[rows] = b.segment_a_len, b.is_random_next
-        return SampleBatch(ids, lengths, ws, seg, rnd)
+        """As ShardReader.get_batch (one gather over the shards of all sources), plus `source`
+        (and, where a source has its own rate, `mask_prob`) per row."""
+        got = self._joined.get_batch(
+            indices, pad_to_multiple_of=pad_to_multiple_of, word_start=word_start, dtype=dtype
+        )
+        src, _ = self.locate(indices)
+        mask_prob = None if self._all_default else self._mask_prob[src]
+        return replace(got, source=self.source_ids[src], mask_prob=mask_prob)
 
     def describe(self) -> list[dict[str, Any]]:
         """Per source: name, path, weight, mask_prob, sequences and, for training, positions per
