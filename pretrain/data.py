@@ -13,6 +13,11 @@ the dataset's `__getitems__` takes its BatchPlan. A worker reads the plan's sequ
 batched call (`ShardReader.get_batch`: numpy gathers over the memory maps, padded to the longest
 length rounded up to a multiple of 8), masks the batch in one vectorised pass and returns tensors,
 pinned by the loader when a GPU is present.
+
+Mixtures (pretrain.mixture): a reader with a `sampler(...)` method supplies the training order
+(build_loader uses it for train=True); its batches carry `source` (each row's source number, put
+into the batch as the tensor `batch["source"]`, which the trainer pops like `masking_stats`) and
+`mask_prob` (per-row rates handed to the Masker).
 """
 from __future__ import annotations
 
