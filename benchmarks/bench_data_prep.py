@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -110,21 +111,28 @@ def run_partitions(corpus: Path, tok_dir: Path, work: Path, n: int, workers: int
                            sequences=SequenceConfig(max_seq_len=max_seq_len), workers=workers,
                            validation_fraction=0.01, shard_docs=shard_docs, **kw)
 
-    t0 = time.perf_counter()
+    def cpu() -> float:  # this process and its finished children (the pool's workers)
+        return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+    t0, c0 = time.perf_counter(), cpu()
     whole = build(cfg(work / "whole"), argv=["bench"])
-    whole_s = time.perf_counter() - t0
+    whole_s, whole_cpu = time.perf_counter() - t0, cpu() - c0
     t0 = time.perf_counter()
     prepare(cfg(work / "parts"))
     prepare_s = time.perf_counter() - t0
-    part_s = []
+    part_s, part_cpu = [], []
     for k in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu()
         build(cfg(work / "parts", num_partitions=n, partition=k), argv=["bench"])
         part_s.append(time.perf_counter() - t0)
+        part_cpu.append(cpu() - c0)
     files = sorted(p.relative_to(work / "whole") for p in (work / "whole").rglob("shard-*"))
     identical = all((work / "whole" / f).read_bytes() == (work / "parts" / f).read_bytes()
                     for f in files) and len(files) == len(list((work / "parts").rglob("shard-*")))
     return {"whole_seconds": whole_s, "prepare_seconds": prepare_s, "part_seconds": part_s,
+            "whole_cpu_seconds": whole_cpu, "part_cpu_seconds": part_cpu,
+            "slowest_part_cpu_over_whole": max(part_cpu) / whole_cpu,
             "units": len(whole["splits"]["train"]["shards"]), "shard_files": len(files),
             "byte_identical": identical, "slowest_part_over_whole": max(part_s) / whole_s}
 
@@ -167,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t:.2f}" for t in r["part_seconds"]) + f" s; slowest part / whole "
                   f"{r['slowest_part_over_whole']:.3f} (ideal {1 / args.partitions:.3f}); "
                   f"{r['shard_files']} shard files byte-identical: {r['byte_identical']}")
+            print(f"CPU seconds (process + workers): whole {r['whole_cpu_seconds']:.2f}, parts "
+                  + ", ".join(f"{t:.2f}" for t in r["part_cpu_seconds"])
+                  + f"; largest part / whole {r['slowest_part_cpu_over_whole']:.3f}; load "
+                  f"average {os.getloadavg()[0]:.1f}")
             if args.json:
                 args.json.write_text(json.dumps({"corpus_bytes": size, **r}, indent=1))
             return 0 if r["byte_identical"] else 1
