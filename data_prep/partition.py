@@ -123,7 +123,7 @@ class MergeLock:
     def __enter__(self) -> Self:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        except (FileExistsError, FileNotFoundError):  # held, or .work gone: merged already
             return self
         os.write(fd, f"{os.uname().nodename} {os.getpid()}\n".encode())
         os.close(fd)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+
+from conftest import REPO
 
 from data_prep.__main__ import main
 
@@ -123,3 +127,37 @@ def test_merge_refuses_parts_of_another_build(tmp_path, english_corpus, english_
         == 2
     )
     assert "--partition must be in [0, --num_partitions)" in capsys.readouterr().err
+
+
+def test_parts_running_at_once_merge_once(tmp_path, english_corpus, english_shards):
+    """Three parts started together on one folder (as an array job does): the last to finish
+    writes the manifest, and the shards are those of one build of the whole."""
+    tok = english_shards / "tokenizer"
+    whole, parted = tmp_path / "whole", tmp_path / "parted"
+    assert main(["build", *build_args(english_corpus, tok, whole)]) == 0
+    assert main(["prepare", *build_args(english_corpus, tok, parted)]) == 0
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "data_prep",
+                "build",
+                *build_args(english_corpus, tok, parted),
+                "--num_partitions",
+                "3",
+                "--partition",
+                str(k),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for k in range(3)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    assert sum("wrote" in out for out in outputs) >= 1
+    assert shard_files(parted) == shard_files(whole)
+    assert not (parted / ".work").exists()
