@@ -88,6 +88,63 @@ def timed_build(corpus: Path, out: Path, fraction: float, *extra: str) -> tuple[
     return time.perf_counter() - t0, json.loads((out / "manifest.json").read_text())
 
 
+def plant(docs: list[str], fraction: float) -> tuple[list[str], list[dict]]:
+    """The validation documents, and one edited copy of each with >= 20 shingles."""
+    from data_prep.decontam import shingle_hashes
+    from data_prep.worker import is_validation
+
+    rng = random.Random(0)
+    val = [d for d in docs if is_validation(d, fraction)]
+    pairs = []
+    for k, d in enumerate(d for d in val if len(shingle_hashes(d)) >= 20):
+        rate = EDIT_RATES[k % len(EDIT_RATES)]
+        copy = edited_copy(d, rate, rng, fraction)
+        if copy is not None:
+            pairs.append({"rate": rate, "jaccard": exact_jaccard(d, copy), "copy": copy})
+    return val, pairs
+
+
+def check_in_process(val: list[str], train_docs: list[str], threshold: float, tmp: Path) -> dict:
+    """The build's own check (index the validation documents, filter the training ones), timed
+    in this process: which documents it drops, and how fast."""
+    from data_prep.decontam import Decontaminator, NearDuplicateIndex, Signer
+
+    t0 = time.perf_counter()
+    NearDuplicateIndex.build(val, threshold, Signer()).save(tmp / "index.pkl")
+    index_s = time.perf_counter() - t0
+    checker = Decontaminator(tmp / "index.pkl")
+    t0, c0 = time.perf_counter(), time.process_time()
+    kept, stats = checker.filter(train_docs)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    mb = sum(len(d.encode()) for d in train_docs) / 1e6
+    return {
+        "kept": set(kept),
+        "dropped": stats["dropped"],
+        "index_seconds": index_s,
+        "mb_per_s": mb / wall,
+        "mb_per_cpu_s": mb / cpu,
+    }
+
+
+def summarise(pairs: list[dict], threshold: float) -> dict:
+    """Recall at/above the threshold, drops below it, and per edit rate."""
+    above = [x for x in pairs if x["jaccard"] >= threshold]
+    below = [x for x in pairs if x["jaccard"] < threshold]
+    by_rate = {}
+    for r in EDIT_RATES:
+        group = [x for x in pairs if x["rate"] == r]
+        by_rate[str(r)] = {
+            "copies": len(group),
+            "mean_jaccard": round(sum(x["jaccard"] for x in group) / max(1, len(group)), 3),
+            "dropped": sum(x["dropped"] for x in group),
+        }
+    return {
+        "recall_at_or_above_threshold": f"{sum(x['dropped'] for x in above)}/{len(above)}",
+        "dropped_below_threshold": f"{sum(x['dropped'] for x in below)}/{len(below)}",
+        "by_edit_rate": by_rate,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--english", type=Path, required=True, help="blank-line-separated English")
@@ -96,57 +153,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validation_fraction", type=float, default=0.02)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    from data_prep.decontam import Decontaminator, NearDuplicateIndex, Signer, shingle_hashes
     from data_prep.worker import is_validation
 
-    rng = random.Random(0)
+    frac = args.validation_fraction
     docs = read_documents(args.english, args.chinese)
-    val = [d for d in docs if is_validation(d, args.validation_fraction)]
-    pairs = []
-    for k, d in enumerate(d for d in val if len(shingle_hashes(d)) >= 20):
-        rate = EDIT_RATES[k % len(EDIT_RATES)]
-        copy = edited_copy(d, rate, rng, args.validation_fraction)
-        if copy is not None:
-            pairs.append({"rate": rate, "jaccard": exact_jaccard(d, copy), "copy": copy})
+    val, pairs = plant(docs, frac)
+    train_docs = [d for d in docs if not is_validation(d, frac)] + [x["copy"] for x in pairs]
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "planted.txt"
         corpus.write_text("\n".join(docs + [x["copy"] for x in pairs]) + "\n", encoding="utf-8")
-        mb = corpus.stat().st_size / 1e6
-        timed_build(  # trains the tokenizer both others use
-            corpus, Path(tmp) / "plain", args.validation_fraction, "--vocab_size", "16000"
-        )
+        timed_build(corpus, Path(tmp) / "plain", frac, "--vocab_size", "16000")  # the tokenizer
         tok = str(Path(tmp) / "plain" / "tokenizer")
-        plain_s, _ = timed_build(
-            corpus, Path(tmp) / "plain2", args.validation_fraction, "--tokenizer", tok
-        )  # same work as below, minus decontam
+        plain_s, _ = timed_build(corpus, Path(tmp) / "plain2", frac, "--tokenizer", tok)
         dec_s, dec = timed_build(
             corpus,
             Path(tmp) / "dec",
-            args.validation_fraction,
+            frac,
             "--tokenizer",
             tok,
             "--decontaminate",
             str(args.threshold),
         )
-        # Which copies were dropped: the build's own check, run here on each training document.
-        t0 = time.perf_counter()
-        index = NearDuplicateIndex.build(val, args.threshold, Signer())
-        index_s = time.perf_counter() - t0
-        index.save(Path(tmp) / "index.pkl")
-        checker = Decontaminator(Path(tmp) / "index.pkl")
-        train_docs = [d for d in docs if not is_validation(d, args.validation_fraction)]
-        train_docs += [x["copy"] for x in pairs]
-        t0 = time.perf_counter()
-        kept, stats = checker.filter(train_docs)
-        filter_s = time.perf_counter() - t0
-        kept_set = set(kept)
-    train_mb = sum(len(d.encode()) for d in train_docs) / 1e6
+        check = check_in_process(val, train_docs, args.threshold, Path(tmp))
+        mb = corpus.stat().st_size / 1e6
     for x in pairs:
-        x["dropped"] = x["copy"] not in kept_set
-    planted_dropped = sum(x["dropped"] for x in pairs)
-    above = [x for x in pairs if x["jaccard"] >= args.threshold]
-    below = [x for x in pairs if x["jaccard"] < args.threshold]
+        x["dropped"] = x["copy"] not in check["kept"]
     d = dec["decontamination"]
+    if check["dropped"] != d["train_documents_dropped"]:
+        raise SystemExit(
+            f"the in-process check dropped {check['dropped']}, the build "
+            f"{d['train_documents_dropped']}"
+        )
     result = {
         "corpus_mb": round(mb, 2),
         "documents": len(docs),
@@ -163,29 +200,13 @@ def main(argv: list[str] | None = None) -> int:
                 "train_documents_dropped",
             )
         },
-        "check_mb_per_s_one_core": round(train_mb / filter_s, 2),
-        "index_seconds": round(index_s, 2),
-        "recall_at_or_above_threshold": f"{sum(x['dropped'] for x in above)}/{len(above)}",
-        "dropped_below_threshold": f"{sum(x['dropped'] for x in below)}/{len(below)}",
-        "by_edit_rate": {
-            str(r): {
-                "copies": len([x for x in pairs if x["rate"] == r]),
-                "mean_jaccard": round(
-                    sum(x["jaccard"] for x in pairs if x["rate"] == r)
-                    / max(1, len([x for x in pairs if x["rate"] == r])),
-                    3,
-                ),
-                "dropped": sum(x["dropped"] for x in pairs if x["rate"] == r),
-            }
-            for r in EDIT_RATES
-        },
-        "dropped_not_planted": stats["dropped"] - planted_dropped,
+        "check_mb_per_s_one_core": round(check["mb_per_s"], 2),
+        "check_mb_per_cpu_second": round(check["mb_per_cpu_s"], 2),
+        "load_average": round(os.getloadavg()[0], 1),
+        "index_seconds": round(check["index_seconds"], 2),
+        **summarise(pairs, args.threshold),
+        "dropped_not_planted": check["dropped"] - sum(x["dropped"] for x in pairs),
     }
-    if stats["dropped"] != d["train_documents_dropped"]:
-        raise SystemExit(
-            f"the in-process check dropped {stats['dropped']}, the build "
-            f"{d['train_documents_dropped']}"
-        )
     print(json.dumps(result, indent=1, ensure_ascii=False))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False))
