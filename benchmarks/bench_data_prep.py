@@ -10,6 +10,13 @@ trained once (not timed) and both pipelines use it:
 - ours: `data_prep` build with W workers (shards, word-start bits, manifest, checksums).
 Both run in this process after their libraries are imported; each gets a fresh cache folder.
 Throughput counts corpus tokens (the documents' own tokens, no [CLS]/[SEP]) per second.
+
+    python benchmarks/bench_data_prep.py --corpus tiny-shakespeare.txt --repeat 9 --partitions 4
+
+--partitions N instead times a build of the whole against N parts built one after another into
+another folder (`prepare`, then `build --num_partitions N --partition K` for each K; the last one
+merges), with the same tokenizer and workers, checks that the shard files are byte-identical and
+prints each part's time against the whole's (ideal: 1/N; every part still reads the whole input).
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -92,6 +100,43 @@ def run_ours(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_len: 
             "bytes": shard_bytes}
 
 
+def run_partitions(corpus: Path, tok_dir: Path, work: Path, n: int, workers: int,
+                   max_seq_len: int, shard_docs: int) -> dict:
+    """Whole build vs n parts one after another (see the module doc); seconds of each."""
+    from data_prep.build import BuildConfig, build, prepare
+    from data_prep.sequences import SequenceConfig
+
+    def cfg(out: Path, **kw) -> BuildConfig:
+        return BuildConfig(inputs=(str(corpus),), output=out, tokenizer=str(tok_dir),
+                           sequences=SequenceConfig(max_seq_len=max_seq_len), workers=workers,
+                           validation_fraction=0.01, shard_docs=shard_docs, **kw)
+
+    def cpu() -> float:  # this process and its finished children (the pool's workers)
+        return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+    t0, c0 = time.perf_counter(), cpu()
+    whole = build(cfg(work / "whole"), argv=["bench"])
+    whole_s, whole_cpu = time.perf_counter() - t0, cpu() - c0
+    t0 = time.perf_counter()
+    prepare(cfg(work / "parts"))
+    prepare_s = time.perf_counter() - t0
+    part_s, part_cpu = [], []
+    for k in range(n):
+        t0, c0 = time.perf_counter(), cpu()
+        build(cfg(work / "parts", num_partitions=n, partition=k), argv=["bench"])
+        part_s.append(time.perf_counter() - t0)
+        part_cpu.append(cpu() - c0)
+    files = sorted(p.relative_to(work / "whole") for p in (work / "whole").rglob("shard-*"))
+    identical = all((work / "whole" / f).read_bytes() == (work / "parts" / f).read_bytes()
+                    for f in files) and len(files) == len(list((work / "parts").rglob("shard-*")))
+    return {"whole_seconds": whole_s, "prepare_seconds": prepare_s, "part_seconds": part_s,
+            "whole_cpu_seconds": whole_cpu, "part_cpu_seconds": part_cpu,
+            "slowest_part_cpu_over_whole": max(part_cpu) / whole_cpu,
+            "units": len(whole["splits"]["train"]["shards"]), "shard_files": len(files),
+            "byte_identical": identical, "slowest_part_over_whole": max(part_s) / whole_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpus", type=Path, required=True, help="UTF-8 text, blank-line documents")
@@ -101,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab_size", type=int, default=16000)
     p.add_argument("--work_dir", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="time N parts one after another against one build of the whole")
+    p.add_argument("--shard_docs", type=int, default=2000, help="--partitions: units' size")
     args = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import datasets  # noqa: F401  (imports warmed up outside both clocks)
@@ -119,6 +167,21 @@ def main(argv: list[str] | None = None) -> int:
         train_wordpiece(iter(text.split("\n\n")), args.vocab_size, True, tok_dir)
         print(f"corpus: {args.corpus.name} x{args.repeat} = {size / 1e6:.1f} MB; "
               f"workers {args.workers}; max_seq_len {args.max_seq_len}", flush=True)
+        if args.partitions:
+            r = run_partitions(corpus, tok_dir, work / "run", args.partitions, args.workers,
+                               args.max_seq_len, args.shard_docs)
+            print(f"whole build {r['whole_seconds']:.2f} s ({r['units']} work units); prepare "
+                  f"{r['prepare_seconds']:.2f} s; parts " + ", ".join(
+                      f"{t:.2f}" for t in r["part_seconds"]) + f" s; slowest part / whole "
+                  f"{r['slowest_part_over_whole']:.3f} (ideal {1 / args.partitions:.3f}); "
+                  f"{r['shard_files']} shard files byte-identical: {r['byte_identical']}")
+            print(f"CPU seconds (process + workers): whole {r['whole_cpu_seconds']:.2f}, parts "
+                  + ", ".join(f"{t:.2f}" for t in r["part_cpu_seconds"])
+                  + f"; largest part / whole {r['slowest_part_cpu_over_whole']:.3f}; load "
+                  f"average {os.getloadavg()[0]:.1f}")
+            if args.json:
+                args.json.write_text(json.dumps({"corpus_bytes": size, **r}, indent=1))
+            return 0 if r["byte_identical"] else 1
         base = run_baseline(corpus, tok_dir, work / "run" / "hf_out", args.workers,
                             args.max_seq_len)
         ours = run_ours(corpus, tok_dir, work / "run" / "shards", args.workers, args.max_seq_len)

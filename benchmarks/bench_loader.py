@@ -12,6 +12,10 @@ the raw text's offset mapping, so it has no counterpart on token ids). The loade
 rounds so that a change in the machine's load hits them alike. --shard_docs N builds a shard per
 N documents (many shards: a batch touches many of them, the case of a large corpus).
 Target: >= 20,000 sequences/s for ours.
+
+--mixture DIR2 (a second build with the same tokenizer) also times a 50/50 weighted mixture of
+--shards and DIR2 (`pretrain.mixture`: two sources, per-source sample order, rows joined from two
+batched reads) with the same masking; target: within 10% of one build.
 """
 from __future__ import annotations
 
@@ -87,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_seq_len", type=int, default=128)
     p.add_argument("--shard_docs", type=int, default=None,
                    help="documents per shard when building (default: data_prep's)")
+    p.add_argument("--mixture", type=Path, default=None,
+                   help="a second build (same tokenizer): also time a 50/50 mixture with it")
     args = p.parse_args(argv)
     if not args.shards and not args.corpus:
         p.error("give a corpus file to build shards from, or --shards DIR")
@@ -140,6 +146,17 @@ def main(argv: list[str] | None = None) -> int:
             a, b = new_ds.__getitems__(plan), old_ds.__getitems__(plan)
             if not all(a[key].equal(b[key]) for key in ("input_ids", "labels", "attention_mask")):
                 raise SystemExit(f"{kind} masking: the two read paths give different batches")
+        if args.mixture:
+            from pretrain.mixture import open_training, parse_mixture
+
+            mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={args.mixture}:0.5"]))
+            print(f"mixture: {mix}")
+            for kind, masking in (("token", MaskingConfig()),
+                                  ("whole-word", MaskingConfig(whole_word=True))):
+                it = iter(build_loader(mix, DataConfig(num_workers=0), masking,
+                                       micro_batch_size=args.batch))
+                loaders[f"mixture of 2 builds, {kind} masking"] = \
+                    lambda it=it: len(next(it)["input_ids"])
         results = rounds(loaders, args.seconds)
 
     ours = results["ours, token masking, batched read"]
@@ -152,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         new = results[f"ours, {kind} masking, batched read"][1]
         old = results[f"ours, {kind} masking, per-sample read"][1]
         print(f"batched vs per-sample read, {kind} masking: {new / old:.2f}x per CPU second")
+        if args.mixture:
+            mixed = results[f"mixture of 2 builds, {kind} masking"]
+            one = results[f"ours, {kind} masking, batched read"]
+            print(f"mixture of 2 builds vs one build, {kind} masking: {mixed[0] / one[0]:.3f}x "
+                  f"wall, {mixed[1] / one[1]:.3f}x per CPU second")
     print(f"\ntarget >= 20,000 seq/s: {'met' if ours[0] >= 20000 else 'NOT met'} wall "
           f"({ours[0]:,.0f}); {ours[1]:,.0f} per CPU second; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

@@ -1,4 +1,5 @@
-"""Command line: `python -m data_prep build|inspect|verify` (docs/design.md section 4)."""
+"""Command line: `python -m data_prep build|prepare|merge|inspect|verify|check-overlap`
+(docs/design.md section 4)."""
 from __future__ import annotations
 
 import argparse
@@ -12,12 +13,8 @@ from data_prep.inputs import InputConfig
 from data_prep.sequences import SequenceConfig
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    extend_tokenizer.add_parser(sub)
-
-    b = sub.add_parser("build", help="raw text -> tokenizer + packed binary shards + manifest")
+def _add_build_args(b: argparse.ArgumentParser) -> None:
+    """The arguments that define a build (shared by `build` and `prepare`)."""
     b.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help="text/.jsonl/.parquet files (optionally .gz/.zst), folders, globs, or a "
                         "dataset saved with datasets' save_to_disk")
@@ -53,6 +50,41 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=12345)
     b.add_argument("--overwrite", action="store_true",
                    help="delete an existing build in --output first")
+    b.add_argument("--decontaminate", type=float, nargs="?", const=0.8, default=None,
+                   metavar="JACCARD",
+                   help="drop training documents whose estimated Jaccard similarity (MinHash "
+                        "over 5-word / 5-CJK-character shingles) to a validation document is at "
+                        "least JACCARD (default 0.8 when the flag is given without a value)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    extend_tokenizer.add_parser(sub)
+
+    b = sub.add_parser("build", help="raw text -> tokenizer + packed binary shards + manifest")
+    _add_build_args(b)
+    b.add_argument("--num_partitions", type=int, default=1,
+                   help="split the build into N parts (one per machine, same --output on a "
+                        "shared file system); run `prepare` with the same arguments first")
+    b.add_argument("--partition", type=int, default=0,
+                   help="the part this process builds, 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+
+    pr = sub.add_parser("prepare", help="step 1 of a partitioned build: the tokenizer (trained or "
+                                        "loaded) and the decontamination index, made once")
+    _add_build_args(pr)
+
+    mg = sub.add_parser("merge", help="write the manifest once every part is finished")
+    mg.add_argument("root", type=Path)
+
+    co = sub.add_parser("check-overlap", help="near-duplicates between two finished builds "
+                                              "(A: the smaller one, e.g. an eval set)")
+    co.add_argument("a", type=Path)
+    co.add_argument("b", type=Path)
+    co.add_argument("--threshold", type=float, default=0.8, help="estimated Jaccard similarity")
+    co.add_argument("--splits_a", nargs="+", default=["train", "validation"])
+    co.add_argument("--splits_b", nargs="+", default=["train", "validation"])
+    co.add_argument("--json", action="store_true", help="machine-readable output")
 
     i = sub.add_parser("inspect", help="counts, length histogram and decoded sample sequences")
     i.add_argument("root", type=Path)
@@ -64,40 +96,80 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _build_config(args: argparse.Namespace):
+    from data_prep.build import BuildConfig
+
+    return BuildConfig(
+        inputs=tuple(args.input), output=args.output, tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size, lowercase=args.lowercase, min_frequency=args.min_frequency,
+        sequences=SequenceConfig(format=args.format, max_seq_len=args.max_seq_len,
+                                 stride=args.stride, short_seq_prob=args.short_seq_prob),
+        input=InputConfig(text_field=args.text_field, one_doc_per_line=args.one_doc_per_line,
+                          max_line_bytes=args.max_line_bytes),
+        validation_fraction=args.validation_fraction, protected_terms=args.protected_terms,
+        workers=args.workers, shard_docs=args.shard_docs, shard_bytes=args.shard_bytes,
+        seed=args.seed, overwrite=args.overwrite, decontaminate=args.decontaminate,
+        num_partitions=getattr(args, "num_partitions", 1), partition=getattr(args, "partition", 0))
+
+
+def _print_built(m: dict, out: Path) -> None:
+    for split, s in m["splits"].items():
+        print(f"{split}: {s['documents']:,} documents, {s['sequences']:,} sequences, "
+              f"{s['tokens']:,} tokens in {len(s['shards'])} shards")
+    if m["dropped"]:
+        print(f"skipped: {m['dropped']}")
+    if "decontamination" in m:
+        d = m["decontamination"]
+        print(f"decontamination: {d['train_documents_dropped']:,} of "
+              f"{d['train_documents_checked']:,} training documents dropped as near-duplicates "
+              f"of {d['validation_documents_indexed']:,} validation documents")
+    print(f"wrote {out / 'manifest.json'}")
+
+
+def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
+    from data_prep.build import build, prepare
+
+    cfg = _build_config(args)
+    if args.command == "prepare":
+        out = prepare(cfg)
+        print(f"prepared {out} (tokenizer{' and decontamination index' * bool(cfg.decontaminate)})"
+              f"; now run each part: python -m data_prep build <the same arguments> "
+              "--num_partitions N --partition K")
+        return
+    m = build(cfg, argv=["python", "-m", "data_prep", *(argv or sys.argv[1:])])
+    if m is None:
+        print(f"part {cfg.partition} of {cfg.num_partitions} done; the manifest is written when "
+              f"the last part finishes (or: python -m data_prep merge {cfg.output})")
+    else:
+        _print_built(m, cfg.output)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input or a bad shard folder)."""
     args = _parser().parse_args(argv)
     if args.command == "extend-tokenizer":
         return extend_tokenizer.run_command(args)
-    from data_prep.build import BuildConfig, BuildError, build
+    from data_prep.build import BuildError
     from data_prep.inputs import InputError
+    from data_prep.partition import PartitionError
     from data_prep.reader import ShardError
     from data_prep.report import print_summary, summary, verify
     from data_prep.tokenizer import TokenizerError
     from data_prep.wordstart import ProtectedTermsError
 
     try:
-        if args.command == "build":
-            cfg = BuildConfig(
-                inputs=tuple(args.input), output=args.output, tokenizer=args.tokenizer,
-                vocab_size=args.vocab_size, lowercase=args.lowercase,
-                min_frequency=args.min_frequency,
-                sequences=SequenceConfig(format=args.format, max_seq_len=args.max_seq_len,
-                                         stride=args.stride, short_seq_prob=args.short_seq_prob),
-                input=InputConfig(text_field=args.text_field,
-                                  one_doc_per_line=args.one_doc_per_line,
-                                  max_line_bytes=args.max_line_bytes),
-                validation_fraction=args.validation_fraction,
-                protected_terms=args.protected_terms, workers=args.workers,
-                shard_docs=args.shard_docs, shard_bytes=args.shard_bytes, seed=args.seed,
-                overwrite=args.overwrite)
-            m = build(cfg, argv=["python", "-m", "data_prep", *(argv or sys.argv[1:])])
-            for split, s in m["splits"].items():
-                print(f"{split}: {s['documents']:,} documents, {s['sequences']:,} sequences, "
-                      f"{s['tokens']:,} tokens in {len(s['shards'])} shards")
-            if m["dropped"]:
-                print(f"skipped: {m['dropped']}")
-            print(f"wrote {args.output / 'manifest.json'}")
+        if args.command in ("build", "prepare"):
+            _build_or_prepare(args, argv)
+        elif args.command == "merge":
+            from data_prep.build import merge
+
+            _print_built(merge(args.root), args.root)
+        elif args.command == "check-overlap":
+            from data_prep.overlap import overlap_report, print_report
+
+            r = overlap_report(args.a, args.b, args.threshold, tuple(args.splits_a),
+                               tuple(args.splits_b))
+            print(json.dumps(r, indent=1, ensure_ascii=False)) if args.json else print_report(r)
         elif args.command == "inspect":
             s = summary(args.root, samples=args.samples)
             if args.json:
@@ -107,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             files = verify(args.root)
             print(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
-    except (BuildError, InputError, ShardError, TokenizerError, ProtectedTermsError) as e:
+    except (BuildError, InputError, ShardError, TokenizerError, ProtectedTermsError,
+            PartitionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `inspect ... | head`: the reader went away, not an error

@@ -5,6 +5,12 @@ number of documents or bytes, in order); unit k writes `shard-k` of each split a
 record under OUT/.work/. A restart with the same arguments re-reads the inputs, skips units whose
 record and files are present, and writes the manifest (the completion marker) last. Different
 arguments or another tokenizer in an existing folder are refused.
+
+Split across machines (data_prep.partition): `prepare` makes the tokenizer (and the
+decontamination index) once; then part K of N builds the units u % N == K into the same folder
+and records itself; `merge` (or the last part to finish) writes the manifest. With
+`decontaminate`, training documents that near-duplicate a validation document are dropped
+(data_prep.decontam), counted per unit and in the manifest.
 """
 from __future__ import annotations
 
@@ -15,14 +21,16 @@ import multiprocessing as mp
 import shutil
 import sys
 import tempfile
+import time
 from collections import Counter, deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
 from data_prep.inputs import (
     DropCounter,
     InputConfig,
@@ -41,12 +49,22 @@ from data_prep.layout import (
     token_dtype_for,
     write_json_atomic,
 )
+from data_prep.partition import (
+    MergeLock,
+    PartitionError,
+    complete_units,
+    owns,
+    remove_own_temporaries,
+    write_part_record,
+)
 from data_prep.sequences import SequenceConfig
 from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
 from data_prep.wordstart import read_protected_terms
 from data_prep.worker import WorkerSpec, done_record_path, init_worker, is_validation, run_unit
 
 BUILD_STATE = "build.json"
+_MERGE_TRIES = 30  # seconds a finishing part waits for another part's merge
+DECONTAM_INDEX = "decontam-index.pkl"  # under OUT/.work: the validation documents' MinHash index
 
 
 class BuildError(ValueError):
@@ -72,6 +90,9 @@ class BuildConfig:
     shard_bytes: int = 32 << 20  # ... or this many characters of text, whichever comes first
     seed: int = 12345  # nsp random choices
     overwrite: bool = False  # delete an existing build in OUT first
+    num_partitions: int = 1  # the build is split into this many parts (one per machine)
+    partition: int = 0  # which part this process builds (units u with u % num_partitions == it)
+    decontaminate: float | None = None  # drop train docs this similar to a validation doc
 
 
 def _check(cfg: BuildConfig) -> None:
@@ -91,6 +112,16 @@ def _check(cfg: BuildConfig) -> None:
         problems.append(f"--vocab_size must be at least 100, got {cfg.vocab_size}")
     if cfg.workers < 1 or cfg.shard_docs < 1 or cfg.shard_bytes < 1:
         problems.append("--workers, --shard_docs and --shard_bytes must be positive")
+    if cfg.num_partitions < 1 or not 0 <= cfg.partition < cfg.num_partitions:
+        problems.append(f"--partition must be in [0, --num_partitions), got {cfg.partition} of "
+                        f"{cfg.num_partitions}")
+    if cfg.num_partitions > 1 and cfg.overwrite:
+        problems.append("--overwrite cannot be given to a part (it would delete the other parts' "
+                        "shards); pass it to `python -m data_prep prepare` instead")
+    if cfg.decontaminate is not None and not 0.0 < cfg.decontaminate <= 1.0:
+        problems.append(f"--decontaminate must be in (0, 1], got {cfg.decontaminate}")
+    if cfg.decontaminate is not None and cfg.validation_fraction <= 0:
+        problems.append("--decontaminate needs a validation split (--validation_fraction > 0)")
     if problems:
         raise BuildError("; ".join(problems))
 
@@ -112,6 +143,9 @@ def _build_key(cfg: BuildConfig, files: list[Path], terms: list[str] | None,
         "shard_docs": cfg.shard_docs,
         "shard_bytes": cfg.shard_bytes,
         "seed": cfg.seed,
+        # Only when asked for, so that builds from before the option keep their key.
+        **({"decontaminate": {"threshold": cfg.decontaminate, "num_perm": NUM_PERM,
+                              "shingle": SHINGLE}} if cfg.decontaminate is not None else {}),
     }
 
 
@@ -233,7 +267,9 @@ def _source_fingerprint(cfg: BuildConfig) -> str:
 
 
 def _run_units(cfg: BuildConfig, files: list[Path], spec: WorkerSpec,
-               drops: DropCounter) -> list[dict]:
+               drops: DropCounter) -> tuple[list[dict], int]:
+    """Build (or keep) this part's work units; returns their records and the total number of
+    units in the input (every part cuts the whole input the same way)."""
     records: list[dict] = []
     skipped = 0
     bar = tqdm(desc="data_prep", unit="shard", file=sys.stderr, mininterval=1.0)
@@ -246,7 +282,16 @@ def _run_units(cfg: BuildConfig, files: list[Path], spec: WorkerSpec,
         bar.update(1)
         bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
 
-    jobs = _units(iter_documents(files, cfg.input, drops), cfg)
+    total = 0
+
+    def mine() -> Iterator[tuple[int, list[str]]]:
+        nonlocal total
+        for unit, texts in _units(iter_documents(files, cfg.input, drops), cfg):
+            total = unit + 1
+            if owns(unit, cfg.num_partitions, cfg.partition):
+                yield unit, texts
+
+    jobs = mine()
     if cfg.workers == 1:
         init_worker(spec, pooled=False)
         for unit, texts in jobs:
@@ -271,13 +316,14 @@ def _run_units(cfg: BuildConfig, files: list[Path], spec: WorkerSpec,
     bar.close()
     if skipped:
         print(f"data_prep: resumed, {skipped} finished shard(s) kept", file=sys.stderr)
-    return sorted(records, key=lambda r: r["unit"])
+    return sorted(records, key=lambda r: r["unit"]), total
 
 
-def _manifest(cfg: BuildConfig, key: dict, records: list[dict], drops: DropCounter,
-              argv: list[str], terms: list[str] | None) -> dict[str, Any]:
-    info = describe(cfg.output / TOKENIZER_DIR)
-    dropped = Counter(drops.counts)
+def _manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> dict[str, Any]:
+    """The manifest of a complete build from its unit records and part 0's record (input-level
+    drop counts, the command and arguments)."""
+    info = describe(out / TOKENIZER_DIR)
+    dropped = Counter(first_part["input_dropped"])
     for r in records:
         dropped.update(r["dropped"])
     splits = {}
@@ -291,10 +337,10 @@ def _manifest(cfg: BuildConfig, key: dict, records: list[dict], drops: DropCount
             "tokens": sum(s["tokens"] for s in shards),
             "shards": shards,
         }
-    return {
+    manifest = {
         "format_version": FORMAT_VERSION,
-        "format": cfg.sequences.format,
-        "max_seq_len": cfg.sequences.max_seq_len,
+        "format": key["sequences"]["format"],
+        "max_seq_len": key["sequences"]["max_seq_len"],
         "tokenizer": {"fingerprint": info.fingerprint, "vocab_size": info.vocab_size,
                       "lowercase": info.lowercase},
         "special_tokens": info.special_tokens,
@@ -303,43 +349,167 @@ def _manifest(cfg: BuildConfig, key: dict, records: list[dict], drops: DropCount
                       "starts (## continuation, rjieba words, protected terms; specials set)",
         "splits": splits,
         "dropped": dict(sorted(dropped.items())),
-        "split_documents": drops.split_documents,
-        "protected_terms": len(terms or []),
-        "command": list(argv),
-        "args": json.loads(json.dumps(asdict(cfg), default=str)),
+        "split_documents": first_part["split_documents"],
+        "protected_terms": first_part["protected_terms"],
+        "command": first_part["command"],
+        "args": first_part["args"],
         "build_key": key,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if "decontaminate" in key:
+        total = sum_stats(r["decontamination"] for r in records)
+        manifest["decontamination"] = {
+            **key["decontaminate"], "action": "drop",
+            "validation_documents_indexed": first_part["decontam_indexed"],
+            "train_documents_checked": total["checked"],
+            "train_documents_dropped": total["dropped"],
+            "train_characters_dropped": total["dropped_characters"],
+            "examples": total["examples"]}
+    if first_part["num_partitions"] > 1:
+        manifest["partitions"] = first_part["num_partitions"]
+    return manifest
 
 
-def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any]:
-    """Run (or resume) a build; returns the manifest. Raises BuildError/InputError on bad input."""
+def _index_path(out: Path) -> Path:
+    return out / WORK_DIR / DECONTAM_INDEX
+
+
+def _decontam_index(cfg: BuildConfig, files: list[Path]) -> None:
+    """Index the validation documents' MinHash signatures once (kept under OUT/.work)."""
+    path = _index_path(cfg.output)
+    if cfg.decontaminate is None or path.is_file():
+        return
+    print("data_prep: indexing the validation documents for decontamination", file=sys.stderr)
+    val_docs = (d for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
+                if is_validation(d, cfg.validation_fraction))
+    NearDuplicateIndex.build(val_docs, cfg.decontaminate, Signer()).save(path)
+
+
+def _setup(cfg: BuildConfig) -> tuple[list[Path], list[str] | None, dict, bool]:
+    """Check the arguments, compute the build key and make OUT ready; the bool says whether an
+    identical build is already complete there."""
     _check(cfg)
     files = expand_inputs(list(cfg.inputs))
     terms = read_protected_terms(Path(cfg.protected_terms)) if cfg.protected_terms else None
     source_fp = _source_fingerprint(cfg) if cfg.tokenizer else None
     key = _build_key(cfg, files, terms, source_fp)
+    if cfg.num_partitions > 1:
+        return files, terms, key, _require_prepared(cfg, key)
     if _prepare_output(cfg, key):
-        print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
-        return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+        return files, terms, key, True
     _tokenizer(cfg, files)
     info = describe(cfg.output / TOKENIZER_DIR)
     if source_fp and info.fingerprint != source_fp:
         raise BuildError(f"{cfg.output} holds shards of another tokenizer (fingerprint "
                          f"{info.fingerprint[:12]}, yours {source_fp[:12]}). Use a new --output "
                          "folder or pass --overwrite.")
+    _decontam_index(cfg, files)
+    return files, terms, key, False
+
+
+def _require_prepared(cfg: BuildConfig, key: dict) -> bool:
+    """A part runs in a folder `prepare` made with the same arguments (True: already merged)."""
+    out = cfg.output
+    hint = ("run `python -m data_prep prepare` with the same arguments (without --num_partitions "
+            "and --partition) once before the parts")
+    previous = _previous_build(out) if out.is_dir() else None
+    if previous is None:
+        raise BuildError(f"{out} holds no prepared build: {hint}.")
+    kind, old_key = previous
+    _refuse_mismatch(out, old_key, key, f"a build ({kind})")
+    if kind == "finished":
+        return True
+    missing = [p for p in (out / TOKENIZER_DIR / "tokenizer.json",
+                           *([_index_path(out)] if cfg.decontaminate is not None else []))
+               if not p.is_file()]
+    if missing:
+        raise BuildError(f"{out}: {', '.join(map(str, missing))} missing: {hint}.")
+    remove_own_temporaries([out / s for s in SPLITS] + [out / WORK_DIR], cfg.num_partitions,
+                           cfg.partition)
+    return False
+
+
+def prepare(cfg: BuildConfig) -> Path:
+    """Step 1 of a partitioned build: OUT, its build state, the tokenizer (trained or loaded)
+    and the decontamination index, made once before the parts start. Returns OUT."""
+    cfg = replace(cfg, num_partitions=1, partition=0)
+    _, _, _, done = _setup(cfg)
+    if done:
+        print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
+    return cfg.output
+
+
+def merge(out: Path) -> dict[str, Any]:
+    """Write the manifest of a build whose parts are all finished; refuses (PartitionError)
+    while a part is missing or was built with other arguments."""
+    out = Path(out)
+    if (out / MANIFEST).is_file():
+        return json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    state = out / WORK_DIR / BUILD_STATE
+    if not state.is_file():
+        raise PartitionError(f"{state} not found: {out} is not a prepared data_prep build.")
+    key = json.loads(state.read_text(encoding="utf-8"))
+    _, parts = complete_units(out, key)
+    total = parts[0]["total_units"]
+    records = []
+    for unit in range(total):
+        record = _finished(out, unit)
+        if record is None:
+            raise PartitionError(f"{out}: work unit {unit} has no complete shards although its "
+                                 "part is recorded as finished; rerun that part.")
+        records.append(record)
+    if not any(r["splits"]["train"]["shard"] for r in records):
+        raise InputError("the inputs hold no usable document (skipped: "
+                         f"{parts[0]['input_dropped']}); check --input, --text_field, "
+                         "--one_doc_per_line.")
+    manifest = _manifest(out, key, records, parts[0])
+    write_json_atomic(out / MANIFEST, manifest)
+    shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+    return manifest
+
+
+def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any] | None:
+    """Run (or resume) a build, or one part of it; returns the manifest, or None when this part
+    is done but others are not (merge later). Raises BuildError/InputError on bad input."""
+    files, terms, key, done = _setup(cfg)
+    if done:
+        print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
+        return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+    info = describe(cfg.output / TOKENIZER_DIR)
     spec = WorkerSpec(
         tokenizer_json=str(cfg.output / TOKENIZER_DIR / "tokenizer.json"),
         output=str(cfg.output), sequences=cfg.sequences,
         validation_fraction=cfg.validation_fraction, seed=cfg.seed,
         special_tokens=info.special_tokens, token_dtype=token_dtype_for(info.vocab_size).str,
-        protected_terms=tuple(terms) if terms else None, lowercase=info.lowercase)
+        protected_terms=tuple(terms) if terms else None, lowercase=info.lowercase,
+        decontam_index=(str(_index_path(cfg.output)) if cfg.decontaminate is not None
+                        else None))
     drops = DropCounter()
-    records = _run_units(cfg, files, spec, drops)
-    if not records or not any(r["splits"]["train"]["shard"] for r in records):
-        raise InputError("the inputs hold no usable document (see the skipped records above: "
-                         f"{dict(drops.counts)}); check --input, --text_field, --one_doc_per_line.")
-    manifest = _manifest(cfg, key, records, drops, argv or sys.argv, terms)
-    write_json_atomic(cfg.output / MANIFEST, manifest)
-    shutil.rmtree(cfg.output / WORK_DIR, ignore_errors=True)
-    return manifest
+    records, total = _run_units(cfg, files, spec, drops)
+    indexed = (len(NearDuplicateIndex.load(_index_path(cfg.output)))
+               if cfg.decontaminate is not None else None)
+    write_part_record(cfg.output, cfg.num_partitions, cfg.partition, {
+        "build_key": key, "num_partitions": cfg.num_partitions, "partition": cfg.partition,
+        "units": [r["unit"] for r in records], "total_units": total,
+        "input_dropped": dict(drops.counts), "split_documents": drops.split_documents,
+        "protected_terms": len(terms or []), "decontam_indexed": indexed,
+        "command": list(argv or sys.argv),
+        "args": json.loads(json.dumps(asdict(cfg), default=str))})
+    if cfg.num_partitions == 1:
+        return merge(cfg.output)
+    for _ in range(_MERGE_TRIES):  # a part may be merging right now (and find us missing)
+        with MergeLock(cfg.output) as lock:
+            if lock.held:
+                try:
+                    return merge(cfg.output)
+                except PartitionError as e:
+                    print(f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; {e}",
+                          file=sys.stderr)
+                    return None
+        if (cfg.output / MANIFEST).is_file():
+            return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+        time.sleep(1.0)
+    print(f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; another part holds "
+          f"{cfg.output / WORK_DIR / 'merge.lock'}: run `python -m data_prep merge "
+          f"{cfg.output}` once every part has finished.", file=sys.stderr)
+    return None

@@ -11,6 +11,7 @@ pickles cheaply into DataLoader workers.
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import mmap
 import resource
@@ -63,6 +64,8 @@ class SampleBatch:
     word_start: np.ndarray | None  # [B, T] bool, False in the padding; None when not asked for
     segment_a_len: np.ndarray | None = None  # nsp: [B] int64
     is_random_next: np.ndarray | None = None  # nsp: [B] int64
+    source: np.ndarray | None = None  # mixtures (pretrain.mixture): [B] int64 source number
+    mask_prob: np.ndarray | None = None  # mixtures: [B] float64 per-source rate, NaN = default
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
@@ -191,6 +194,26 @@ class ShardReader:
         self.num_tokens = int(sum(int(s["tokens"]) for s in self._shards))
         self._max_open = max(1, int(max_open_shards or _default_open_shards()))
         self._open: OrderedDict[int, _Shard] = OrderedDict()
+        self._folders = [self._folder] * len(self._shards)  # per shard (see `concatenate`)
+
+    @classmethod
+    def concatenate(cls, readers: list[ShardReader]) -> ShardReader:
+        """One reader over the sequences of several readers, back to back (reader 0's first).
+
+        The callers check that they share the tokenizer and format (pretrain.mixture does);
+        metadata (manifest, root, special tokens) are reader 0's. `get_batch` then gathers rows
+        of several builds in one call, as fast as from one build."""
+        joined = copy.copy(readers[0])
+        joined._shards = [s for r in readers for s in r._shards]
+        joined._offsets_dtypes = [d for r in readers for d in r._offsets_dtypes]
+        joined._folders = [f for r in readers for f in r._folders]
+        counts = np.array([int(s["sequences"]) for s in joined._shards], dtype=np.int64)
+        joined._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        joined._starts_list = joined._starts.tolist()
+        joined._len = int(joined._starts[-1])
+        joined.num_tokens = sum(r.num_tokens for r in readers)
+        joined._open = OrderedDict()
+        return joined
 
     def __len__(self) -> int:
         return self._len
@@ -210,7 +233,7 @@ class ShardReader:
         if shard is None:
             if len(self._open) >= self._max_open:
                 self._open.popitem(last=False)
-            shard = _Shard(self._folder, self._shards[k], self.token_dtype,
+            shard = _Shard(self._folders[k], self._shards[k], self.token_dtype,
                            self._offsets_dtypes[k], self.format == "nsp")
             self._open[k] = shard
         else:

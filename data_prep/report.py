@@ -22,6 +22,8 @@ def summary(root: Path, samples: int = 3, bins: int = 8) -> dict[str, Any]:
         "tokenizer": manifest["tokenizer"], "token_dtype": manifest["token_dtype"],
         "dropped": manifest["dropped"], "splits": {},
     }
+    if "decontamination" in manifest:
+        out["decontamination"] = manifest["decontamination"]
     shard_bytes = 0
     for split, info in manifest["splits"].items():
         reader = ShardReader(root, split)
@@ -57,6 +59,15 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"{s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, vocab "
           f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes")
     print(f"dropped: {s['dropped'] or 'nothing'}")
+    if "decontamination" in s:
+        d = s["decontamination"]
+        print(f"decontamination (MinHash, {d['shingle']}-word shingles, Jaccard >= "
+              f"{d['threshold']}): {d['train_documents_dropped']:,} of "
+              f"{d['train_documents_checked']:,} training documents ({d['train_characters_dropped']:,}"
+              f" characters) dropped as near-duplicates of {d['validation_documents_indexed']:,} "
+              "validation documents")
+        for e in d["examples"][:3]:
+            print(f"  {e['jaccard']:.2f}  train: {e['train']!r}\n        validation: {e['validation']!r}")
     for split, e in s["splits"].items():
         print(f"\n[{split}] {e['documents']:,} documents, {e['sequences']:,} sequences, "
               f"{e['tokens']:,} tokens, {e['shards']} shards, {e['bytes_per_token']} bytes/token")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from data_prep.decontam import Decontaminator
 from data_prep.layout import (
     NSP_DTYPE,
     SPLITS,
@@ -49,6 +50,7 @@ class WorkerSpec:
     token_dtype: str  # "<u2" or "<u4"
     protected_terms: tuple[str, ...] | None
     lowercase: bool  # protected terms match case-insensitively when the tokenizer lowercases
+    decontam_index: str | None = None  # OUT/.work/decontam-index.pkl: drop train near-duplicates
 
 
 def is_validation(text: str, fraction: float) -> bool:
@@ -71,6 +73,7 @@ class _Worker:
         self.words = WordStarts(continuation_flags(self.tok), list(spec.protected_terms or ()),
                                 spec.lowercase)
         self.out = Path(spec.output)
+        self.decontam = Decontaminator(Path(spec.decontam_index)) if spec.decontam_index else None
 
     def _encode(self, texts: list[str], need_offsets: bool):
         """Per text: (ids uint32, word-start bool, char offsets [n,2] or None)."""
@@ -143,6 +146,8 @@ class _Worker:
                      else "train"].append(t)
         drops: Counter[str] = Counter()
         record: dict[str, Any] = {"unit": unit, "splits": {}, "dropped": {}}
+        if self.decontam is not None:  # training copies of validation documents are dropped
+            by_split["train"], record["decontamination"] = self.decontam.filter(by_split["train"])
         for split, docs in by_split.items():
             seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, drops)
             shard = self._write(split, shard_name(unit), seqs) if len(seqs.offsets) > 1 else None

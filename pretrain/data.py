@@ -13,6 +13,11 @@ the dataset's `__getitems__` takes its BatchPlan. A worker reads the plan's sequ
 batched call (`ShardReader.get_batch`: numpy gathers over the memory maps, padded to the longest
 length rounded up to a multiple of 8), masks the batch in one vectorised pass and returns tensors,
 pinned by the loader when a GPU is present.
+
+Mixtures (pretrain.mixture): a reader with a `sampler(...)` method supplies the training order
+(build_loader uses it for train=True); its batches carry `source` (each row's source number, put
+into the batch as the tensor `batch["source"]`, which the trainer pops like `masking_stats`) and
+`mask_prob` (per-row rates handed to the Masker).
 """
 from __future__ import annotations
 
@@ -189,7 +194,7 @@ class MaskedBatches(Dataset):
         positions = plan.positions if self.schedule_position is None else \
             np.full(B, self.schedule_position, dtype=np.int64)
         masked, labels, stats = self.masker(ids, lengths, got.word_start, plan.indices,
-                                            plan.epochs, positions)
+                                            plan.epochs, positions, got.mask_prob)
         batch = {
             "input_ids": torch.from_numpy(masked),
             "attention_mask": torch.from_numpy(in_seq.astype(np.int64)),
@@ -200,6 +205,8 @@ class MaskedBatches(Dataset):
             types = (np.arange(T)[None, :] >= got.segment_a_len[:, None]) & in_seq
             batch["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
             batch["next_sentence_label"] = torch.from_numpy(got.is_random_next.astype(np.int64))
+        if got.source is not None:  # a mixture: which source each row came from (pop it too)
+            batch["source"] = torch.from_numpy(got.source)
         batch["masking_stats"] = stats
         return batch
 
@@ -221,8 +228,13 @@ def build_loader(reader, data_cfg: DataConfig, masking_cfg: MaskingConfig, *, ra
     """
     if reader.max_seq_len <= 0 or len(reader) == 0:
         raise ValueError(f"{getattr(reader, 'root', reader)}: the split has no sequences")
-    sampler = GlobalSampler(len(reader), micro_batch_size, rank, world_size, consumed_samples,
-                            seed=data_cfg.seed, shuffle=data_cfg.shuffle, train=train)
+    if train and hasattr(reader, "sampler"):  # a mixture (pretrain.mixture) orders its sources
+        sampler = reader.sampler(micro_batch_size, rank, world_size, consumed_samples,
+                                 seed=data_cfg.seed, shuffle=data_cfg.shuffle)
+    else:
+        sampler = GlobalSampler(len(reader), micro_batch_size, rank, world_size,
+                                consumed_samples, seed=data_cfg.seed, shuffle=data_cfg.shuffle,
+                                train=train)
     # Validation masks every sample at the schedule's final rate, so evaluations stay comparable.
     final = masking_cfg.schedule_samples if masking_cfg.mask_prob_end is not None else 0
     dataset = MaskedBatches(reader, masking_cfg, data_cfg.pad_to_multiple_of,

@@ -127,15 +127,17 @@ class Masker:
         return r
 
     def __call__(self, input_ids: np.ndarray, lengths: np.ndarray, word_start: np.ndarray | None,
-                 sample_index: np.ndarray, epochs: np.ndarray, positions: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, dict]:
+                 sample_index: np.ndarray, epochs: np.ndarray, positions: np.ndarray,
+                 mask_prob: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
         """Mask a batch.
 
         input_ids: [B, T] int64, padded (anything past `lengths` is ignored);
         lengths: [B] real lengths; word_start: [B, T] bool unit starts (needed when whole_word);
         sample_index: [B] dataset indices; epochs: [B]; positions: [B] global stream positions
-        (for the mask_prob schedule).
-        Returns (masked input_ids [B, T] int64, labels [B, T] int64 with IGNORE_INDEX where not predicted,
+        (for the mask_prob schedule); mask_prob: optional [B] per-sample rate that replaces the
+        schedule where it is not NaN (a mixture's per-source rate).
+        Returns (masked input_ids [B, T] int64, labels [B, T] int64 with IGNORE_INDEX where not
+        predicted,
         stats dict of python numbers: counts and fractions for logging).
         """
         cfg = self.cfg
@@ -167,6 +169,9 @@ class Masker:
 
         # Exact count per sequence, from the (scheduled) mask_prob at this sample's position.
         p = np.asarray(mask_prob_at(cfg, np.asarray(positions)), dtype=np.float64).reshape(B)
+        if mask_prob is not None:
+            override = np.asarray(mask_prob, dtype=np.float64).reshape(B)
+            p = np.where(np.isnan(override), p, override)
         target = np.floor(p * n_maskable + 0.5).astype(np.int64)
         target = np.where((n_maskable > 0) & (p > 0), np.maximum(target, 1), 0)
         cap = cfg.max_predictions if cfg.max_predictions is not None else T
