@@ -244,7 +244,26 @@ def part_data(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
             }
         )
         save_part(out, res)
+    res.details.update(prebuild_fused_adam())
     res.status = "ok"
+
+
+def prebuild_fused_adam() -> dict:
+    """On a GPU: compile DeepSpeed's fused Adam now (JIT, needs nvcc, ~1 min the first time on a
+    node, then cached in ~/.cache/torch_extensions), so that no train run spends its time box on
+    it. A failure is reported here and shows again in the train part's logs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"fused_adam": "not needed (CPU: torch AdamW)"}
+    t0 = time.perf_counter()
+    try:
+        from deepspeed.ops.op_builder import FusedAdamBuilder
+
+        FusedAdamBuilder().load()
+    except Exception as exc:  # noqa: BLE001  (no nvcc, no ninja...: say so, the rest still runs)
+        return {"fused_adam": f"build failed: {type(exc).__name__}: {str(exc)[:300]}"}
+    return {"fused_adam": f"ready ({time.perf_counter() - t0:.1f} s)"}
 
 
 # ---------------------------------------------------------------- kernels
