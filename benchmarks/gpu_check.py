@@ -951,7 +951,8 @@ def write_report(out: Path, plan: Plan, results: list[PartResult], total_s: floa
 
 
 # ---------------------------------------------------------------- command line
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python benchmarks/gpu_check.py` (and `make gpu-check`)."""
     p = argparse.ArgumentParser(
         prog="python benchmarks/gpu_check.py",
         description=__doc__,
@@ -978,6 +979,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # child: run one part
     p.add_argument("--part_deadline", type=float, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check (or, with the hidden --part, one part); 0 when every part is ok."""
+    p = build_parser()
     args = p.parse_args(argv)
     plan = DRY_PLAN if args.dry_run else GPU_PLAN
     out = args.out.resolve()

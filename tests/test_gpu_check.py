@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from benchmarks import gpu_check
 
@@ -112,3 +112,23 @@ def test_unknown_part_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--parts", "train,warp", "--out", str(tmp_path)])
     assert "unknown warp" in capsys.readouterr().err
+
+
+def documented_gpu_check_commands() -> list[list[str]]:
+    """argv of every gpu_check command line in README.md and docs/benchmarks.md, and the one
+    `make gpu-check` runs."""
+    from test_kernels_bench import documented_commands
+
+    argvs = [argv[1:] for _, _, argv in documented_commands(("benchmarks/gpu_check.py",))]
+    make = subprocess.run(
+        ["make", "-n", "gpu-check"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return argvs + [make[make.index("benchmarks/gpu_check.py") + 1 :]]
+
+
+def test_documented_commands_parse():
+    argvs = documented_gpu_check_commands()
+    assert len(argvs) >= 3 and any("--dry-run" in a for a in argvs)
+    for argv in argvs:
+        args = gpu_check.build_parser().parse_args(argv)
+        assert set(args.parts.split(",")) <= set(gpu_check.PARTS), argv

@@ -44,7 +44,7 @@ TINY = [
 ]
 
 
-def documented_commands() -> list[tuple[str, dict, list[str]]]:
+def documented_commands(entries: tuple[str, ...] = ENTRIES) -> list[tuple[str, dict, list[str]]]:
     """(doc, env, argv after `python`) of every benchmark command line in the docs: the lines of
     shell blocks and the inline code spans that start with `python` (after VAR=value words)."""
     found = []
@@ -59,7 +59,7 @@ def documented_commands() -> list[tuple[str, dict, list[str]]]:
         ]
         candidates += re.findall(r"`([^`\n]+)`", re.sub(fence, "", text, flags=re.DOTALL))
         for cmd in candidates:
-            if not any(entry in cmd for entry in ENTRIES):
+            if not any(entry in cmd for entry in entries):
                 continue
             words = shlex.split(cmd, comments=True)
             env = {}
@@ -69,7 +69,7 @@ def documented_commands() -> list[tuple[str, dict, list[str]]]:
             if (
                 len(words) > 1
                 and words[0] in ("python", "python3")
-                and (words[1] == ENTRIES[1] or words[1:3] == ["-m", ENTRIES[0]])
+                and (words[1] in entries or (words[1] == "-m" and words[2] in entries))
             ):
                 found.append((doc, env, words[1:]))
     unique = {
