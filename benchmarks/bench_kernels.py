@@ -29,6 +29,7 @@ C compiler, is reported as failed and does not fail the command); every row says
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import os
@@ -322,6 +323,18 @@ def sweep_grid(cfg: BenchConfig) -> list[tuple[int, int, int, str]]:
     return [(n, w, v, d) for n in rows for (w, v) in widths for d in dtypes]
 
 
+@functools.cache
+def compiled_cross_entropy() -> Callable:
+    """One torch.compile'd CE for every sweep point: after the first shape, automatic dynamic
+    shapes reuse its graph instead of compiling again for each (N_m, V), which would take most of
+    a sweep's time."""
+
+    def cross_entropy(x: torch.Tensor, labels: torch.Tensor, vocab: int) -> torch.Tensor:
+        return F.cross_entropy(x[:, :vocab], labels)
+
+    return torch.compile(cross_entropy)
+
+
 def loss_only_candidates(
     labels: torch.Tensor, vocab: int, width: int, device: torch.device, compile_: bool
 ) -> dict[str, Callable | str]:
@@ -332,7 +345,8 @@ def loss_only_candidates(
         "torch_compile": "skipped (--no-compile)",
     }
     if compile_:
-        cands["torch_compile"] = torch.compile(lambda x: F.cross_entropy(x[:, :vocab], labels))
+        compiled = compiled_cross_entropy()
+        cands["torch_compile"] = lambda x: compiled(x, labels, vocab)
     liger = liger_loss()
     if isinstance(liger, str) or device.type != "cuda":
         cands["liger"] = liger if isinstance(liger, str) else "skipped: Liger needs CUDA"

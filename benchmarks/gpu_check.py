@@ -62,7 +62,7 @@ class Plan:
     kernel_test_args: tuple[str, ...]
     bench_args: tuple[str, ...]  # extra flags for bench_kernels (dry run: tiny shapes)
     head_widths: tuple[int, ...]
-    ds_config: str
+    ds_configs: dict  # precision -> the shipped DeepSpeed config it trains with
     vocab: int | None  # pad the trained vocabulary to this size (None: as trained)
 
 
@@ -83,8 +83,8 @@ GPU_PLAN = Plan(
     boxes={
         "data": (60, 10),
         "kernel_tests": (90, 30),
-        "kernel_sweep": (80, 30),
-        "head": (45, 20),
+        "kernel_sweep": (100, 30),
+        "head": (40, 20),
         "train": (270, 60),
         "hf_baseline": (50, 30),
         "resume": (45, 30),
@@ -96,7 +96,7 @@ GPU_PLAN = Plan(
     ),
     bench_args=(),
     head_widths=(768, 1024),
-    ds_config="ds_configs/zero2_bf16.json",
+    ds_configs={"bf16": "ds_configs/zero2_bf16.json", "fp16": "ds_configs/zero2.json"},
     vocab=VOCAB,
 )
 
@@ -138,7 +138,7 @@ DRY_PLAN = Plan(
         "64,72/70",
     ),
     head_widths=(16,),
-    ds_config="ds_configs/cpu.json",
+    ds_configs={"bf16": "ds_configs/cpu.json", "fp16": "ds_configs/cpu.json"},
     vocab=None,
 )
 
@@ -414,7 +414,7 @@ def trainer_cmd(
         sys.executable,
         str(REPO / "pretrain" / "main.py"),
         "--ds_config",
-        str(REPO / plan.ds_config),
+        str(REPO / plan.ds_configs[precision]),
         "--precision",
         precision,
         "--data",
