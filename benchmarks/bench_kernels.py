@@ -24,12 +24,14 @@ Writes bench_kernels.json and bench_kernels.png into --out (default: the current
 Exit status 1 when a variant of ours failed (a baseline that fails, e.g. torch.compile without a
 C compiler, is reported as failed and does not fail the command); every row says ok, skipped
 (and why) or failed (and the error), never a silent NaN.
+Modules: this one (config, head part, report, CLI); bench_kernels_sweep.py (the sweep part);
+bench_kernels_measure.py (how one variant is timed and its memory read); bench_kernels_cuda.py
+(the HBM peak table and do_bench).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import inspect
 import json
 import os
@@ -37,10 +39,9 @@ import platform
 import re
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -51,6 +52,15 @@ if str(REPO) not in sys.path:  # run as a script: make `kernels` and `benchmarks
     sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_kernels_cuda import hbm_peak_gbps, measure_cuda
+from benchmarks.bench_kernels_measure import (
+    Result,
+    _error_note,
+    _leaves,
+    cpu_peak_bytes,
+    liger_loss,
+    triton_unavailable,
+)
+from benchmarks.bench_kernels_sweep import loss_only, sweep_grid
 from kernels import IGNORE_INDEX, api
 
 
@@ -75,24 +85,6 @@ class BenchConfig:
     sweep_dtypes: str = "bfloat16,float16"  # logits dtypes of the sweep
 
 
-@dataclass
-class Result:
-    """One variant's measurement; time and memory are None unless status == "ok"."""
-
-    name: str
-    status: str  # "ok", "skipped" or "failed"
-    time_ms: float | None = None  # median fwd+bwd
-    peak_mb: float | None = None  # peak bytes allocated during one fwd+bwd above the start
-    note: str = ""
-    ours: bool = False  # a failure of ours fails the command
-    extra: dict = field(default_factory=dict)
-
-
-def _error_note(exc: BaseException) -> str:
-    first = (str(exc).splitlines() or [""])[0][:160]
-    return f"{type(exc).__name__}: {first}"
-
-
 def make_inputs(cfg: BenchConfig, device: torch.device):
     """hidden [B, T, H], padded weight [V8, H], bias [V8], labels [B, T] (~mask_prob labelled)."""
     g = torch.Generator().manual_seed(cfg.seed)
@@ -104,26 +96,6 @@ def make_inputs(cfg: BenchConfig, device: torch.device):
     labels = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), generator=g)
     labels[torch.rand(cfg.batch, cfg.seq, generator=g) >= cfg.mask_prob] = IGNORE_INDEX
     return hidden, weight, bias, labels.to(device)
-
-
-def triton_unavailable(device: torch.device) -> str | None:
-    """Why ours_triton cannot run on `device` here (None when it can)."""
-    if not api._triton_available():
-        return f"triton cannot be imported ({api._TRITON_ERROR})"
-    from kernels.triton_ce import interpreting
-
-    if device.type == "cpu" and not interpreting():
-        return "needs CUDA, or TRITON_INTERPRET=1 set before Python starts"
-    return None
-
-
-def liger_loss() -> Callable | str:
-    """Liger-Kernel's cross-entropy module, or why it is not available."""
-    try:
-        from liger_kernel.transformers import LigerCrossEntropyLoss
-    except ImportError as exc:
-        return f"skipped: liger-kernel not importable ({_error_note(exc)})"
-    return LigerCrossEntropyLoss()
 
 
 def variants(cfg: BenchConfig, device: torch.device) -> dict[str, Callable | str]:
@@ -185,49 +157,6 @@ def variants(cfg: BenchConfig, device: torch.device) -> dict[str, Callable | str
         why = "the CPU interpreter is a correctness tool here (see interpreter_check)"
     out["ours_triton"] = ours("triton") if why is None else f"skipped: {why}"
     return out
-
-
-def _leaves(tensors):
-    return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
-
-
-def cpu_peak_bytes(run: Callable[[], None]) -> int:
-    """Peak CPU bytes allocated during run() above the level at its start (profiler trace)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    mem = [
-        e["args"]
-        for e in events
-        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
-    ]
-    if not mem:
-        return 0
-    start = mem[0]["Total Allocated"] - mem[0]["Bytes"]
-    return max(m["Total Allocated"] for m in mem) - start
-
-
-def measure_cpu(run: Callable[[], None], repeat: int) -> tuple[float, float]:
-    """(median ms of `repeat` runs, peak MB of one run) after one warm-up run."""
-    run()  # warm-up (and torch.compile's compilation)
-    mb = cpu_peak_bytes(run) / 2**20
-    times = []
-    for _ in range(max(repeat, 1)):
-        t0 = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), mb
-
-
-def measure(run: Callable[[], None], device: torch.device, repeat: int) -> tuple[float, float]:
-    """(median ms, peak MB above the start) of run() on `device`."""
-    return measure_cuda(run) if device.type == "cuda" else measure_cpu(run, repeat)
 
 
 def time_cpu_rounds(steps: dict[str, tuple[Callable, tuple]], repeat: int) -> dict[str, list]:
@@ -301,151 +230,6 @@ def head_results(cfg: BenchConfig, device: torch.device) -> tuple[list[Result], 
             r.extra["speedup_vs_hf"] = round(base.time_ms / r.time_ms, 2)
             r.extra["memory_ratio_vs_hf"] = round(base.peak_mb / max(r.peak_mb, 1e-9), 2)
     return results, n_masked
-
-
-def sweep_grid(cfg: BenchConfig) -> list[tuple[int, int, int, str]]:
-    """(n_masked, width, vocab, dtype) for every point of the sweep."""
-    try:
-        rows = [int(n) for n in cfg.sweep_rows.split(",")]
-        widths = []
-        for item in cfg.sweep_vocabs.split(","):
-            width, _, vocab = item.partition("/")
-            widths.append((int(width), int(vocab or width)))
-    except ValueError as exc:
-        raise SystemExit(
-            f"--sweep_rows must be like 4915,19661 and --sweep_vocabs like "
-            f"30522,30528/30522 (WIDTH or WIDTH/VOCAB): {exc}"
-        ) from None
-    dtypes = cfg.sweep_dtypes.split(",")
-    for d in dtypes:
-        if not isinstance(getattr(torch, d, None), torch.dtype):
-            raise SystemExit(f"--sweep_dtypes: {d!r} is not a torch dtype (e.g. bfloat16,float16)")
-    return [(n, w, v, d) for n in rows for (w, v) in widths for d in dtypes]
-
-
-@functools.cache
-def compiled_cross_entropy() -> Callable:
-    """One torch.compile'd CE for every sweep point: after the first shape, automatic dynamic
-    shapes reuse its graph instead of compiling again for each (N_m, V), which would take most of
-    a sweep's time."""
-
-    def cross_entropy(x: torch.Tensor, labels: torch.Tensor, vocab: int) -> torch.Tensor:
-        return F.cross_entropy(x[:, :vocab], labels)
-
-    return torch.compile(cross_entropy)
-
-
-def loss_only_candidates(
-    labels: torch.Tensor, vocab: int, width: int, device: torch.device, compile_: bool
-) -> dict[str, Callable | str]:
-    """name -> loss(logits) for the sweep, or why the variant is skipped."""
-    cands: dict[str, Callable | str] = {
-        # Baselines see the true-vocabulary columns only (a view when the logits are padded).
-        "torch_eager": lambda x: F.cross_entropy(x[:, :vocab], labels),
-        "torch_compile": "skipped (--no-compile)",
-    }
-    if compile_:
-        compiled = compiled_cross_entropy()
-        cands["torch_compile"] = lambda x: compiled(x, labels, vocab)
-    liger = liger_loss()
-    if isinstance(liger, str) or device.type != "cuda":
-        cands["liger"] = liger if isinstance(liger, str) else "skipped: Liger needs CUDA"
-    else:
-        cands["liger"] = lambda x: liger(x[:, :vocab].contiguous() if vocab != width else x, labels)
-    why = triton_unavailable(device)
-    cands["ours_softmax_cross_entropy"] = (
-        (lambda x: api.softmax_cross_entropy(x, labels, vocab_size=vocab, impl="triton"))
-        if why is None
-        else f"skipped: {why}"
-    )
-    return cands
-
-
-def loss_only(
-    n_masked: int,
-    width: int,
-    vocab: int,
-    dtype_name: str,
-    device: torch.device,
-    compile_: bool = True,
-    repeat: int = 5,
-) -> list[Result]:
-    """Softmax-CE fwd+bwd on [n_masked x width] logits (true vocab `vocab`): torch eager, compiled,
-    Liger, ours (softmax_cross_entropy, and the in-place kernel pair masked_lm_loss runs); each
-    with GB/s for the minimum traffic and, on a known GPU, its fraction of the HBM peak."""
-    dtype = getattr(torch, dtype_name)
-    tag = f"loss_only[{n_masked}x{width}{f'/{vocab}' if vocab != width else ''},{dtype_name}]"
-    g = torch.Generator().manual_seed(n_masked + width)
-    logits = torch.randn(n_masked, width, generator=g).to(device, dtype)
-    labels = torch.randint(0, vocab, (n_masked,), generator=g).to(device)
-    results = []
-    for name, fn in loss_only_candidates(labels, vocab, width, device, compile_).items():
-        ours = name.startswith("ours")
-        if isinstance(fn, str):
-            status = "failed" if ours and device.type == "cuda" else "skipped"
-            results.append(Result(f"{tag}/{name}", status, note=fn, ours=ours))
-            continue
-        x = logits.clone().requires_grad_()
-
-        def run(fn=fn, x=x):
-            x.grad = None
-            fn(x).backward()
-
-        results.append(_measured(f"{tag}/{name}", run, device, repeat, ours))
-        del x
-    if triton_unavailable(device) is None:
-        results.append(_kernel_pair(tag, logits, labels, vocab, device, repeat))
-    nbytes_min = 2 * logits.numel() * logits.element_size()  # read logits once, write grad once
-    _add_bandwidth(results, nbytes_min, device)
-    return results
-
-
-def _measured(
-    name: str, run: Callable[[], None], device: torch.device, repeat: int, ours: bool
-) -> Result:
-    try:
-        ms, mb = measure(run, device, repeat)
-    except Exception as exc:  # noqa: BLE001  (report it, measure the others)
-        return Result(name, "failed", note=_error_note(exc), ours=ours)
-    return Result(name, "ok", ms, mb, ours=ours)
-
-
-def _kernel_pair(
-    tag: str,
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    vocab: int,
-    device: torch.device,
-    repeat: int,
-) -> Result:
-    """The kernel pair as masked_lm_loss runs it: forward (lse saved), backward in place."""
-    from kernels import triton_ce
-
-    buf = logits.clone()
-
-    def kernel_pair():  # values drift (they become gradients) but stay finite; timing is the point
-        loss, lse, _ = triton_ce.ce_forward(buf, labels, IGNORE_INDEX, vocab)
-        triton_ce.ce_backward(buf, labels, lse, torch.ones_like(loss), buf, IGNORE_INDEX, vocab)
-
-    r = _measured(f"{tag}/ours_kernels_inplace", kernel_pair, device, repeat, True)
-    r.note = "3 passes: fwd read, bwd read + write in place"
-    return r
-
-
-def _add_bandwidth(results: list[Result], nbytes_min: int, device: torch.device) -> None:
-    """GB/s on the minimum bytes (and on the 1.5x the in-place pair moves), as HBM fractions."""
-    peak = hbm_peak_gbps(torch.cuda.get_device_name()) if device.type == "cuda" else None
-    for r in results:
-        if r.status != "ok":
-            continue
-        gbps = nbytes_min / r.time_ms / 1e6
-        r.extra["GBps_min_bytes"] = round(gbps, 1)
-        if r.name.endswith("inplace"):
-            r.extra["GBps_moved"] = round(1.5 * gbps, 1)
-        if peak:
-            r.extra["frac_hbm_min_bytes"] = round(gbps / peak, 3)
-            if "GBps_moved" in r.extra:
-                r.extra["frac_hbm_moved"] = round(1.5 * gbps / peak, 3)
 
 
 def interpreter_check() -> str:
@@ -558,7 +342,7 @@ def run(cfg: BenchConfig) -> dict:
     """Measure the parts `cfg` asks for; print the table; write the JSON and the plot."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolve(cfg, device)
-    grid = sweep_grid(cfg) if cfg.sweep else []
+    grid = sweep_grid(cfg.sweep_rows, cfg.sweep_vocabs, cfg.sweep_dtypes) if cfg.sweep else []
     results, n_masked = head_results(cfg, device) if cfg.head else ([], 0)
     for point in grid:
         results += loss_only(*point, device=device, compile_=cfg.compile, repeat=cfg.repeat)
