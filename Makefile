@@ -30,3 +30,10 @@ lint: install
 format: install
 	$(PYTHON) -m ruff check --fix .
 	$(PYTHON) -m ruff format .
+
+# Validate a GPU node and measure every GPU claim in <= 8 minutes on one H100/H200 (README,
+# "Checking a GPU node"). No install step: GPU nodes are often offline, the wheels come prepared.
+GPU_CHECK_OUT ?= runs/gpu_check
+.PHONY: gpu-check
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)

@@ -6,11 +6,25 @@ A Triton kernel, with a pure-PyTorch fallback:
     out.loss, out.num_masked, out.num_correct
 
 Importing this package works without a GPU and without triton (impl="torch" is then used).
+`kernels.IGNORE_INDEX` is the project's one "no label here" value (kernels/constants.py).
 """
 
+from .api import (
+    IMPLS,
+    REDUCTIONS,
+    MaskedLMOutput,
+    masked_lm_loss,
+    masked_lm_loss_rows,
+    softmax_cross_entropy,
+)
 from .constants import IGNORE_INDEX
-from .api import (IMPLS, REDUCTIONS, MaskedLMOutput, masked_lm_loss, masked_lm_loss_rows,
-                  softmax_cross_entropy)
 
-__all__ = ["IGNORE_INDEX", "IMPLS", "REDUCTIONS", "MaskedLMOutput", "masked_lm_loss", "masked_lm_loss_rows",
-           "softmax_cross_entropy"]
+__all__ = [
+    "IGNORE_INDEX",
+    "IMPLS",
+    "REDUCTIONS",
+    "MaskedLMOutput",
+    "masked_lm_loss",
+    "masked_lm_loss_rows",
+    "softmax_cross_entropy",
+]

@@ -2,7 +2,8 @@
 
 impl="triton": the Triton kernel (CUDA tensors, or CPU tensors when TRITON_INTERPRET=1 was set
 before triton was imported). impl="torch": the pure-PyTorch reference (kernels.reference).
-impl="auto": triton for CUDA tensors when triton imports, torch otherwise.
+impl="auto": triton for CUDA tensors when triton imports, torch otherwise (on CUDA tensors with a
+triton that fails to import, "auto" warns once, naming the import error, and uses torch).
 Importing this module never imports triton; that happens on the first triton call.
 """
 
@@ -10,11 +11,15 @@ from __future__ import annotations
 
 import functools
 import numbers
+import os
+import sys
+import warnings
 from typing import NamedTuple
 
 import torch
 
 from . import reference
+from .constants import IGNORE_INDEX
 
 IMPLS = ("auto", "triton", "torch")
 REDUCTIONS = ("mean", "sum", "none")
@@ -44,6 +49,34 @@ def _triton_available() -> bool:
     return True
 
 
+def enable_interpreter_without_cuda() -> bool:
+    """Run Triton kernels on CPU tensors (TRITON_INTERPRET=1) when no CUDA device is usable.
+
+    For tests and dry runs: sets the variable only when torch sees no CUDA device and the user has
+    not set it. It must happen before triton is first imported (DeepSpeed imports it too); a later
+    call warns. Returns whether the interpreter is on.
+    """
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        if "triton" in sys.modules:
+            warnings.warn("triton was imported before TRITON_INTERPRET could be set: the Triton "
+                          "kernel cannot run on CPU tensors in this process", RuntimeWarning,
+                          stacklevel=2)
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _warn_auto_without_triton() -> None:
+    """Once per process: CUDA tensors, impl="auto", and triton does not import."""
+    warnings.warn(
+        f"kernels: impl='auto' on CUDA tensors uses the PyTorch path because triton cannot be "
+        f"imported ({_TRITON_ERROR}); install a working triton for the fused kernel, or pass "
+        f"impl='torch' to choose the PyTorch path explicitly",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def _resolve_impl(impl: str, device: torch.device) -> str:
     """Map impl ("auto" | "triton" | "torch") to "triton" or "torch" for tensors on `device`."""
     if impl not in IMPLS:
@@ -51,7 +84,12 @@ def _resolve_impl(impl: str, device: torch.device) -> str:
     if impl == "torch":
         return "torch"
     if impl == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        if device.type != "cuda":
+            return "torch"
+        if _triton_available():
+            return "triton"
+        _warn_auto_without_triton()
+        return "torch"
     if not _triton_available():
         raise RuntimeError(
             f"impl='triton' but triton cannot be imported ({_TRITON_ERROR}); "
@@ -108,7 +146,7 @@ def masked_lm_loss(
     bias: torch.Tensor | None,
     labels: torch.Tensor,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     vocab_size: int | None = None,
     normalizer: float | torch.Tensor | None = None,
     impl: str = "auto",
@@ -139,7 +177,7 @@ def masked_lm_loss(
 
 
 def masked_lm_loss_rows(hidden_rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        row_labels: torch.Tensor, *, ignore_index: int = -100,
+                        row_labels: torch.Tensor, *, ignore_index: int = IGNORE_INDEX,
                         vocab_size: int | None = None,
                         normalizer: float | torch.Tensor | None = None,
                         impl: str = "auto") -> MaskedLMOutput:
@@ -184,7 +222,7 @@ def softmax_cross_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     reduction: str = "mean",
     vocab_size: int | None = None,
     impl: str = "auto",

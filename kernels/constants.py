@@ -1,3 +1,6 @@
-"""Constants shared by the kernel and its callers (one definition each)."""
+"""Constants shared by the kernels, the model, the trainer and the benchmarks (one definition each)."""
 
-IGNORE_INDEX = -100  # label of a position that takes no part in the loss (PyTorch's convention)
+from __future__ import annotations
+
+# Label of a position that takes no part in the loss (PyTorch's F.cross_entropy default).
+IGNORE_INDEX = -100

@@ -14,10 +14,21 @@ DATA = Path(__file__).resolve().parent / "data"
 # Keep every process (and DeepSpeed's ranks) from oversubscribing the 2 cores of CI.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The Triton kernel runs on CPU tensors only in interpreter mode, which must be chosen before triton
-# is first imported (DeepSpeed imports it too). This machine and CI have no GPU.
-if not os.path.exists("/dev/nvidiactl"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: I001  (after OMP_NUM_THREADS: torch reads it when it starts)
+from kernels.api import enable_interpreter_without_cuda
+
+# The device the kernel tests run on: CUDA tensors and the compiled Triton kernel where torch sees
+# a GPU; CPU tensors under Triton's interpreter elsewhere. The interpreter must be chosen before
+# triton is first imported (DeepSpeed imports it too), and only when no CUDA device is usable.
+TRITON_INTERPRETING = enable_interpreter_without_cuda()
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """Where kernel tests put their tensors: "cuda" on a GPU node, "cpu" (interpreter) elsewhere."""
+    return DEVICE
 
 
 def pydoc_documents() -> list[str]:

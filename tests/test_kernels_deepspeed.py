@@ -1,7 +1,8 @@
 """masked_lm_loss inside DeepSpeed: ZeRO-3 (decoder weight tied to the word embeddings and gathered
 by DeepSpeed), fp16 with dynamic loss scaling, gradient accumulation; triton and torch impls agree.
 
-Runs one DeepSpeed process on the CPU (gloo) in a subprocess; this file is also that script.
+Runs one DeepSpeed process in a subprocess (this file is also that script), on the test device:
+one GPU with NCCL on a GPU node, the CPU with gloo and the Triton interpreter elsewhere.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ def _train(impl: str) -> dict:
 
     import kernels
 
-    # DeepSpeed refuses fp16 on CPUs without AVX512-FP16; loss scaling works the same anyway.
-    type(get_accelerator()).is_fp16_supported = lambda self: True
+    if get_accelerator().device_name() == "cpu":
+        # DeepSpeed refuses fp16 on CPUs without AVX512-FP16; loss scaling works the same anyway.
+        type(get_accelerator()).is_fp16_supported = lambda self: True
 
     class TinyMLM(torch.nn.Module):
         def __init__(self, vocab: int = 1003, padded: int = 1008, hidden: int = 16):
@@ -69,13 +71,14 @@ def _train(impl: str) -> dict:
         batches = []
         for _ in range(2):  # micro-batches; the last has no masked token at all
             ids = torch.randint(0, 1003, (4, 12), generator=g)
-            batches.append((ids, torch.where(torch.rand(4, 12, generator=g) < 0.3, ids, -100)))
-        batches[-1] = (batches[-1][0], torch.full((4, 12), -100))
+            masked = torch.rand(4, 12, generator=g) < 0.3
+            batches.append((ids, torch.where(masked, ids, kernels.IGNORE_INDEX)))
+        batches[-1] = (batches[-1][0], torch.full((4, 12), kernels.IGNORE_INDEX))
         # Global normalisation: every masked token of the step weighs the same. engine.backward
         # divides by the accumulation steps, so multiply them back in.
-        total = sum(int((y != -100).sum()) for _, y in batches) / 2
-        for ids, labels in batches:
-            out = engine(ids, labels, total)
+        total = sum(int((y != kernels.IGNORE_INDEX).sum()) for _, y in batches) / 2
+        for ids, labels in batches:  # on the engine's device: CUDA on a GPU node, else the CPU
+            out = engine(ids.to(engine.device), labels.to(engine.device), total)
             engine.backward(out.loss)
             engine.step()
             losses.append(float(out.loss))
@@ -95,8 +98,7 @@ def test_zero3_fp16_tied_decoder_both_impls(tmp_path):
 
     from pretrain.distributed import free_port
 
-    env = {
-        "TRITON_INTERPRET": "1",
+    env = {  # TRITON_INTERPRET comes from conftest, which sets it only where no CUDA is usable
         "OMP_NUM_THREADS": "1",
         "RANK": "0",
         "WORLD_SIZE": "1",

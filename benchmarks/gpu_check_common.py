@@ -1,0 +1,188 @@
+"""What every part of benchmarks/gpu_check.py shares: the plans (GPU and dry run), a part's
+result record, its atomic JSON file, and the time-boxed subprocess runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
+    sys.path.insert(0, str(REPO))
+
+from data_prep.layout import write_bytes_atomic
+
+PARTS = ("data", "kernel_tests", "kernel_sweep", "head", "train", "hf_baseline", "resume")
+
+
+VOCAB = 30522  # BERT's WordPiece vocabulary: the decoder size every throughput number assumes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one gpu_check run: the GPU plan, or the dry-run plan (CPU, tiny)."""
+
+    dry_run: bool
+    seq_lens: tuple[int, ...]
+    train_matrix: tuple[tuple[str, int, str], ...]  # (model preset, seq, precision), in order
+    micro_batch: dict  # seq -> sequences per step (one GPU, no accumulation)
+    warmup_steps: int  # steps left out of every throughput number
+    measured_steps: int  # steps measured after the warm-up
+    resume_steps: int  # steps after the checkpoint, compared between the two runs
+    resume_config: tuple[str, int, str]  # the train run the resume part continues
+    hf_config: tuple[str, int]  # (preset, seq) of the HF baseline, compared with ours
+    boxes: dict  # part -> (time box s, floor s kept free for it while earlier parts run)
+    kernel_test_args: tuple[str, ...]
+    bench_args: tuple[str, ...]  # extra flags for bench_kernels (dry run: tiny shapes)
+    head_widths: tuple[int, ...]
+    ds_configs: dict  # precision -> the shipped DeepSpeed config it trains with
+    vocab: int | None  # pad the trained vocabulary to this size (None: as trained)
+
+
+GPU_PLAN = Plan(
+    dry_run=False,
+    seq_lens=(128, 512),
+    train_matrix=tuple(
+        (m, s, p)
+        for p in ("bf16", "fp16")
+        for m, s in (("large", 128), ("base", 128), ("base", 512), ("large", 512))
+    ),
+    micro_batch={128: 128, 512: 32},
+    warmup_steps=5,
+    measured_steps=40,
+    resume_steps=5,
+    resume_config=("base", 128, "bf16"),
+    hf_config=("base", 128),
+    boxes={
+        "data": (60, 10),
+        "kernel_tests": (90, 30),
+        "kernel_sweep": (100, 30),
+        "head": (40, 20),
+        "train": (270, 60),
+        "hf_baseline": (50, 30),
+        "resume": (45, 30),
+    },
+    kernel_test_args=(
+        "tests/test_kernels.py",
+        "tests/test_kernels_ce.py",
+        "tests/test_kernels_compile.py",
+    ),
+    bench_args=(),
+    head_widths=(768, 1024),
+    ds_configs={"bf16": "ds_configs/zero2_bf16.json", "fp16": "ds_configs/zero2.json"},
+    vocab=VOCAB,
+)
+
+
+DRY_PLAN = Plan(
+    dry_run=True,
+    seq_lens=(64,),
+    train_matrix=(("tiny", 64, "bf16"),),
+    micro_batch={64: 8},
+    warmup_steps=2,
+    measured_steps=3,
+    resume_steps=2,
+    resume_config=("tiny", 64, "bf16"),
+    hf_config=("tiny", 64),
+    boxes={
+        "data": (60, 10),
+        "kernel_tests": (60, 20),
+        "kernel_sweep": (60, 20),
+        "head": (60, 20),
+        "train": (90, 30),
+        "hf_baseline": (60, 20),
+        "resume": (60, 20),
+    },
+    kernel_test_args=("tests/test_kernels.py", "-k", "one_valid_row or auto_picks"),
+    bench_args=(
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--hidden",
+        "16",
+        "--vocab",
+        "301",
+        "--repeat",
+        "1",
+        "--no-compile",
+        "--sweep_rows",
+        "5",
+        "--sweep_vocabs",
+        "64,72/70",
+    ),
+    head_widths=(16,),
+    ds_configs={"bf16": "ds_configs/cpu.json", "fp16": "ds_configs/cpu.json"},
+    vocab=None,
+)
+
+
+@dataclass
+class PartResult:
+    """What one part wrote: status, rows of its table, and free-form details."""
+
+    name: str
+    status: str = "not run"  # ok | failed | timed out | not run
+    seconds: float = 0.0
+    rows: list[dict] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    error: str = ""
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic JSON write (the lead's write_json_atomic can replace this one call)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, json.dumps(obj, indent=2, default=str).encode())
+
+
+def part_file(out: Path, name: str) -> Path:
+    return out / "parts" / f"{name}.json"
+
+
+def save_part(out: Path, result: PartResult) -> None:
+    """Written after every row, so a part killed by its time box still leaves what it measured."""
+    write_json(part_file(out, result.name), asdict(result))
+
+
+def run_logged(
+    cmd: list[str], log: Path, timeout: float, env: dict | None = None, cwd: Path = REPO
+) -> int:
+    """Run cmd in its own process group with output to `log`; on timeout kill the whole group."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n".encode())
+        f.flush()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+
+
+def seconds_left(deadline: float) -> float:
+    return deadline - time.time()
+
+
+def shards_dir(out: Path, seq: int) -> Path:
+    return out / "data" / f"shards_{seq}"
+
+
+def run_name(model: str, seq: int, precision: str) -> str:
+    return f"{model}-{seq}-{precision}"
