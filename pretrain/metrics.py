@@ -17,19 +17,25 @@ import torch
 from data_prep.layout import write_text_atomic
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
-_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A10G": 125.0, "L40S": 362.0,
-                "L4": 121.0, "V100": 125.0, "T4": 65.0, "A6000": 155.0, "4090": 165.0}
+# The first key found in the name wins: specific variants come before their family's name.
+_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "H100": 989.0,
+                "A100": 312.0, "A10G": 125.0, "L40S": 362.0, "L40": 181.0, "L4": 121.0,
+                "V100": 125.0, "T4": 65.0, "A6000": 155.0, "4090": 165.0}
+
+
+def peak_tflops_for(device_name: str, precision: str) -> float | None:
+    """Dense bf16/fp16 peak of the device called ``device_name``, or None when unknown or fp32."""
+    for key, peak in _PEAK_TFLOPS.items():
+        if key in device_name:
+            return peak if precision in ("bf16", "fp16") else None  # fp32 peaks vary (TF32)
+    return None
 
 
 def device_peak_tflops(precision: str) -> float | None:
     """Peak dense TFLOPs of this device at ``precision``, or None when unknown (CPUs)."""
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    for key, peak in _PEAK_TFLOPS.items():
-        if key in name:
-            return peak if precision in ("bf16", "fp16") else None  # fp32 peaks vary (TF32)
-    return None
+    return peak_tflops_for(torch.cuda.get_device_name(), precision)
 
 
 def memory_stats() -> dict[str, float]:

@@ -203,3 +203,15 @@ def test_help_prints_each_default_once():
     assert "(default: 100)" in text
     assert not re.search(r"\(default: [^()]*\) \(default:", text)  # argparse's and ours
     assert "--data DATA_DIR shard folder" in text and "--model MODEL_PRESET model preset" in text
+
+
+def test_mfu_peak_matches_the_exact_card():
+    from pretrain.metrics import peak_tflops_for
+
+    assert peak_tflops_for("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert peak_tflops_for("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops_for("NVIDIA H100 NVL", "fp16") == 835.0
+    assert peak_tflops_for("NVIDIA H200", "bf16") == 989.0
+    assert peak_tflops_for("NVIDIA L40", "bf16") == 181.0 and peak_tflops_for("NVIDIA L4", "bf16") == 121.0
+    assert peak_tflops_for("NVIDIA L40S", "bf16") == 362.0
+    assert peak_tflops_for("NVIDIA A100-SXM4-80GB", "fp32") is None
