@@ -29,7 +29,9 @@ class RunConfig:
 
     ds_config: str = "ds_configs/cpu.json"  # DeepSpeed JSON config (ZeRO stage, precision,
     # optimizer)
-    data_dir: str = ""  # shard folder written by `python -m data_prep build`
+    data_sources: list[str] = field(default_factory=list)  # shard folder written by `python -m
+    # data_prep build`, or a weighted mixture: name=DIR:weight[:mask_prob] per source (see
+    # pretrain.mixture)
     model_preset: str = "tiny"  # model preset name (see pretrain.model.PRESETS)
     output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/,
     # tensorboard/
@@ -129,7 +131,7 @@ def _foreign_concerns() -> dict[str, type]:
 
 # Flags spelled otherwise than their field: the launcher habit of dashes, and the short --data /
 # --model for the fields that name a folder and a preset.
-_ALIASES = {"dry_run": ["--dry-run", "--dry_run"], "data_dir": ["--data"],
+_ALIASES = {"dry_run": ["--dry-run", "--dry_run"], "data_sources": ["--data"],
             "model_preset": ["--model"]}
 _SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
 
@@ -213,10 +215,14 @@ def build_parser(groups: dict[str, type], prog: str = "pretrain/main.py",
                                   typing.get_type_hints(cls)[f.name])
             dest = names[(g, f.name)]
             flags = _ALIASES.get(dest, [f"--{dest}"])
-            default = f.default if f.default is not dataclasses.MISSING else None
-            h = f"{helps.get(f.name, '')} " + ("(required)" if default == "" else
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            h = f"{helps.get(f.name, '')} " + ("(required)" if default in ("", []) else
                                                  f"(default: {default})")
-            if tp is bool:
+            if typing.get_origin(tp) is list:  # one or more values after the flag
+                grp.add_argument(*flags, dest=dest, nargs="+", type=typing.get_args(tp)[0],
+                                 default=None, help=h, metavar=flags[0].lstrip("-").upper())
+            elif tp is bool:
                 grp.add_argument(*flags, dest=dest, nargs="?", const=True, default=None,
                                  type=_str2bool, help=h)
             elif tp in (int, float, str):
@@ -331,12 +337,19 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
-    if not cfg.run.data_dir:
+    from pretrain.mixture import MixtureError, parse_mixture
+
+    if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")
-    if not Path(cfg.run.data_dir, "manifest.json").is_file():
-        parser.error(f"--data {cfg.run.data_dir}: no manifest.json there (missing folder or an "
-                     "incomplete build); run `python -m data_prep build --output "
-                     f"{cfg.run.data_dir} ...` first")
+    try:
+        sources = parse_mixture(cfg.run.data_sources)
+    except MixtureError as e:
+        parser.error(str(e))
+    for s in sources:
+        if not Path(s.path, "manifest.json").is_file():
+            parser.error(f"--data {s.path}: no manifest.json there (missing folder or an "
+                         "incomplete build); run `python -m data_prep build --output "
+                         f"{s.path} ...` first")
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     if cfg.run.init_from and not os.path.exists(cfg.run.init_from):

@@ -35,7 +35,7 @@ def shards_summary(reader) -> dict[str, Any]:
     }
 
 
-def run_dry_run(data_dir: str, model_cfg: ModelConfig, masking_cfg: MaskingConfig,
+def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: MaskingConfig,
                 data_cfg: DataConfig, num_batches: int = 8, as_json: bool = False, *,
                 micro_batch_size: int = 32, extra_config: dict | None = None,
                 stream=None) -> dict[str, Any]:
@@ -44,10 +44,10 @@ def run_dry_run(data_dir: str, model_cfg: ModelConfig, masking_cfg: MaskingConfi
     extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
     """
-    from data_prep.reader import ShardReader
+    from pretrain.mixture import open_training, parse_mixture
 
     stream = stream or sys.stdout
-    reader = ShardReader(data_dir, split="train", verify=data_cfg.verify)
+    reader = open_training(parse_mixture(data), verify=data_cfg.verify)
     resolved = resolve_config(model_cfg, reader.vocab_size)
     model = build_model(resolved, reader.vocab_size, nsp=reader.format == "nsp",
                         max_seq_len=reader.max_seq_len)
@@ -129,12 +129,12 @@ def main(cfg) -> int:
     extra = {k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")}
     try:
         if cfg.run.init_from:  # report the checkpoint's architecture, as the run will build it
-            from data_prep.reader import ShardReader
             from pretrain.init_from import init_architecture
+            from pretrain.mixture import open_training, parse_mixture
 
-            seq_len = ShardReader(cfg.run.data_dir, "train", verify="none").max_seq_len
+            seq_len = open_training(parse_mixture(cfg.run.data_sources), "none").max_seq_len
             cfg.model_cfg = init_architecture(cfg, seq_len)
-        run_dry_run(cfg.run.data_dir, cfg.model_cfg, cfg.masking, cfg.data_cfg,
+        run_dry_run(cfg.run.data_sources, cfg.model_cfg, cfg.masking, cfg.data_cfg,
                     as_json=cfg.run.json, micro_batch_size=cfg.batch.micro_batch_size or 32,
                     extra_config=extra)
     except (ShardError, ValueError) as e:  # CheckpointError (--init_from) is a ValueError

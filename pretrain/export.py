@@ -28,10 +28,13 @@ def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
 
 
 def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
+    from pretrain.mixture import parse_mixture
+
     if (run / "tokenizer").is_dir():
         return run / "tokenizer"
     run_cfg = state.get("config", {}).get("run", {})
-    data = run_cfg.get("data_dir") or run_cfg.get("data")  # "data" before the field was renamed
+    sources = run_cfg.get("data_sources") or [run_cfg.get("data")]  # "data": before mixtures
+    data = parse_mixture(sources)[0].path if sources[0] else None  # all share one tokenizer
     if data and Path(data, "tokenizer").is_dir():
         return Path(data, "tokenizer")
     raise CheckpointError(f"no tokenizer found in {run}/tokenizer or the run's --data folder")

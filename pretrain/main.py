@@ -27,16 +27,13 @@ from pretrain.config import TrainConfig, parse_args
 
 
 def open_shards(cfg: TrainConfig):
-    """The training split and the validation split (None when the build has none)."""
-    from data_prep.reader import ShardReader
+    """(training reader, [(source name, validation reader)]) of --data: one shard folder or a
+    weighted mixture (pretrain.mixture); a source without validation data is warned about."""
+    from pretrain.mixture import open_training, parse_mixture, validation_readers
 
+    sources = parse_mixture(cfg.run.data_sources)
     verify = cfg.data_cfg.verify
-    train = ShardReader(cfg.run.data_dir, split="train", verify=verify)
-    try:
-        val = ShardReader(cfg.run.data_dir, split="validation", verify=verify)
-    except ValueError:  # a build without a validation split: validation is skipped
-        val = None
-    return train, val
+    return open_training(sources, verify=verify), validation_readers(sources, verify=verify)
 
 
 def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict, *,
@@ -61,6 +58,25 @@ def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict, *
         deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
     model.set_activation_checkpointing(checkpointing)
     return model, report
+
+
+def describe_data(reader) -> list[dict]:
+    """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
+    if hasattr(reader, "describe"):
+        return reader.describe()
+    return [{"name": Path(reader.root).name, "path": str(reader.root), "weight": 1.0,
+             "mask_prob": None, "sequences": len(reader)}]
+
+
+def warn_if_data_changed(point, reader, main_rank: bool) -> None:
+    """The data position is one number of consumed samples: under other sources or weights it
+    points into another stream. Say so (the run goes on: changing a mixture is allowed)."""
+    keys = ("name", "path", "weight", "mask_prob")
+    saved = [{k: s.get(k) for k in keys} for s in point.state.get("data_mixture") or []]
+    now = [{k: s.get(k) for k in keys} for s in describe_data(reader)]
+    if main_rank and saved and saved != now:
+        print(f"[pretrain] WARNING: --data differs from the checkpoint's ({saved} -> {now}); the "
+              "resumed run continues at the same sample count of the new stream", flush=True)
 
 
 def build_engine(cfg: TrainConfig, model, ds_config: dict):
@@ -140,7 +156,7 @@ def train(cfg: TrainConfig) -> int:
     launched = time.monotonic()  # a time budget counts start-up too
     # Everything that can fail on the user's input fails here, before any rendezvous.
     world_env, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
-    train_reader, val_reader = open_shards(cfg)
+    train_reader, val_readers = open_shards(cfg)
     if cfg.run.init_from:  # the architecture is the checkpoint's
         cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
@@ -163,6 +179,7 @@ def train(cfg: TrainConfig) -> int:
     start_step, consumed = 0, 0
     if point is not None:
         start_step, consumed = ckpts.restore(engine, point, schedule=schedule, seed=cfg.run.seed)
+        warn_if_data_changed(point, train_reader, main_rank)
     elif main_rank and cfg.run.resume == "auto":
         print(f"[pretrain] no complete checkpoint in {cfg.run.output_dir}: starting fresh",
               flush=True)
@@ -180,8 +197,9 @@ def train(cfg: TrainConfig) -> int:
     metrics = open_metrics(cfg, rank, world, start_step, model, train_reader, setup, engine)
     base_state = {"config": cfg.to_dict(), "vocab_size": train_reader.vocab_size,
                   "tokenizer_fingerprint": fingerprint, "precision": setup.precision,
-                  "nsp": train_reader.format == "nsp", "init_from": init_report}
-    trainer = Trainer(cfg, engine, setup.batch, loader, val_reader, device, metrics, ckpts,
+                  "nsp": train_reader.format == "nsp", "init_from": init_report,
+                  "data_mixture": describe_data(train_reader)}
+    trainer = Trainer(cfg, engine, setup.batch, loader, val_readers, device, metrics, ckpts,
                       base_state=base_state, rank=rank, world=world, budget=budget,
                       lr_clock=lr_clock)
     try:
@@ -207,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.batching import BatchSizeError
     from pretrain.checkpoint import CheckpointError
     from pretrain.ds_config import ConfigError
+    from pretrain.mixture import MixtureError
     from pretrain.optim import OptimizerConfigError
     from pretrain.precision import PrecisionError
 
@@ -218,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         _shutdown()
         return status
     except (ConfigError, BatchSizeError, PrecisionError, OptimizerConfigError, CheckpointError,
-            ShardError) as e:
+            ShardError, MixtureError) as e:
         print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
         return 2
 

@@ -130,15 +130,20 @@ class MetricsWriter:
         return record
 
     def eval(self, record: dict[str, Any], global_samples: int) -> None:
-        """Write a validation record (``"split": "validation"``) to metrics.jsonl and TensorBoard."""
+        """Write a validation record (``"split": "validation"``, with ``"source"`` for one source
+        of a mixture) to metrics.jsonl and TensorBoard (``Validation/[source/]loss`` ...)."""
         if self.rank != 0:
             return
         self._file.write(json.dumps(_finite(record)) + "\n")
         self._file.flush()
-        self.print(f"validation step {record['step']}: loss {record['val_loss']:.4f} "
-                   f"accuracy {record['val_accuracy']:.4f} perplexity {record['val_perplexity']:.2f}")
+        source = record.get("source")
+        where = f" [{source}]" if source else ""
+        self.print(f"validation step {record['step']}{where}: loss {record['val_loss']:.4f} "
+                   f"accuracy {record['val_accuracy']:.4f} "
+                   f"perplexity {record['val_perplexity']:.2f}")
         if self.monitor is not None and getattr(self.monitor, "enabled", False):
-            self.monitor.write_events([(f"Validation/{k.removeprefix('val_')}", float(v),
+            prefix = f"Validation/{source}" if source else "Validation"
+            self.monitor.write_events([(f"{prefix}/{k.removeprefix('val_')}", float(v),
                                         global_samples) for k, v in record.items()
                                        if k.startswith("val_") and math.isfinite(float(v))])
 

@@ -69,6 +69,14 @@ def loss_record(sums: dict[str, float], n_masked: float, world: int) -> dict[str
     return rec
 
 
+def validation_record(step: int, loss_sum: float, correct: float, masked: float) -> dict:
+    """A ``split: "validation"`` record from summed token loss, correct and masked counts."""
+    loss = loss_sum / max(masked, 1.0)
+    return {"step": step, "split": "validation", "val_loss": loss,
+            "val_accuracy": correct / max(masked, 1.0),
+            "val_perplexity": math.exp(min(loss, 50.0)), "val_masked_tokens": masked}
+
+
 def _iterate(loader):
     """``iter(loader)`` without touching the global RNG (DataLoader draws a base seed from it,
     which would shift dropout after a resume relative to the uninterrupted run)."""
@@ -79,15 +87,18 @@ def _iterate(loader):
 class Trainer:
     """The optimizer-step loop with validation, metrics, checkpoints and preemption."""
 
-    def __init__(self, cfg: TrainConfig, engine, plan, loader, val_reader, device: torch.device,
+    def __init__(self, cfg: TrainConfig, engine, plan, loader, val_readers: list,
+                 device: torch.device,
                  metrics: MetricsWriter, ckpts: CheckpointManager, *, base_state: dict[str, Any],
                  rank: int, world: int, budget: TimeBudget | None = None,
                  lr_clock: TimeClockLR | None = None):
         self.cfg, self.engine, self.plan, self.device = cfg, engine, plan, device
-        self.loader, self.val_reader = loader, val_reader
+        self.loader, self.val_readers = loader, val_readers  # [(source name, reader)]
         self.metrics, self.ckpts, self.base_state = metrics, ckpts, base_state
         self.rank, self.world = rank, world
         self.budget = budget or TimeBudget(cfg.run.max_time_hours)
+        sources = getattr(loader.dataset.reader, "sources", None)  # a mixture's, in id order
+        self.source_names = [src.name for src in sources] if sources else []
         self.lr_clock = lr_clock
 
     def run(self, step: int, consumed: int) -> int:
@@ -141,9 +152,14 @@ class Trainer:
         micro = [next(batches) for _ in range(accum)]  # the whole window, to count its masked tokens
         timer.waited(time.perf_counter() - t0)
         masking = [s for mb in micro if (s := mb.pop("masking_stats", None))]
-        n_masked, n_tokens = sum_across_ranks(
+        sources = [src for mb in micro if (src := mb.pop("source", None)) is not None]
+        n_src = len(self.source_names)
+        per_source = torch.bincount(torch.cat(sources), minlength=n_src).tolist() if sources \
+            else []
+        n_masked, n_tokens, *per_source = sum_across_ranks(
             [float(sum(int((mb["labels"] != IGNORE_INDEX).sum()) for mb in micro)),
-             float(sum(int(mb["attention_mask"].sum()) for mb in micro))], self.device)
+             float(sum(int(mb["attention_mask"].sum()) for mb in micro)), *per_source],
+            self.device)
         # Each masked token of the global batch weighs 1/n_masked. DeepSpeed divides by the
         # accumulation steps (backward) and the world size (gradient averaging): undo both.
         scale = float(accum * self.world)
@@ -166,15 +182,32 @@ class Trainer:
         rec = {"step": eng.global_steps, **loss_record(dict(zip(STEP_SUMS, stacked.tolist())),
                                                        n_masked, self.world),
                "tokens": n_tokens, "masked": n_masked, "samples": self.plan.global_batch}
+        if per_source:  # the realised share of each source of a mixture in this step
+            total = max(sum(per_source), 1.0)
+            rec.update({f"share_{name}": n / total for name, n in zip(self.source_names,
+                                                                       per_source)})
         if masking:  # realised masking of this rank's micro-batches, fractions from the counts
             rec.update({f"mask_{k}": v for k, v in merge_stats(masking).items()})
         return rec
 
-    def evaluate(self, step: int) -> dict | None:
-        """MLM loss, accuracy and perplexity on the validation split (all ranks take part)."""
-        if self.val_reader is None or len(self.val_reader) == 0:
-            return None
-        loader = build_loader(self.val_reader, self.cfg.data_cfg, self.cfg.masking, rank=self.rank,
+    def evaluate(self, step: int) -> list[dict]:
+        """MLM loss, accuracy and perplexity on each source's validation split (all ranks take
+        part); with several sources, per-source records plus the overall one (no "source")."""
+        sums = {name: self._validation_sums(reader) for name, reader in self.val_readers}
+        records = []
+        if len(sums) > 1:
+            records = [{"source": name, **validation_record(step, *s)} for name, s in sums.items()]
+        if sums:
+            overall = [sum(s[k] for s in sums.values()) for k in range(3)]
+            records.append(validation_record(step, *overall))
+        for rec in records:
+            self.metrics.eval(rec, self.engine.global_samples)
+        return records
+
+    def _validation_sums(self, reader) -> tuple[float, float, float]:
+        """(summed token loss, correct, masked) over the first eval_batches of ``reader``,
+        all ranks together (the masks are the same at every evaluation)."""
+        loader = build_loader(reader, self.cfg.data_cfg, self.cfg.masking, rank=self.rank,
                               world_size=self.world, micro_batch_size=self.plan.micro_batch,
                               consumed_samples=0, train=False)
         batches = _iterate(loader)
@@ -187,18 +220,13 @@ class Trainer:
                 if sum_across_ranks([0.0 if mb is not None else 1.0], self.device)[0] > 0:
                     break
                 mb.pop("masking_stats", None)
+                mb.pop("source", None)
                 out = self.engine(**self._to_device(mb), mlm_normalizer=1.0)  # normaliser 1: sums
                 loss_sum += float(out["mlm_loss"])
                 correct += float(out["num_correct"])
                 masked += float(out["num_masked"])
         self.engine.train()
-        loss_sum, correct, masked = sum_across_ranks([loss_sum, correct, masked], self.device)
-        loss = loss_sum / max(masked, 1.0)
-        rec = {"step": step, "split": "validation", "val_loss": loss,
-               "val_accuracy": correct / max(masked, 1.0),
-               "val_perplexity": math.exp(min(loss, 50.0)), "val_masked_tokens": masked}
-        self.metrics.eval(rec, self.engine.global_samples)
-        return rec
+        return tuple(sum_across_ranks([loss_sum, correct, masked], self.device))
 
     def save(self, step: int, consumed: int, reason: str) -> None:
         """A checkpoint after ``step`` (all ranks), with the data position and the run's state."""

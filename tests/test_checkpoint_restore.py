@@ -34,7 +34,7 @@ def _engine(cfg, seed: int, *, load_universal: bool = False):
     from pretrain.main import build_engine, build_model
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
-    reader = ShardReader(cfg.run.data_dir, "train")
+    reader = ShardReader(cfg.run.data_sources[0], "train")
     model, _ = build_model(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)),
                            reader, "none", setup.config)
     engine, schedule = build_engine(cfg, model, setup.config)
@@ -55,7 +55,7 @@ def _train_two_steps(cfg):
     ckpts = CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
     state = {"config": cfg.to_dict(), "vocab_size": reader.vocab_size, "nsp": False,
              "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"]}
-    trainer = Trainer(cfg, engine, setup.batch, loader, None, torch.device("cpu"), metrics, ckpts,
+    trainer = Trainer(cfg, engine, setup.batch, loader, [], torch.device("cpu"), metrics, ckpts,
                       base_state=state, rank=0, world=1)
     assert trainer.run(0, 0) == 0
     metrics.close()

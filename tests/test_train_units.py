@@ -202,7 +202,8 @@ def test_help_prints_each_default_once():
     assert "--max_steps MAX_STEPS optimizer steps to train" in text
     assert "(default: 100)" in text
     assert not re.search(r"\(default: [^()]*\) \(default:", text)  # argparse's and ours
-    assert "--data DATA_DIR shard folder" in text and "--model MODEL_PRESET model preset" in text
+    assert "--data DATA [DATA ...] shard folder" in text
+    assert "--model MODEL_PRESET model preset" in text
 
 
 def test_mfu_peak_matches_the_exact_card():

@@ -42,6 +42,7 @@ from pretrain.doctor.checks import (
 )
 from pretrain.doctor.memory_estimate import model_shape
 from pretrain.ds_config import activation_checkpointing_mode
+from pretrain.mixture import MixtureError, parse_mixture
 
 # Variables the DeepSpeed launcher forwards to remote ranks (runner.py EXPORT_ENVS + NCCL).
 EXPORT_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
@@ -208,8 +209,9 @@ def probe_rows(cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int]
                ) -> tuple[dict[str, dict], list[Row]]:
     """Run the probe on every host at once; (answers by host, ssh/probe rows)."""
     exports = remote_exports(dict(os.environ), cwd)
+    folders = [str(s.path) for s in parse_mixture(cfg.run.data_sources)]
     command = probe_command(opts.python, cwd, exports,
-                            {"data": cfg.run.data_dir, "output_dir": cfg.run.output_dir})
+                            {"data": folders, "output_dir": cfg.run.output_dir})
     ssh_args = shlex.split(opts.ssh_args)
 
     def probe(host: str) -> tuple[dict | None, str]:
@@ -253,6 +255,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     """All checks for the launch ``cfg`` (the trainer's flags) on the hosts of ``opts``; never
     raises for a finding (each becomes a row)."""
     cwd = Path(opts.workdir).absolute()
+    sources = parse_mixture(cfg.run.data_sources)
     try:
         ds = json.loads(Path(cfg.run.ds_config).read_text())
     except (OSError, ValueError) as e:
@@ -266,14 +269,16 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     if probes:
         rows += version_rows(probes)
         rows += device_rows(probes, hosts, ds)
-        local_manifest = Path(cfg.run.data_dir) / "manifest.json"
-        local_sha = doctor_probe._sha256(local_manifest) if local_manifest.is_file() else None
-        rows += data_rows(probes, cfg.run.data_dir, local_sha)
+        for folder in (str(s.path) for s in sources):  # every source of a mixture
+            local_manifest = Path(folder) / "manifest.json"
+            local_sha = doctor_probe._sha256(local_manifest) if local_manifest.is_file() else None
+            views = {h: {**pr, "data": pr["data_sources"][folder]} for h, pr in probes.items()}
+            rows += data_rows(views, folder, local_sha)
     plan, found = batch_rows(cfg, ds, sum(hosts.values()))
     rows += found
     if probes:
         checkpointing = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
-        shape = model_shape(cfg.run.model_preset, Path(cfg.run.data_dir), opts.seq_len,
+        shape = model_shape(cfg.run.model_preset, sources[0].path, opts.seq_len,
                             checkpointing != "none")
         # Without a valid plan, estimate with the micro batch the user asked for.
         micro = plan.micro_batch if plan else (
@@ -309,9 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     parser, names = build_parser()
     opts = parser.parse_args(argv)
     cfg = config_from_args(opts, names, parser)
-    if not cfg.run.data_dir:
+    if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder the launch will train on")
-    rows = run_checks(cfg, opts)
+    try:
+        rows = run_checks(cfg, opts)
+    except MixtureError as e:
+        parser.error(str(e))
     failed = [r for r in rows if r.status == FAIL]
     if cfg.run.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))

@@ -2,7 +2,8 @@
 
 Standard library only (plus torch, imported last and guarded), so it runs on a node even when the
 project or a package is missing there: that is exactly what the doctor wants to report. Prints one
-line `DOCTOR_PROBE {json}`. Arguments (JSON): data (the shard folder), output_dir (run folder).
+line `DOCTOR_PROBE {json}`. Arguments (JSON): data (the shard folder, or a list of them),
+output_dir (run folder).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def disk_free(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def probe(data: str, output_dir: str) -> dict:
+def probe(data: str | list[str], output_dir: str) -> dict:
     """Everything the doctor compares across nodes, as plain JSON-able values."""
     out: dict = {
         "hostname": socket.gethostname(),
@@ -85,7 +86,9 @@ def probe(data: str, output_dir: str) -> dict:
         except metadata.PackageNotFoundError:
             out[pkg] = None
     out["code"] = code_hash(Path.cwd())
-    out["data"] = data_state(Path(data))
+    folders = [data] if isinstance(data, str) else list(data)  # a mixture has several
+    out["data_sources"] = {d: data_state(Path(d)) for d in folders}
+    out["data"] = out["data_sources"][folders[0]]
     out["disk_free"] = disk_free(Path(output_dir))
     out["gpus"], out["gpu_bytes"], out["gpu_name"] = 0, None, None
     try:

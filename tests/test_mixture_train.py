@@ -1,0 +1,66 @@
+"""A weighted mixture through the trainer: per-source validation records next to the overall
+one, the realised share of each source in every step, and incompatible sources refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from pretrain.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def zh_with_english_tokenizer(tmp_path_factory, chinese_corpus, english_shards) -> Path:
+    """A second build sharing the English build's tokenizer (so the two can be mixed)."""
+    out = tmp_path_factory.mktemp("zh_en_tok") / "shards"
+    run_cli("-m", "data_prep", "build", "--input", str(chinese_corpus), "--output", str(out),
+            "--one_doc_per_line", "--tokenizer", str(english_shards / "tokenizer"),
+            "--max_seq_len", "128", "--validation_fraction", "0.05", "--workers", "1")
+    return out
+
+
+def _train(run: Path, *args: str, check: bool = True):
+    return run_cli(str(REPO / "pretrain" / "main.py"), "--ds_config",
+                   str(REPO / "ds_configs" / "cpu.json"), "--output_dir", str(run), "--model",
+                   "tiny", "--global_batch_size", "10", "--micro_batch_size", "10",
+                   "--eval_batches", "2", "--num_workers", "0", "--progress", "false", *args,
+                   check=check)
+
+
+def test_mixture_trains_with_per_source_validation_and_shares(english_shards,
+                                                              zh_with_english_tokenizer, tmp_path):
+    run = tmp_path / "run"
+    _train(run, "--data", f"en={english_shards}:0.7", f"zh={zh_with_english_tokenizer}:0.3:0.25",
+           "--max_steps", "4", "--eval_interval", "2")
+    train = read_metrics(run / "metrics.jsonl")
+    assert len(train) == 4
+    shares = [r["share_en"] for r in train]
+    assert all(abs(s - 0.7) <= 0.1 for s in shares)  # 7 of every 10 samples, spread evenly
+    assert all(r["share_en"] + r["share_zh"] == pytest.approx(1.0) for r in train)
+    val = read_metrics(run / "metrics.jsonl", "validation")
+    by_step = {}
+    for r in val:
+        by_step.setdefault(r["step"], []).append(r.get("source", "overall"))
+    assert by_step == {2: ["en", "zh", "overall"], 4: ["en", "zh", "overall"]}
+    per = {(r["step"], r.get("source")): r for r in val}
+    overall, en, zh = per[(4, None)], per[(4, "en")], per[(4, "zh")]
+    assert overall["val_masked_tokens"] == en["val_masked_tokens"] + zh["val_masked_tokens"]
+    mixed = (en["val_loss"] * en["val_masked_tokens"] + zh["val_loss"] * zh["val_masked_tokens"])
+    assert overall["val_loss"] == pytest.approx(mixed / overall["val_masked_tokens"])
+    state = json.loads(next((run / "checkpoints").glob("step_*/trainer_state.json")).read_text())
+    assert [s["name"] for s in state["data_mixture"]] == ["en", "zh"]
+    assert state["data_mixture"][1]["mask_prob"] == 0.25
+
+
+def test_mixture_of_other_tokenizers_is_refused(english_shards, chinese_shards, tmp_path):
+    proc = _train(tmp_path / "run", "--data", f"en={english_shards}:0.5",
+                  f"zh={chinese_shards}:0.5", "--max_steps", "1", check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tokenizer fingerprint differs" in proc.stderr and str(chinese_shards) in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
