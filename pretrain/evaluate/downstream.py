@@ -1,0 +1,95 @@
+"""Downstream evaluation during pretraining: one seed, one learning rate, capped examples.
+
+The trainer calls, on rank 0 after a checkpoint of every Nth step::
+
+    from pretrain.evaluate.downstream import load_downstream_tasks, evaluate_state_dict
+    tasks = load_downstream_tasks("TASKS.json", max_examples=2000)       # once, at start-up
+    records = evaluate_state_dict(model.hf_state_dict(unpad_vocab=True),
+                                  model.hf_config(unpad_vocab=True), tokenizer_dir, tasks,
+                                  seed=0)
+    for rec in records: metrics_writer.write({"step": step, **rec})
+
+Each record is ``{"split": "downstream", "task", "metric", "value", "lr", "seed", "train",
+"test", "seconds"}``: every metric of the task's test split after fine-tuning a copy of the
+weights with the first learning rate of the task's grid. The weights passed in are copied and never
+modified; the global torch/numpy/python RNG states are restored afterwards, so calling this does
+not change the training that follows.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.evaluate.finetune import encode, recipe_for, run_once
+from pretrain.evaluate.models import ModelSource
+from pretrain.evaluate.runner import default_device
+from pretrain.evaluate.tasks import TaskData, load_task, load_task_file
+
+
+def load_downstream_tasks(path: str | Path, max_examples: int | None = 2000) -> list[TaskData]:
+    """Read and check a tasks file once; each task capped at ``max_examples`` train and test."""
+    specs = load_task_file(path)
+    for spec in specs:
+        if max_examples is not None:
+            spec.max_train_examples = min(spec.max_train_examples or max_examples, max_examples)
+            spec.max_test_examples = min(spec.max_test_examples or max_examples, max_examples)
+    return [load_task(spec) for spec in specs]
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore python, numpy, torch (and CUDA) RNG states on exit."""
+    import numpy as np
+
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def evaluate_state_dict(
+    hf_state_dict: dict[str, Any],
+    hf_config,
+    tokenizer_dir: str | Path,
+    tasks: list[TaskData],
+    seed: int = 0,
+    device: torch.device | None = None,
+) -> list[dict[str, Any]]:
+    """Fine-tune a copy of the weights on each task once and return ``split: downstream`` records."""
+    device = device or default_device()
+    cpu_sd = {k: v.detach().to("cpu", copy=True).float() for k, v in hf_state_dict.items()}
+    source = ModelSource.from_state_dict(cpu_sd, hf_config, tokenizer_dir)
+    records = []
+    with preserved_rng():
+        for data in tasks:
+            recipe = recipe_for(data)
+            lr = recipe.lrs[0]
+            encoded = encode(source.tokenizer, data, recipe.max_length)
+            res = run_once(source, data, encoded, recipe, lr, seed, device)
+            for metric, value in sorted(res["test"].items()):
+                records.append(
+                    {
+                        "split": "downstream",
+                        "task": data.spec.name,
+                        "metric": metric,
+                        "value": value,
+                        "lr": lr,
+                        "seed": seed,
+                        "train": len(data.train),
+                        "test": len(data.test),
+                        "seconds": res["seconds"],
+                    }
+                )
+    return records
