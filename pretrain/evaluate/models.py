@@ -156,6 +156,7 @@ class ModelSource:
         config = transformers.AutoConfig.from_pretrained(str(path))
         # the MLM head's weights are unused here on purpose: keep transformers' load report quiet
         transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
         # the bare encoder; weights the folder lacks (e.g. the pooler of an MLM-only model) were
         # initialised at random here and are dropped, so the task model initialises them by seed
         model, info = transformers.AutoModel.from_pretrained(str(path), output_loading_info=True)

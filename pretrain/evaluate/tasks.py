@@ -49,7 +49,7 @@ class TaskSpec:
     max_length: int | None = None  # tokens per example; None: the recipe's default
     test_fraction: float = 0.2  # share of `train` held out when `test` is not given
     dev_fraction: float = 0.1  # share of the training part used to pick the learning rate
-    max_train_examples: int | None = None  # cap (first N after the split, in file order)
+    max_train_examples: int | None = None  # cap: a deterministic sample of N after the split
     max_test_examples: int | None = None
     recipe: dict[str, Any] = field(default_factory=dict)  # overrides of the recipe's fields
 
@@ -155,6 +155,17 @@ def _split(examples: list[Any], fraction: float, salt: str) -> tuple[list[Any], 
     for ex in examples:
         (held if _hash_fraction(salt + _key(ex)) < fraction else keep).append(ex)
     return keep, held
+
+
+def _cap(examples: list[Any], n: int) -> list[Any]:
+    """A deterministic sample of ``n`` examples (smallest hashes), in file order: a file sorted by
+    label still gives every label its share."""
+    if len(examples) <= n:
+        return examples
+    keep = set(
+        sorted(range(len(examples)), key=lambda i: _hash_fraction("cap:" + _key(examples[i])))[:n]
+    )
+    return [ex for i, ex in enumerate(examples) if i in keep]
 
 
 def _read_jsonl(path: Path, spec: TaskSpec) -> list[dict[str, Any]]:
@@ -313,10 +324,10 @@ def load_task(spec: TaskSpec) -> TaskData:
         train, test = _split(train, spec.test_fraction, "test:")
     train, dev = _split(train, spec.dev_fraction, "dev:")
     if spec.max_train_examples is not None:
-        train = train[: spec.max_train_examples]
-        dev = dev[: max(1, spec.max_train_examples // 4)]
+        train = _cap(train, spec.max_train_examples)
+        dev = _cap(dev, max(1, spec.max_train_examples // 4))
     if spec.max_test_examples is not None:
-        test = test[: spec.max_test_examples]
+        test = _cap(test, spec.max_test_examples)
     # a made split must not fail on a rare label that landed only in dev or test: such examples
     # go to train (a given test file with a label unknown to train is an error, below)
     train, dev = _move_unseen(train, dev)
