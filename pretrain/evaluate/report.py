@@ -41,10 +41,8 @@ def markdown_table(results: dict[str, Any]) -> str:
     for model in results["models"]:
         cells = [model["label"]]
         for task, metric in columns:
-            hit = [
-                r for r in results["results"] if r["model"] == model["label"] and r["task"] == task
-            ]
-            cells.append(_cell(hit[0]["test"][metric]) if hit and metric in hit[0]["test"] else "-")
+            hit = _result(results, model["label"], task)
+            cells.append(_cell(hit["test"][metric]) if hit and metric in hit["test"] else "-")
         lines.append("| " + " | ".join(cells) + " |")
     lrs = "; ".join(f"{r['model']}/{r['task']}: {r['lr']:g}" for r in results["results"])
     lines.append("")
@@ -53,6 +51,40 @@ def markdown_table(results: dict[str, Any]) -> str:
         f"with the best median dev score ({lrs})."
     )
     return "\n".join(lines) + "\n"
+
+
+def _result(results: dict[str, Any], model: str, task: str) -> dict[str, Any] | None:
+    hit = [r for r in results["results"] if r["model"] == model and r["task"] == task]
+    return hit[0] if hit else None
+
+
+def _draw_task(ax, results: dict[str, Any], models: list[dict[str, Any]], task: dict) -> None:
+    """One task's median (min-max bars) against step, and each HF folder as a dashed line."""
+    primary = task["primary"]
+    pts = sorted(
+        (m["step"], r["test"][primary])
+        for m in models
+        if (r := _result(results, m["label"], task["name"])) is not None
+    )
+    err = [[st["median"] - st["min"] for _, st in pts], [st["max"] - st["median"] for _, st in pts]]
+    line = ax.errorbar(
+        [s for s, _ in pts],
+        [st["median"] for _, st in pts],
+        yerr=err,
+        fmt="o-",
+        capsize=3,
+        label=f"{task['name']} {primary}",
+    )
+    for base in (m for m in results["models"] if m["run"] is None):
+        hit = _result(results, base["label"], task["name"])
+        if hit is not None:
+            ax.axhline(
+                hit["test"][primary]["median"],
+                linestyle="--",
+                alpha=0.6,
+                color=line[0].get_color(),
+                label=f"{base['label']} {task['name']}",
+            )
 
 
 def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -72,35 +104,7 @@ def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for task in results["tasks"]:
-            pts = sorted(
-                (m["step"], r["test"][task["primary"]])
-                for m in models
-                for r in results["results"]
-                if r["model"] == m["label"] and r["task"] == task["name"]
-            )
-            steps = [s for s, _ in pts]
-            med = [st["median"] for _, st in pts]
-            err = [
-                [st["median"] - st["min"] for _, st in pts],
-                [st["max"] - st["median"] for _, st in pts],
-            ]
-            line = ax.errorbar(
-                steps, med, yerr=err, fmt="o-", capsize=3, label=f"{task['name']} {task['primary']}"
-            )
-            for base in (m for m in results["models"] if m["run"] is None):
-                hit = [
-                    r
-                    for r in results["results"]
-                    if r["model"] == base["label"] and r["task"] == task["name"]
-                ]
-                if hit:
-                    ax.axhline(
-                        hit[0]["test"][task["primary"]]["median"],
-                        linestyle="--",
-                        color=line[0].get_color(),
-                        alpha=0.6,
-                        label=f"{base['label']} {task['name']}",
-                    )
+            _draw_task(ax, results, models, task)
         ax.set_xlabel("pretraining step")
         ax.set_ylabel("test score (median over seeds)")
         ax.set_title(f"downstream scores of {Path(run).name}")
