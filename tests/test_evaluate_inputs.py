@@ -97,3 +97,12 @@ def test_cli_reports_bad_input_with_exit_status_2(tmp_path, capsys):
     )
     assert code == 2
     assert "a.jsonl:2: empty line" in capsys.readouterr().err
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(
+        _rows(("x", "a")).encode() + '{"text": "caf\xe9", "label": "b"}\n'.encode("latin-1")
+    )
+    with pytest.raises(TaskError, match=r"latin1\.jsonl:2: not UTF-8"):
+        load_task(TaskSpec(name="t", type="classification", train=str(path)))

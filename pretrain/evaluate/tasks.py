@@ -170,7 +170,7 @@ def _cap(examples: list[Any], n: int) -> list[Any]:
 
 def _read_jsonl(path: Path, spec: TaskSpec) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 raise TaskError(f"{path}:{n}: empty line; remove it (one JSON object a line)")
@@ -186,7 +186,7 @@ def _read_jsonl(path: Path, spec: TaskSpec) -> list[dict[str, Any]]:
 
 def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict[str, Any]]]:
     rows = []
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None)
         if not header:
@@ -251,7 +251,7 @@ def read_conll(path: str | Path, spec: TaskSpec) -> list[TokenExample]:
     tokens: list[str] = []
     tags: list[str] = []
     width, start = None, 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             cols = line.split()
             if not cols or cols[0] == "-DOCSTART-":
@@ -315,11 +315,33 @@ def _scheme(spec: TaskSpec, labels: list[str]) -> str:
     return "bio" if bio and any(lab != "O" for lab in labels) else "plain"
 
 
+def _not_utf8(path: str | Path) -> TaskError:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return TaskError(
+                    f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the "
+                    "line); convert the file to UTF-8"
+                )
+    return TaskError(f"{path}: not UTF-8; convert the file to UTF-8")
+
+
+def _read(spec: TaskSpec, path: str) -> list[Any]:
+    read = read_conll if spec.type == "token_classification" else read_classification
+    try:
+        return read(path, spec)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+    except OSError as e:
+        raise TaskError(f"task {spec.name!r}: cannot read {path}: {e.strerror}") from e
+
+
 def load_task(spec: TaskSpec) -> TaskData:
     """Read, split, cap and check the task's examples (see the module doc)."""
-    read = read_conll if spec.type == "token_classification" else read_classification
-    train = read(spec.train, spec)
-    test = read(spec.test, spec) if spec.test else None
+    train = _read(spec, spec.train)
+    test = _read(spec, spec.test) if spec.test else None
     if test is None:
         train, test = _split(train, spec.test_fraction, "test:")
     train, dev = _split(train, spec.dev_fraction, "dev:")
