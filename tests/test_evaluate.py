@@ -246,3 +246,21 @@ def test_run_folder_checkpoints_scored_and_plotted(chinese_shards, tiny, tmp_pat
     assert (out / "score_vs_step_run.png").stat().st_size > 1000
     att = attention_maps(f"{run}@2", "宝玉笑道", tmp_path / "att", layers="0", heads="0")
     assert att["num_layers"] == 2 and (tmp_path / "att" / "layer00_head00.png").is_file()
+
+
+def test_plot_draws_downstream_records(tmp_path):
+    from pretrain.plot import main as plot_main
+    from pretrain.plot import plot_downstream
+
+    metrics = tmp_path / "metrics.jsonl"
+    train = [{"step": s, "split": "train", "loss": 5.0 - s / 100} for s in (1, 2, 3)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in train), encoding="utf-8")
+    assert plot_downstream(metrics) == []  # nothing to draw, no file
+    down = [
+        {"step": s, "split": "downstream", "task": "sentiment", "metric": "accuracy", "value": v}
+        for s, v in ((2, 0.6), (3, 0.7))
+    ]
+    with open(metrics, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in down)
+    assert plot_main([str(metrics)]) == 0
+    assert (tmp_path / "plots" / "downstream.png").stat().st_size > 1000
