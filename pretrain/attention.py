@@ -150,7 +150,7 @@ def draw(att: np.ndarray, labels: list[str], font: str | None, title: str, path:
     n = len(labels)
     size = max(4.0, 0.35 * n + 2)
     fig, ax = plt.subplots(figsize=(size + 1, size))
-    im = ax.imshow(att, cmap="viridis", vmin=0.0, vmax=1.0)
+    im = ax.imshow(att, cmap="viridis", vmin=0.0, vmax=float(att.max()))  # per-head contrast
     fontdict = {"family": [font, "DejaVu Sans"]} if font else None  # Latin falls back
     ax.set_xticks(range(n), labels, rotation=90, fontsize=8, fontdict=fontdict)
     ax.set_yticks(range(n), labels, fontsize=8, fontdict=fontdict)
