@@ -79,6 +79,38 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     return written
 
 
+def plot_downstream(metrics_path: str | os.PathLike,
+                    out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """downstream.png: each ``split: "downstream"`` task metric against the step (none: [])."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_path = Path(metrics_path)
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in read_metrics(metrics_path, "downstream"):
+        value = r.get("value")
+        if isinstance(value, (int, float)) and math.isfinite(value) and "step" in r:
+            series.setdefault(f"{r.get('task')} {r.get('metric')}", []).append((r["step"], value))
+    if not series:
+        return []
+    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in sorted(series.items()):
+        points.sort()
+        ax.plot([s for s, _ in points], [v for _, v in points], "o-", label=name, markersize=3)
+    ax.set_title("downstream evaluation (test split, one seed)")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "downstream.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
@@ -86,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     args = p.parse_args(argv)
     try:
-        paths = plot(args.metrics, args.out)
+        paths = plot(args.metrics, args.out) + plot_downstream(args.metrics, args.out)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

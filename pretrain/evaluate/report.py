@@ -1,0 +1,118 @@
+"""The comparison table (markdown), the results file (JSON) and the score-vs-step plot.
+
+Table: one row per model, one column per task and metric, each cell ``median [min, max]`` of the
+test scores over the seeds at the chosen learning rate. Plot: for each run of which more than one
+checkpoint was evaluated, the primary metric of every task against the step (median, with the
+min-max range as error bars), and the HF folders as horizontal reference lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from data_prep.layout import write_bytes_atomic, write_json_atomic
+
+
+def write_results(out_dir: Path, results: dict[str, Any]) -> tuple[Path, Path]:
+    """results.json and results.md in ``out_dir`` (each written atomically)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "results.json", results)
+    write_bytes_atomic(out_dir / "results.md", markdown_table(results).encode("utf-8"))
+    return out_dir / "results.json", out_dir / "results.md"
+
+
+def _cell(stats: dict[str, Any]) -> str:
+    return f"{stats['median']:.3f} [{stats['min']:.3f}, {stats['max']:.3f}]"
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The comparison table of an evaluation's results (see the module doc)."""
+    columns: list[tuple[str, str]] = []
+    for task in results["tasks"]:
+        metrics = sorted(
+            {m for r in results["results"] if r["task"] == task["name"] for m in r["test"]},
+            key=lambda m: (m != task["primary"], m),
+        )
+        columns += [(task["name"], m) for m in metrics]
+    seeds = len(results["seeds"])
+    head = ["model"] + [f"{t} {m}" for t, m in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in results["models"]:
+        cells = [model["label"]]
+        for task, metric in columns:
+            hit = _result(results, model["label"], task)
+            cells.append(_cell(hit["test"][metric]) if hit and metric in hit["test"] else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lrs = "; ".join(f"{r['model']}/{r['task']}: {r['lr']:g}" for r in results["results"])
+    lines.append("")
+    lines.append(
+        f"Test scores: median [min, max] over {seeds} seed(s) at the learning rate "
+        f"with the best median dev score ({lrs})."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _result(results: dict[str, Any], model: str, task: str) -> dict[str, Any] | None:
+    hit = [r for r in results["results"] if r["model"] == model and r["task"] == task]
+    return hit[0] if hit else None
+
+
+def _draw_task(ax, results: dict[str, Any], models: list[dict[str, Any]], task: dict) -> None:
+    """One task's median (min-max bars) against step, and each HF folder as a dashed line."""
+    primary = task["primary"]
+    pts = sorted(
+        (m["step"], r["test"][primary])
+        for m in models
+        if (r := _result(results, m["label"], task["name"])) is not None
+    )
+    err = [[st["median"] - st["min"] for _, st in pts], [st["max"] - st["median"] for _, st in pts]]
+    line = ax.errorbar(
+        [s for s, _ in pts],
+        [st["median"] for _, st in pts],
+        yerr=err,
+        fmt="o-",
+        capsize=3,
+        label=f"{task['name']} {primary}",
+    )
+    for base in (m for m in results["models"] if m["run"] is None):
+        hit = _result(results, base["label"], task["name"])
+        if hit is not None:
+            ax.axhline(
+                hit["test"][primary]["median"],
+                linestyle="--",
+                alpha=0.6,
+                color=line[0].get_color(),
+                label=f"{base['label']} {task['name']}",
+            )
+
+
+def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """One PNG per run with several checkpoints: primary test metric of each task against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for m in results["models"]:
+        if m["run"] is not None:
+            runs.setdefault(m["run"], []).append(m)
+    written = []
+    for run, models in runs.items():
+        if len(models) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for task in results["tasks"]:
+            _draw_task(ax, results, models, task)
+        ax.set_xlabel("pretraining step")
+        ax.set_ylabel("test score (median over seeds)")
+        ax.set_title(f"downstream scores of {Path(run).name}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"score_vs_step_{Path(run).name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,151 @@
+"""Fine-tune every (model, task) pair over the learning-rate grid and K seeds, and aggregate.
+
+For each (model, task): every lr of the grid x every seed is one fine-tuning run scored on dev and
+test. The lr with the best median dev score (primary metric) is chosen; the reported numbers are
+the test scores of that lr over the seeds: median, min, max, standard deviation and each value.
+The test split never takes part in the choice.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
+from pretrain.evaluate.metrics import PRIMARY
+from pretrain.evaluate.models import ModelSource
+from pretrain.evaluate.tasks import TaskData
+
+
+def default_device() -> torch.device:
+    """The GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min, max, population standard deviation and the values."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "std": statistics.pstdev(values),
+        "values": values,
+    }
+
+
+def _choose_lr(runs: list[dict[str, Any]], primary: str) -> float:
+    by_lr: dict[float, list[float]] = {}
+    for r in runs:
+        by_lr.setdefault(r["lr"], []).append(r["dev"][primary])
+    return max(by_lr, key=lambda lr: (statistics.median(by_lr[lr]), -lr))
+
+
+def evaluate_pair(
+    source: ModelSource,
+    data: TaskData,
+    seeds: list[int],
+    overrides: dict[str, Any] | None = None,
+    device: torch.device | None = None,
+    log=None,
+) -> dict[str, Any]:
+    """All runs of one model on one task, and their aggregate (see the module doc)."""
+    device = device or default_device()
+    recipe = recipe_for(data, overrides)
+    start = time.perf_counter()
+    encoded = encode(source.tokenizer, data, recipe.max_length)
+    runs = []
+    for lr in recipe.lrs:
+        for seed in seeds:
+            r = run_once(source, data, encoded, recipe, lr, seed, device)
+            runs.append(r)
+            if log:
+                log(
+                    f"  {data.spec.name}: lr {lr:g} seed {seed}: dev {r['dev']} "
+                    f"test {r['test']} ({r['seconds']:.1f} s)"
+                )
+    primary = PRIMARY[data.scheme]
+    lr = _choose_lr(runs, primary)
+    chosen = [r for r in runs if r["lr"] == lr]
+    metrics = sorted(chosen[0]["test"])
+    return {
+        "task": data.spec.name,
+        "primary": primary,
+        "lr": lr,
+        "dev_median_by_lr": {
+            str(x): statistics.median(r["dev"][primary] for r in runs if r["lr"] == x)
+            for x in recipe.lrs
+        },
+        "test": {m: spread([r["test"][m] for r in chosen]) for m in metrics},
+        "recipe": recipe_dict(recipe),
+        "seeds": seeds,
+        "runs": runs,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def describe_task(data: TaskData) -> dict[str, Any]:
+    """Sizes and labels of a loaded task, for the results file."""
+    spec = data.spec
+    return {
+        "name": spec.name,
+        "type": spec.type,
+        "scheme": data.scheme,
+        "labels": data.labels,
+        "train_file": spec.train,
+        "test_file": spec.test,
+        "train": len(data.train),
+        "dev": len(data.dev),
+        "test": len(data.test),
+        "primary": PRIMARY[data.scheme],
+    }
+
+
+def stderr_log(msg: str) -> None:
+    """Progress lines go to stderr, the table to stdout."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def evaluate_models(
+    model_specs: list[str],
+    tasks: list[TaskData],
+    seeds: list[int],
+    overrides: dict[str, Any] | None = None,
+    device: torch.device | None = None,
+    workdir: str | None = None,
+    log=stderr_log,
+) -> dict[str, Any]:
+    """Evaluate every model (``PATH``, ``RUN@STEP``, ``RUN@all``) on every loaded task."""
+    from pretrain.evaluate.models import materialize, resolve
+
+    refs = [ref for spec in model_specs for ref in resolve(spec)]
+    labels = [r.label for r in refs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two models share a label {labels}: give folders with distinct names")
+    device = device or default_device()
+    results = []
+    for ref in refs:
+        log(f"{ref.label}: {ref.checkpoint or ref.path}")
+        source = ModelSource.from_hf_dir(materialize(ref, workdir))
+        for data in tasks:
+            res = evaluate_pair(source, data, seeds, overrides, device, log)
+            results.append({"model": ref.label, "step": ref.step, **res})
+    return {
+        "models": [
+            {
+                "label": r.label,
+                "path": str(r.path),
+                "step": r.step,
+                "run": r.run,
+                "checkpoint": str(r.checkpoint) if r.checkpoint else None,
+            }
+            for r in refs
+        ],
+        "tasks": [describe_task(d) for d in tasks],
+        "seeds": seeds,
+        "device": str(device),
+        "results": results,
+    }
