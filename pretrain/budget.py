@@ -49,6 +49,14 @@ class TimeClockLR:
     def __init__(self, schedule, peak_lr: float, budget: TimeBudget):
         self.schedule, self.peak_lr, self.budget = schedule, peak_lr, budget
 
+    @classmethod
+    def for_run(cls, optim_cfg, schedule, ds_config: dict, budget: TimeBudget) -> TimeClockLR | None:
+        """The clock of a run with ``--schedule_clock time`` (peak lr from the DeepSpeed
+        optimizer block), else None (the step schedule is DeepSpeed's LR scheduler)."""
+        if schedule is None or optim_cfg.schedule_clock != "time":
+            return None
+        return cls(schedule, float(ds_config["optimizer"]["params"]["lr"]), budget)
+
     def multiplier(self) -> float:
         """The schedule's value at the current elapsed fraction of the budget."""
         return self.schedule(int(self.budget.fraction() * TICKS_PER_BUDGET))

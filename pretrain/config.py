@@ -112,6 +112,13 @@ class LogConfig:
     eval_interval: int = 0  # validate every N steps (0 = only at the end)
     eval_batches: int = 50  # max validation micro-batches per rank per evaluation
     progress: bool = True  # tqdm bar on rank 0
+    downstream_eval: str = ""  # tasks JSON (python -m pretrain.evaluate's format): fine-tune and
+    # score checkpoints in the background on rank 0 (records "split": "downstream")
+    downstream_interval: int = 0  # evaluate the checkpoint of every N-th step (a multiple of
+    # --save_interval)
+    downstream_max_examples: int = 500  # train and test examples per task in those evaluations
+    downstream_device: str = "cpu"  # device of the background evaluations (cpu keeps the GPUs
+    # for training)
 
 
 CONCERNS: dict[str, type] = {"run": RunConfig, "batch": BatchConfig, "optim": OptimConfig,
@@ -324,6 +331,13 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
+    log = cfg.log
+    if bool(log.downstream_eval) != (log.downstream_interval > 0):
+        parser.error("--downstream_eval and --downstream_interval go together")
+    if log.downstream_interval and (cfg.checkpoint.save_interval <= 0 or
+                                    log.downstream_interval % cfg.checkpoint.save_interval):
+        parser.error(f"--downstream_interval {log.downstream_interval} must be a multiple of "
+                     f"--save_interval (now {cfg.checkpoint.save_interval}): it evaluates checkpoints")
     if cfg.run.max_time_hours < 0:
         parser.error(f"--max_time_hours must be >= 0, got {cfg.run.max_time_hours}")
     if cfg.optim.schedule_clock not in ("steps", "time"):
@@ -352,6 +366,8 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
                          f"{s.path} ...` first")
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
+    if cfg.log.downstream_eval and not os.path.isfile(cfg.log.downstream_eval):
+        parser.error(f"--downstream_eval {cfg.log.downstream_eval}: no such tasks file")
     if cfg.run.init_from and not os.path.exists(cfg.run.init_from):
         parser.error(f"--init_from {cfg.run.init_from}: no such folder (a HF BERT folder or a run)")
     r = cfg.run.resume

@@ -60,6 +60,14 @@ def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict, *
     return model, report
 
 
+def run_state(cfg: TrainConfig, reader, setup, init_report: dict | None) -> dict:
+    """What every checkpoint of this run records besides the step and data position."""
+    return {"config": cfg.to_dict(), "vocab_size": reader.vocab_size,
+            "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+            "precision": setup.precision, "nsp": reader.format == "nsp",
+            "init_from": init_report, "data_mixture": describe_data(reader)}
+
+
 def describe_data(reader) -> list[dict]:
     """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
     if hasattr(reader, "describe"):
@@ -151,6 +159,7 @@ def train(cfg: TrainConfig) -> int:
     from pretrain.distributed import init_distributed
     from pretrain.ds_config import resolve_deepspeed_config
     from pretrain.init_from import init_architecture
+    from pretrain.downstream_jobs import DownstreamJobs
     from pretrain.trainer import Trainer
 
     launched = time.monotonic()  # a time budget counts start-up too
@@ -187,21 +196,16 @@ def train(cfg: TrainConfig) -> int:
         write_run_files(cfg, setup, train_reader, world, init_report)
     budget = TimeBudget(cfg.run.max_time_hours, point.state.get("elapsed_s", 0.0) if point else 0.0,
                         start=launched)
-    lr_clock = None
-    if schedule is not None and cfg.optim.schedule_clock == "time":
-        lr_clock = TimeClockLR(schedule, float(setup.config["optimizer"]["params"]["lr"]), budget)
+    lr_clock = TimeClockLR.for_run(cfg.optim, schedule, setup.config, budget)
 
     loader = build_loader(train_reader, cfg.data_cfg, cfg.masking, rank=rank, world_size=world,
                           micro_batch_size=setup.batch.micro_batch, consumed_samples=consumed,
                           train=True)
     metrics = open_metrics(cfg, rank, world, start_step, model, train_reader, setup, engine)
-    base_state = {"config": cfg.to_dict(), "vocab_size": train_reader.vocab_size,
-                  "tokenizer_fingerprint": fingerprint, "precision": setup.precision,
-                  "nsp": train_reader.format == "nsp", "init_from": init_report,
-                  "data_mixture": describe_data(train_reader)}
     trainer = Trainer(cfg, engine, setup.batch, loader, val_readers, device, metrics, ckpts,
-                      base_state=base_state, rank=rank, world=world, budget=budget,
-                      lr_clock=lr_clock)
+                      base_state=run_state(cfg, train_reader, setup, init_report), rank=rank,
+                      world=world, budget=budget, lr_clock=lr_clock,
+                      downstream=DownstreamJobs.for_run(cfg, rank, metrics))
     try:
         return trainer.run(start_step, consumed)
     finally:

@@ -147,6 +147,19 @@ class MetricsWriter:
                                         global_samples) for k, v in record.items()
                                        if k.startswith("val_") and math.isfinite(float(v))])
 
+    def downstream(self, record: dict[str, Any]) -> None:
+        """Write a ``"split": "downstream"`` record (task, metric, value at a checkpoint's step)
+        to metrics.jsonl, the console and TensorBoard (``Downstream/<task>/<metric>``, by step)."""
+        if self.rank != 0:
+            return
+        self._file.write(json.dumps(_finite(record)) + "\n")
+        self._file.flush()
+        self.print(f"downstream step {record['step']}: {record['task']} {record['metric']} "
+                   f"{record['value']:.4f}")
+        if self.monitor is not None and getattr(self.monitor, "enabled", False):
+            self.monitor.write_events([(f"Downstream/{record['task']}/{record['metric']}",
+                                        float(record["value"]), int(record["step"]))])
+
     def print(self, msg: str) -> None:
         """A line on rank 0's console that does not break the progress bar."""
         if self.rank != 0:

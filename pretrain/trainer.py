@@ -22,6 +22,7 @@ from pretrain.checkpoint import CheckpointManager, PreemptionHandler
 from pretrain.config import TrainConfig
 from pretrain.data import build_loader
 from pretrain.distributed import sum_across_ranks
+from pretrain.downstream_jobs import DownstreamJobs
 from pretrain.masking import merge_stats
 from pretrain.metrics import MetricsWriter, StepTimer
 from pretrain.optim import current_lr
@@ -91,7 +92,7 @@ class Trainer:
                  device: torch.device,
                  metrics: MetricsWriter, ckpts: CheckpointManager, *, base_state: dict[str, Any],
                  rank: int, world: int, budget: TimeBudget | None = None,
-                 lr_clock: TimeClockLR | None = None):
+                 lr_clock: TimeClockLR | None = None, downstream: DownstreamJobs | None = None):
         self.cfg, self.engine, self.plan, self.device = cfg, engine, plan, device
         self.loader, self.val_readers = loader, val_readers  # [(source name, reader)]
         self.metrics, self.ckpts, self.base_state = metrics, ckpts, base_state
@@ -100,6 +101,7 @@ class Trainer:
         sources = getattr(loader.dataset.reader, "sources", None)  # a mixture's, in id order
         self.source_names = [src.name for src in sources] if sources else []
         self.lr_clock = lr_clock
+        self.downstream = downstream
 
     def run(self, step: int, consumed: int) -> int:
         """Train from ``step`` to ``max_steps``; returns the exit status."""
@@ -119,6 +121,8 @@ class Trainer:
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
+                if self.downstream:
+                    self.downstream.poll()  # finished background evaluations into the metrics
                 # Validation at an interval step; the end of training always validates below.
                 if eval_interval and step % eval_interval == 0 and step < max_steps:
                     self.evaluate(step)
@@ -132,10 +136,12 @@ class Trainer:
                 if reason == "signal":
                     self.metrics.print(f"[pretrain] stopped by a signal after step {step}; "
                                        "continue with --resume auto")
+                    self._finish_downstream(timeout_s=30.0)  # a preempted job cannot wait long
                     return 0
             self.evaluate(step)
             if self.cfg.checkpoint.save_final and self.ckpts.last_saved_step != step:
                 self.save(step, consumed, "budget" if reason == "budget" else "final")
+            self._finish_downstream()
             return 0
         finally:
             preempt.restore()
@@ -234,3 +240,9 @@ class Trainer:
                  "elapsed_s": self.budget.elapsed_s()}
         path = self.ckpts.save(self.engine, step, state)
         self.metrics.print(f"checkpoint ({reason}) step {step}: {path}")
+        if self.downstream:
+            self.downstream.after_save(step)
+
+    def _finish_downstream(self, timeout_s: float | None = None) -> None:
+        if self.downstream:
+            self.downstream.finish(timeout_s)

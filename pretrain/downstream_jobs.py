@@ -1,0 +1,98 @@
+"""Periodic downstream evaluation during pretraining, in the background on rank 0.
+
+``--downstream_eval TASKS.json --downstream_interval N``: after the checkpoint of every Nth step
+is complete, rank 0 starts ``python -m pretrain.evaluate.downstream RUN@STEP`` (one seed, the
+first learning rate of each task's grid, at most ``--downstream_max_examples`` examples) as a
+separate process and goes on training: no rank waits, and the training losses are those of a run
+without it (the job reads the finished checkpoint, never the live weights or the RNG). Finished
+jobs' ``split: "downstream"`` records are copied into metrics.jsonl and TensorBoard at the next
+step; at the end of the run rank 0 waits for the jobs still running. Each job writes its records
+and its log under ``RUN/downstream/``. Jobs run on the CPU unless ``--downstream_device`` says
+otherwise, so they never take memory from training on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class DownstreamJobs:
+    """Starts, watches and collects the background evaluations of one run (rank 0 only)."""
+
+    def __init__(self, run_dir: str | os.PathLike, tasks: str, interval: int, *,
+                 max_examples: int, device: str, rank: int, metrics) -> None:
+        self.root = Path(run_dir) / "downstream"
+        self.run_dir, self.tasks, self.interval = Path(run_dir), tasks, interval
+        self.max_examples, self.device, self.metrics = max_examples, device, metrics
+        self.active = bool(tasks) and interval > 0 and rank == 0
+        self.running: dict[int, subprocess.Popen] = {}
+        if self.active:  # a bad tasks file fails now, not in the first background job
+            from pretrain.evaluate.downstream import load_downstream_tasks
+
+            load_downstream_tasks(tasks, max_examples)
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def for_run(cls, cfg, rank: int, metrics) -> DownstreamJobs:
+        """The jobs of a run from its TrainConfig (inactive without --downstream_eval)."""
+        log = cfg.log
+        return cls(cfg.run.output_dir, log.downstream_eval, log.downstream_interval, rank=rank,
+                   metrics=metrics, max_examples=log.downstream_max_examples,
+                   device=log.downstream_device)
+
+    def after_save(self, step: int) -> None:
+        """Start the evaluation of the checkpoint just saved at ``step`` when it is due."""
+        if not self.active or step % self.interval or step in self.running:
+            return
+        out = self.root / f"step_{step:08d}.jsonl"
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pretrain.evaluate.downstream", f"{self.run_dir}@{step}",
+               "--tasks", self.tasks, "--out", str(out), "--max_examples",
+               str(self.max_examples), "--device", self.device]
+        log = open(self.root / f"step_{step:08d}.log", "w", encoding="utf-8")  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(_REPO), os.environ.get("PYTHONPATH")) if p)}
+        self.running[step] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, cwd=_REPO, env=env)
+        log.close()  # the child holds its own descriptor
+        self.metrics.print(f"[pretrain] downstream evaluation of step {step} started "
+                           f"(log: {self.root / f'step_{step:08d}.log'})")
+
+    def poll(self) -> None:
+        """Copy the records of every finished job into the metrics (cheap: no waiting)."""
+        for step, proc in list(self.running.items()):
+            if proc.poll() is not None:
+                self._collect(step, proc.returncode)
+
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Wait for the jobs still running (end of training) and collect them."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for step, proc in list(self.running.items()):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            self._collect(step, proc.returncode)
+
+    def _collect(self, step: int, returncode: int) -> None:
+        del self.running[step]
+        out, log = self.root / f"step_{step:08d}.jsonl", self.root / f"step_{step:08d}.log"
+        if returncode != 0 or not out.is_file():
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
+            self.metrics.print(f"[pretrain] WARNING: downstream evaluation of step {step} failed "
+                               f"(exit {returncode}); see {log}: {' | '.join(tail)}")
+            return
+        for line in out.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record: dict[str, Any] = json.loads(line)
+                self.metrics.downstream({**record, "step": step, "split": "downstream"})
