@@ -39,8 +39,10 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     metrics_path = Path(metrics_path)
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{metrics_path}: no such metrics file (RUN/metrics.jsonl)")
+    # A mixture's per-source validation records have "source"; the overall one has none.
     data = {"train": read_metrics(metrics_path, "train"),
-            "validation": read_metrics(metrics_path, "validation")}
+            "validation": [r for r in read_metrics(metrics_path, "validation")
+                           if "source" not in r]}
     if not data["train"]:
         raise ValueError(f"{metrics_path}: no training records")
     out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
@@ -111,6 +113,51 @@ def plot_downstream(metrics_path: str | os.PathLike,
     return [path]
 
 
+def plot_sources(metrics_path: str | os.PathLike,
+                 out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """sources.png for a mixture: validation loss per source, and each source's share of the
+    training samples so far, against the step (no mixture: [])."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_path = Path(metrics_path)
+    val = [r for r in read_metrics(metrics_path, "validation") if "source" in r]
+    train = read_metrics(metrics_path, "train")
+    names = sorted({k.removeprefix("share_") for r in train for k in r if k.startswith("share_")})
+    if not val and not names:
+        return []
+    fig, (ax_val, ax_share) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for source in sorted({r["source"] for r in val}):
+        xs, ys = _series([r for r in val if r["source"] == source], "val_loss")
+        ax_val.plot(xs, ys, "o-", label=source, markersize=3)
+    seen = {n: 0.0 for n in names}  # samples so far, weighted by each step's share
+    for n in names:
+        xs, shares = [], []
+        total = 0.0
+        for r in train:
+            if isinstance(r.get(f"share_{n}"), (int, float)):
+                seen[n] += r[f"share_{n}"] * r.get("samples", 1)
+                total += r.get("samples", 1)
+                xs.append(r["step"])
+                shares.append(seen[n] / total)
+        ax_share.plot(xs, shares, "-", label=n)
+    for ax, title in ((ax_val, "validation loss per source"),
+                      (ax_share, "share of the training samples so far")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "sources.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
@@ -118,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     args = p.parse_args(argv)
     try:
-        paths = plot(args.metrics, args.out) + plot_downstream(args.metrics, args.out)
+        paths = (plot(args.metrics, args.out) + plot_downstream(args.metrics, args.out)
+                 + plot_sources(args.metrics, args.out))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

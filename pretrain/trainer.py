@@ -72,6 +72,8 @@ def loss_record(sums: dict[str, float], n_masked: float, world: int) -> dict[str
 
 def validation_record(step: int, loss_sum: float, correct: float, masked: float) -> dict:
     """A ``split: "validation"`` record from summed token loss, correct and masked counts."""
+    if masked == 0:  # nothing was predicted (e.g. a source of [UNK]s): no score, not zero
+        loss_sum = correct = float("nan")
     loss = loss_sum / max(masked, 1.0)
     return {"step": step, "split": "validation", "val_loss": loss,
             "val_accuracy": correct / max(masked, 1.0),

@@ -16,12 +16,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def zh_with_english_tokenizer(tmp_path_factory, chinese_corpus, english_shards) -> Path:
-    """A second build sharing the English build's tokenizer (so the two can be mixed)."""
-    out = tmp_path_factory.mktemp("zh_en_tok") / "shards"
-    run_cli("-m", "data_prep", "build", "--input", str(chinese_corpus), "--output", str(out),
-            "--one_doc_per_line", "--tokenizer", str(english_shards / "tokenizer"),
-            "--max_seq_len", "128", "--validation_fraction", "0.05", "--workers", "1")
+def second_source(tmp_path_factory, english_shards) -> Path:
+    """A second build (the last 30 pydoc pages) sharing the first build's tokenizer."""
+    from conftest import pydoc_documents
+
+    folder = tmp_path_factory.mktemp("second_source")
+    text = folder / "pages.txt"
+    text.write_text("".join("\n".join(line for line in d.splitlines() if line.strip()) + "\n\n"
+                            for d in pydoc_documents()[-30:]), encoding="utf-8")
+    out = folder / "shards"
+    run_cli("-m", "data_prep", "build", "--input", str(text), "--output", str(out),
+            "--tokenizer", str(english_shards / "tokenizer"), "--max_seq_len", "128",
+            "--validation_fraction", "0.1", "--workers", "1")
     return out
 
 
@@ -34,27 +40,32 @@ def _train(run: Path, *args: str, check: bool = True):
 
 
 def test_mixture_trains_with_per_source_validation_and_shares(english_shards,
-                                                              zh_with_english_tokenizer, tmp_path):
+                                                              second_source, tmp_path):
     run = tmp_path / "run"
-    _train(run, "--data", f"en={english_shards}:0.7", f"zh={zh_with_english_tokenizer}:0.3:0.25",
+    _train(run, "--data", f"en={english_shards}:0.7", f"docs={second_source}:0.3:0.25",
            "--max_steps", "4", "--eval_interval", "2")
     train = read_metrics(run / "metrics.jsonl")
     assert len(train) == 4
     shares = [r["share_en"] for r in train]
     assert all(abs(s - 0.7) <= 0.1 for s in shares)  # 7 of every 10 samples, spread evenly
-    assert all(r["share_en"] + r["share_zh"] == pytest.approx(1.0) for r in train)
+    assert all(r["share_en"] + r["share_docs"] == pytest.approx(1.0) for r in train)
     val = read_metrics(run / "metrics.jsonl", "validation")
     by_step = {}
     for r in val:
         by_step.setdefault(r["step"], []).append(r.get("source", "overall"))
-    assert by_step == {2: ["en", "zh", "overall"], 4: ["en", "zh", "overall"]}
+    assert by_step == {2: ["en", "docs", "overall"], 4: ["en", "docs", "overall"]}
     per = {(r["step"], r.get("source")): r for r in val}
-    overall, en, zh = per[(4, None)], per[(4, "en")], per[(4, "zh")]
-    assert overall["val_masked_tokens"] == en["val_masked_tokens"] + zh["val_masked_tokens"]
-    mixed = (en["val_loss"] * en["val_masked_tokens"] + zh["val_loss"] * zh["val_masked_tokens"])
+    overall, en, docs = per[(4, None)], per[(4, "en")], per[(4, "docs")]
+    assert en["val_masked_tokens"] > 0 and docs["val_masked_tokens"] > 0
+    assert overall["val_masked_tokens"] == en["val_masked_tokens"] + docs["val_masked_tokens"]
+    mixed = en["val_loss"] * en["val_masked_tokens"] + docs["val_loss"] * docs["val_masked_tokens"]
     assert overall["val_loss"] == pytest.approx(mixed / overall["val_masked_tokens"])
+    from pretrain.plot import main as plot_main
+
+    assert plot_main([str(run / "metrics.jsonl"), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "sources.png").stat().st_size > 10_000
     state = json.loads(next((run / "checkpoints").glob("step_*/trainer_state.json")).read_text())
-    assert [s["name"] for s in state["data_mixture"]] == ["en", "zh"]
+    assert [s["name"] for s in state["data_mixture"]] == ["en", "docs"]
     assert state["data_mixture"][1]["mask_prob"] == 0.25
 
 
