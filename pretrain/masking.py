@@ -137,8 +137,7 @@ class Masker:
         (for the mask_prob schedule); mask_prob: optional [B] per-sample rate that replaces the
         schedule where it is not NaN (a mixture's per-source rate).
         Returns (masked input_ids [B, T] int64, labels [B, T] int64 with IGNORE_INDEX where not
-        predicted,
-        stats dict of python numbers: counts and fractions for logging).
+        predicted, stats dict of python numbers: counts and fractions for logging).
         """
         cfg = self.cfg
         ids = np.asarray(input_ids, dtype=np.int64)
@@ -148,16 +147,7 @@ class Masker:
         maskable = in_seq & ~self._is_special[np.where(in_seq, ids, 0)]
         n_maskable = maskable.sum(axis=1)
 
-        # Units: whole words from the word-start bits, or single tokens. A token after a
-        # non-maskable one always starts a unit, so no unit spans a special token.
-        prev_maskable = np.zeros_like(maskable)
-        prev_maskable[:, 1:] = maskable[:, :-1]
-        if cfg.whole_word:
-            if word_start is None:
-                raise ValueError("whole-word masking needs the shards' word-start bits")
-            starts = maskable & (np.asarray(word_start, dtype=bool) | ~prev_maskable)
-        else:
-            starts = maskable
+        starts = self._unit_starts(maskable, word_start)
         # int16 positions: accumulate along rows is several times faster than with int64.
         pos_dtype = np.int16 if T < 2**15 else np.int64
         arange_t = np.arange(T, dtype=pos_dtype)[None, :]
@@ -167,13 +157,7 @@ class Masker:
         key = np.take_along_axis(h, unit_start, axis=1)
         key[~maskable] = np.iinfo(np.uint64).max  # sorted last, never selected
 
-        # Exact count per sequence, from the (scheduled) mask_prob at this sample's position.
-        p = np.asarray(mask_prob_at(cfg, np.asarray(positions)), dtype=np.float64).reshape(B)
-        if mask_prob is not None:
-            override = np.asarray(mask_prob, dtype=np.float64).reshape(B)
-            p = np.where(np.isnan(override), p, override)
-        target = np.floor(p * n_maskable + 0.5).astype(np.int64)
-        target = np.where((n_maskable > 0) & (p > 0), np.maximum(target, 1), 0)
+        p, target = self._targets(positions, mask_prob, n_maskable)
         cap = cfg.max_predictions if cfg.max_predictions is not None else T
 
         # Units in hash order: a unit occupies sorted slots [a, b]; it is taken when its midpoint
@@ -211,23 +195,39 @@ class Masker:
             rnd = self.random_ids(_uniform(_mix(hs[to_random] ^ _SALT_RANDOM)))
             out[rows[to_random], cols[to_random]] = rnd
 
-        n_sel = len(rows)
-        n_mask = int(to_mask.sum())
-        n_rand = int(to_random.sum())
-        n_maskable_total = int(n_maskable.sum())
-        stats = {
-            "sequences": B,
-            "tokens": int(lengths.sum()),
-            "maskable_tokens": n_maskable_total,
-            "selected_tokens": n_sel,
-            "mask_tokens": n_mask,
-            "random_tokens": n_rand,
-            "kept_tokens": n_sel - n_mask - n_rand,
-            "whole_word_units": int((selected & starts).sum()),
-            "mask_prob": float(p.mean()) if B else float(cfg.mask_prob),
-        }
-        stats.update(fractions(stats))
-        return out, labels, stats
+        n_sel, n_mask, n_rand = len(rows), int(to_mask.sum()), int(to_random.sum())
+        stats = {"sequences": B, "tokens": int(lengths.sum()),
+                 "maskable_tokens": int(n_maskable.sum()), "selected_tokens": n_sel,
+                 "mask_tokens": n_mask, "random_tokens": n_rand,
+                 "kept_tokens": n_sel - n_mask - n_rand,
+                 "whole_word_units": int((selected & starts).sum()),
+                 "mask_prob": float(p.mean()) if B else float(cfg.mask_prob)}
+        return out, labels, {**stats, **fractions(stats)}
+
+    def _unit_starts(self, maskable: np.ndarray, word_start: np.ndarray | None) -> np.ndarray:
+        """[B, T] bool: where a masking unit starts. Units are whole words from the word-start
+        bits, or single tokens; a token after a non-maskable one always starts a unit, so no
+        unit spans a special token."""
+        if not self.cfg.whole_word:
+            return maskable
+        if word_start is None:
+            raise ValueError("whole-word masking needs the shards' word-start bits")
+        prev_maskable = np.zeros_like(maskable)
+        prev_maskable[:, 1:] = maskable[:, :-1]
+        return maskable & (np.asarray(word_start, dtype=bool) | ~prev_maskable)
+
+    def _targets(self, positions: np.ndarray, mask_prob: np.ndarray | None,
+                 n_maskable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rate [B], exact number of tokens to select [B]) per sequence: the scheduled
+        mask_prob at each sample's position, or its own rate where ``mask_prob`` gives one; at
+        least one token where anything is maskable and the rate is positive."""
+        B = len(n_maskable)
+        p = np.asarray(mask_prob_at(self.cfg, np.asarray(positions)), dtype=np.float64).reshape(B)
+        if mask_prob is not None:
+            override = np.asarray(mask_prob, dtype=np.float64).reshape(B)
+            p = np.where(np.isnan(override), p, override)
+        target = np.floor(p * n_maskable + 0.5).astype(np.int64)
+        return p, np.where((n_maskable > 0) & (p > 0), np.maximum(target, 1), 0)
 
 
 def fractions(counts: dict) -> dict:
