@@ -140,6 +140,7 @@ def _foreign_concerns() -> dict[str, type]:
 # --model for the fields that name a folder and a preset.
 _ALIASES = {"dry_run": ["--dry-run", "--dry_run"], "data_sources": ["--data"],
             "model_preset": ["--model"]}
+_REQUIRED = {"data_sources"}  # checked by parse_args; the doctor reports a missing one instead
 _SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
 
 
@@ -224,8 +225,9 @@ def build_parser(groups: dict[str, type], prog: str = "pretrain/main.py",
             flags = _ALIASES.get(dest, [f"--{dest}"])
             default = f.default if f.default is not dataclasses.MISSING else (
                 f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-            h = f"{helps.get(f.name, '')} " + ("(required)" if default in ("", []) else
-                                                 f"(default: {default})")
+            h = f"{helps.get(f.name, '')} " + ("(required)" if f.name in _REQUIRED else
+                                                 f"(default: {default!r})" if default == ""
+                                                 else f"(default: {default})")
             if typing.get_origin(tp) is list:  # one or more values after the flag
                 grp.add_argument(*flags, dest=dest, nargs="+", type=typing.get_args(tp)[0],
                                  default=None, help=h, metavar=flags[0].lstrip("-").upper())
