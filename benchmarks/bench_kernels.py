@@ -15,7 +15,8 @@ same tensors:
 The sweep part (--sweep): the loss alone, forward + backward, on [N_m x V] logits for each
 N_m in --sweep_rows, width in --sweep_vocabs and dtype in --sweep_dtypes: torch eager,
 torch.compile, Liger (CUDA, if installed), kernels.softmax_cross_entropy and the kernel pair as
-masked_lm_loss runs it (in place), as achieved GB/s and % of the device's HBM peak, plus peak memory.
+masked_lm_loss runs it (in place), as achieved GB/s and % of the device's HBM peak, plus peak
+memory.
 
 On CUDA: triton.testing.do_bench (median) and torch.cuda.max_memory_allocated. On CPU:
 time.perf_counter (median), torch.profiler(profile_memory=True) for peak memory, a small

@@ -1,4 +1,5 @@
-"""Tokens/s of our DeepSpeed trainer vs HF Trainer (BertForMaskedLM + DataCollatorForLanguageModeling).
+"""Tokens/s of our DeepSpeed trainer vs HF Trainer (BertForMaskedLM +
+DataCollatorForLanguageModeling).
 
 Both sides: two local CPU ranks (one thread each), the same shards' token sequences, the same
 model size (preset, e.g. ``small``), sequence length, global batch and optimizer (torch AdamW).
@@ -159,7 +160,8 @@ def main() -> int:
         corpus = [write_english_corpus(work / "pydoc_topics.txt")]
     shards = build_shards(corpus, work / "shards", args.vocab_size, args.seq_len, args.tokenizer)
     vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
-    print(f"corpus {' '.join(map(str, corpus))}; vocab {vocab}; model {args.model}; seq {args.seq_len}; global batch "
+    print(f"corpus {' '.join(map(str, corpus))}; vocab {vocab}; model {args.model}; "
+        f"seq {args.seq_len}; global batch "
           f"{args.global_batch} on {args.ranks} CPU ranks x 1 thread; {args.steps} steps, timing "
           f"after {args.warmup}", flush=True)
     hf = run_hf(shards, work, args)

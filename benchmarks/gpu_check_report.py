@@ -43,7 +43,8 @@ def _rows(results: dict[str, PartResult], part: str) -> list[dict]:
 
 
 def kernel_targets(results: dict[str, PartResult]) -> list[dict]:
-    """>= 80 % of the HBM peak on the bytes the kernel pair moves; ours faster than each baseline."""
+    """>= 80 % of the HBM peak on the bytes the kernel pair moves; ours faster than each
+    baseline."""
     rows = [r for r in _rows(results, "kernel_sweep") if r["status"] == "ok"]
     moved = [r["%HBM moved"] for r in rows if r["variant"] == "ours_kernels_inplace"]
     slower = []

@@ -1,8 +1,8 @@
 """Offline data preparation: raw text to packed, pre-tokenized, memory-mappable shards.
 
 `python -m data_prep build|prepare|merge|inspect|verify|check-overlap`; the trainer reads
-shards with `data_prep.reader.ShardReader`. This package import stays light (numpy only) so that DataLoader
-workers and build workers start fast.
+shards with `data_prep.reader.ShardReader`. This package import stays light (numpy only) so
+that DataLoader workers and build workers start fast.
 """
 from data_prep.layout import FORMAT_VERSION
 from data_prep.reader import Sample, ShardError, ShardReader

@@ -325,7 +325,7 @@ class ShardReader:
         bits = np.empty((B, T), dtype=np.uint8) if word_start else None
         col = np.arange(T, dtype=np.int64)[None, :]
         nb = (T + 7) // 8 + 1  # bytes covering T bits from any bit offset
-        for rows, shard, j, s in parts:
+        for rows, shard, _j, s in parts:
             # Windows may run past the sequence (masked in _batch_of) or the shard (clipped).
             got = shard.tokens.take(s[:, None] + col, mode="clip")
             if word_start:

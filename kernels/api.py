@@ -184,8 +184,8 @@ def masked_lm_loss_rows(hidden_rows: torch.Tensor, weight: torch.Tensor, bias: t
     """masked_lm_loss on rows the caller has already gathered: hidden_rows [N, H], row_labels [N].
 
     For a model that selects the masked positions itself (to run its MLM transform on them only):
-    no second selection and no host sync of its own. A row labelled ignore_index still counts as ignored (it
-    costs a decoder row, nothing else).
+    no second selection and no host sync of its own. A row labelled ignore_index still counts as
+    ignored (it costs a decoder row, nothing else).
     """
     if hidden_rows.dim() != 2 or row_labels.shape != hidden_rows.shape[:1]:
         raise ValueError(f"hidden_rows must be [N, H] with row_labels [N]; got hidden_rows "
@@ -206,7 +206,8 @@ def masked_lm_loss_rows(hidden_rows: torch.Tensor, weight: torch.Tensor, bias: t
     else:
         from .autograd import SoftmaxCrossEntropyFunction
         # Full padded width: aligned rows for the GEMM; the kernel skips columns >= vocab. These
-        # logits belong to this function alone, so the backward may overwrite them with the gradient.
+        # logits belong to this function alone, so the backward may overwrite them with the
+        # gradient.
         logits = torch.nn.functional.linear(hidden_rows, weight, bias)
         row_loss, correct = SoftmaxCrossEntropyFunction.apply(logits, row_labels, ignore_index,
                                                               vocab, True)

@@ -1,4 +1,4 @@
-"""`python -m kernels.bench`: a thin entry to the benchmark, which lives in benchmarks/bench_kernels.py.
+"""`python -m kernels.bench`: a thin entry to the benchmark in benchmarks/bench_kernels.py.
 
 The benchmark ships with the repository, not with the installed `kernels` package: this entry finds
 it next to the package (a source checkout or an editable install) and fails with a clear message

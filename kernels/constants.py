@@ -1,4 +1,4 @@
-"""Constants shared by the kernels, the model, the trainer and the benchmarks (one definition each)."""
+"""Constants shared by the kernels, the model, the trainer and the benchmarks (one of each)."""
 
 from __future__ import annotations
 

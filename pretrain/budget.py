@@ -19,7 +19,7 @@ TICKS_PER_BUDGET = 10_000
 
 
 class TimeBudget:
-    """Elapsed training time of the run (this launch plus earlier ones) against an optional limit."""
+    """Training time of the run (this launch plus earlier ones) against an optional limit."""
 
     def __init__(self, hours: float, elapsed_before_s: float = 0.0, start: float | None = None):
         self.limit_s = max(0.0, hours) * 3600.0  # 0: no budget, elapsed time is still counted

@@ -89,7 +89,8 @@ class GlobalSampler:
         self._perm_cache: dict[int, np.ndarray] = {}
 
     def order(self, epoch: int) -> np.ndarray:
-        """The global order of `epoch`: a permutation of the dataset indices (identity unshuffled)."""
+        """The global order of `epoch`: a permutation of the dataset indices (identity when
+        not shuffled)."""
         if not self.shuffle:
             return np.arange(self.num_samples, dtype=np.int64)
         perm = self._perm_cache.get(epoch)

@@ -38,7 +38,7 @@ from pretrain.checkpoint import CheckpointError, read_state, resolve_resume
 WORD_EMB = "bert.embeddings.word_embeddings.weight"
 POS_EMB = "bert.embeddings.position_embeddings.weight"
 MLM_BIAS = "cls.predictions.bias"
-# Keys tied to another parameter in our model (and in transformers' BERT): never loaded on their own.
+# Keys tied to another parameter in our model (and in transformers' BERT): never loaded alone.
 TIED = {"cls.predictions.decoder.weight": WORD_EMB, "cls.predictions.decoder.bias": MLM_BIAS}
 # Architecture fields whose difference changes the weights' shapes or meaning (dropout and
 # initializer_range may differ: continued pretraining often changes them on purpose).

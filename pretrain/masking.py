@@ -62,7 +62,7 @@ def mask_prob_at(cfg: MaskingConfig, consumed_samples: int | np.ndarray) -> floa
     """The scheduled mask_prob for the sample at global stream position `consumed_samples`.
 
     Constant when `cfg.mask_prob_end` is None; otherwise linear from `mask_prob` at position 0 to
-    `mask_prob_end` at `schedule_samples`, constant after. Accepts a scalar or an array of positions.
+    `mask_prob_end` at `schedule_samples`, constant after. Takes a scalar or an array of positions.
     (For a schedule given in optimizer steps, schedule_samples = steps * global batch size.)
     """
     if cfg.mask_prob_end is None:
@@ -231,7 +231,8 @@ class Masker:
 
 
 def fractions(counts: dict) -> dict:
-    """Fractions from summed masking counts: selected of maskable; [MASK]/random/kept of selected."""
+    """Fractions from summed masking counts: selected of maskable; [MASK]/random/kept of
+    selected."""
     sel = max(counts["selected_tokens"], 1)
     return {
         "selected_fraction": counts["selected_tokens"] / max(counts["maskable_tokens"], 1),

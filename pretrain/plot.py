@@ -1,4 +1,4 @@
-"""Turn RUN/metrics.jsonl into PNG curves: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``."""
+"""PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``."""
 from __future__ import annotations
 
 import argparse

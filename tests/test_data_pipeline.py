@@ -1,4 +1,4 @@
-"""The data pipeline (pretrain.data) on real shards: order, determinism, collation, units, errors."""
+"""The data pipeline (pretrain.data) on real shards: order, determinism, collation, errors."""
 from __future__ import annotations
 
 import io
@@ -93,7 +93,7 @@ def test_masks_identical_across_worker_counts_world_sizes_and_resume(english_sha
     resumed = rows_by_position(build_loader(reader, DataConfig(num_workers=1), masking, rank=1,
                                             world_size=3, micro_batch_size=2, consumed_samples=24), 4)
     assert sorted(got) == sorted(ref) and set(resumed) <= set(ref) and len(resumed) == 8
-    for pos, (ids, labels, types) in itertools.chain(got.items(), resumed.items()):
+    for pos, (ids, labels, _types) in itertools.chain(got.items(), resumed.items()):
         np.testing.assert_array_equal(ids, ref[pos][0])
         np.testing.assert_array_equal(labels, ref[pos][1])
     # And the masks really are dynamic: the same sample in the next epoch is masked differently.

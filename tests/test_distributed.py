@@ -86,7 +86,7 @@ def test_two_ranks_rendezvous_and_plain_python():
     port = free_port()
     procs = [_start(r, 2, port, 60) for r in (0, 1)] + [_start(None, 1, 0, 60)]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert f"RESULT rank=0 world=2 local=0 main=True sum=3 port={port}" in outs[0][0]
     assert f"RESULT rank=1 world=2 local=1 main=False sum=3 port={port}" in outs[1][0]

@@ -1,8 +1,8 @@
 """kernels.masked_lm_loss: both impls against an independent float64 oracle, and against each other.
 
 Every test runs on conftest's `device`: CUDA tensors and the compiled kernel on a GPU node, CPU
-tensors under TRITON_INTERPRET=1 elsewhere. A few GPU-only tests add what the interpreter cannot show
-(peak memory, impl="auto" picking the kernel).
+tensors under TRITON_INTERPRET=1 elsewhere. A few GPU-only tests add what the interpreter cannot
+show (peak memory, impl="auto" picking the kernel).
 The oracle computes logits at EVERY position in float64 and masks the per-token loss, so it shares
 no code path (no row gather, no padded-column slicing) with the implementations under test.
 """
@@ -43,7 +43,7 @@ def make_case(
 
 
 def oracle(hidden, weight, bias, labels, V, normalizer=None, ignore_index=IGNORE_INDEX):
-    """float64 loss, grads (hidden, weight, bias) and correct count, from the rounded inputs (CPU)."""
+    """float64 loss, grads (hidden, weight, bias) and correct count from the rounded inputs."""
     h, w, b = (t.detach().cpu().double().requires_grad_() for t in (hidden, weight, bias))
     labels = labels.cpu()
     logits = h.reshape(-1, h.shape[-1]) @ w.T + b  # all positions, all columns
@@ -349,7 +349,7 @@ def test_autocast_bf16_both_impls_agree(device):
 
 @needs_cuda
 def test_auto_runs_the_triton_kernel_on_gpu(device, monkeypatch):
-    """On CUDA tensors impl="auto" calls the kernel (not only resolves to it), same loss as torch."""
+    """On CUDA tensors impl="auto" calls the kernel (not only resolves to it): torch's loss."""
     from kernels import triton_ce
 
     calls = []

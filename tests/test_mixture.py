@@ -178,7 +178,7 @@ def test_per_source_mask_rate_and_validation_readers(english_shards, small_shard
 
     vals = validation_readers(sources)
     assert [name for name, _ in vals] == ["gen", "dom"]
-    for k, (name, reader) in enumerate(vals):
+    for k, (_name, reader) in enumerate(vals):
         batches = list(
             build_loader(
                 reader, DataConfig(num_workers=0), MaskingConfig(), micro_batch_size=16, train=False

@@ -106,7 +106,8 @@ def evaluate_state_dict(
     seed: int = 0,
     device: torch.device | None = None,
 ) -> list[dict[str, Any]]:
-    """Fine-tune a copy of the weights on each task once and return ``split: downstream`` records."""
+    """Fine-tune a copy of the weights on each task once; returns ``split: downstream``
+    records."""
     cpu_sd = {
         k: v.detach().to("cpu", copy=True)
         if not v.is_floating_point()
