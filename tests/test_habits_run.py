@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 STEPS = 4
 
 
-def _ds_config(tmp: Path, stage: int, csv_dir: Path | None = None) -> Path:
+def _ds_config(tmp: Path, stage: int, csv_dir: str | None = None) -> Path:
     cfg = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
     cfg["zero_optimization"] = {
         "stage": stage,
@@ -35,7 +35,7 @@ def _ds_config(tmp: Path, stage: int, csv_dir: Path | None = None) -> Path:
     }
     cfg["tensorboard"] = {"enabled": False}
     if csv_dir is not None:
-        cfg["csv_monitor"] = {"enabled": True, "output_path": str(csv_dir), "job_name": "run"}
+        cfg["csv_monitor"] = {"enabled": True, "output_path": csv_dir, "job_name": "run"}
     path = tmp / f"z{stage}.json"
     path.write_text(json.dumps(cfg))
     return path
@@ -88,13 +88,13 @@ def _train(shards: Path, tmp: Path, stage: int, *extra: str) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def zero2_run(english_shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("habits_z2")
-    csv_dir = tmp / "csv"
+    # A relative csv_monitor path lands in the run folder, not in the launch directory.
     proc = _train(
         english_shards,
         tmp,
         2,
         "--ds_config",
-        str(_ds_config(tmp, 2, csv_dir)),
+        str(_ds_config(tmp, 2, "csv")),
         "--progress",
         "lines",
         "--log_interval",
@@ -102,7 +102,7 @@ def zero2_run(english_shards, tmp_path_factory):
         "--eval_interval",
         "2",
     )
-    return tmp / "run", proc, csv_dir / "run"
+    return tmp / "run", proc, tmp / "run" / "csv" / "run"
 
 
 @pytest.fixture(scope="module")
