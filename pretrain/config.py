@@ -341,6 +341,9 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         cfg.log.progress = normalize_mode(cfg.log.progress)
     except ValueError as e:
         parser.error(str(e))
+    if cfg.run.show_masks < 0 or (cfg.run.show_masks and not cfg.run.dry_run):
+        parser.error("--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
+                     "instead of training")
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
     log = cfg.log

@@ -177,3 +177,16 @@ def test_inspect_shows_a_lexicon_the_build_did_not_use(english_shards, termed_bu
             break
     else:
         pytest.fail("no 'floating point' in the corpus")
+
+
+def test_trainer_flags_keep_the_old_progress_spelling(english_shards, capsys):
+    from pretrain.config import parse_args
+
+    base = ["--data", str(english_shards)]
+    assert parse_args([*base, "--progress", "false"]).log.progress == "off"
+    assert parse_args([*base, "--progress", "lines"]).log.progress == "lines"
+    assert parse_args(base).log.progress == "auto"
+    for bad in (["--progress", "loud"], ["--show_masks", "4"]):  # show_masks needs --dry-run
+        with pytest.raises(SystemExit):
+            parse_args([*base, *bad])
+    assert "--show_masks N" in capsys.readouterr().err
