@@ -86,6 +86,34 @@ def _data_lines(data: list[dict[str, Any]]) -> list[str]:
     return out or ["- (not recorded)"]
 
 
+def _origin(cfg: dict[str, Any]) -> str:
+    init = cfg.get("init_from") or {}
+    source = init.get("source") or init.get("path") or cfg.get("run", {}).get("init_from")
+    if source:
+        return f"Pretrained with bertforge (DeepSpeed), initialised from `{source}`."
+    return "Pretrained from scratch with bertforge (DeepSpeed)."
+
+
+def _command(argv: list[str] | None, world_size: int | None) -> str:
+    """The command line as launched; a launcher's per-rank --local_rank is left out."""
+    if not argv:
+        return "(not recorded: a run from before config.json kept the command)"
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--local_rank", "--local-rank"):
+            skip = True
+            continue
+        if not a.startswith(("--local_rank=", "--local-rank=")):
+            args.append(a)
+    line = shlex.join(["python", *args])
+    if world_size and int(world_size) > 1:
+        return f"# on {world_size} ranks (deepspeed / torchrun launcher), each rank ran:\n{line}"
+    return line
+
+
 def render_card(
     facts: dict[str, Any],
     *,
@@ -104,8 +132,7 @@ def render_card(
         "",
         f"# {model.get('name') or 'BERT'} masked language model",
         "",
-        "Pretrained from scratch with bertforge (DeepSpeed). Every number below comes from the "
-        "run folder.",
+        _origin(cfg) + " Every number below comes from the run folder.",
         "",
         "## Model",
         "",
@@ -147,12 +174,7 @@ def render_card(
             "|---|---|---|",
             f"| {val['val_loss']} | {val['val_accuracy']} | {val['val_perplexity']} |",
         ]
-    argv = facts["argv"]
-    command = (
-        shlex.join(["python", *argv])
-        if argv
-        else "(not recorded: run from before the command was stored in config.json)"
-    )
+    command = _command(facts["argv"], facts["world_size"])
     lines += ["", "## Training command", "", "```bash", command, "```", ""]
     return "\n".join(lines)
 
