@@ -13,6 +13,15 @@ from data_prep.inputs import InputConfig
 from data_prep.sequences import SequenceConfig
 
 
+def _progress_mode(value: str) -> str:
+    from data_prep.progress import normalize_mode
+
+    try:
+        return normalize_mode(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _add_build_args(b: argparse.ArgumentParser) -> None:
     """The arguments that define a build (shared by `build` and `prepare`)."""
     b.add_argument("--input", nargs="+", required=True, metavar="PATH",
@@ -55,6 +64,11 @@ def _add_build_args(b: argparse.ArgumentParser) -> None:
                    help="drop training documents whose estimated Jaccard similarity (MinHash "
                         "over 5-word / 5-CJK-character shingles) to a validation document is at "
                         "least JACCARD (default 0.8 when the flag is given without a value)")
+    b.add_argument("--progress", type=_progress_mode, default="auto",
+                   help="auto (a bar when stderr is a terminal, plain lines in a log), bar, lines "
+                        "or off")
+    b.add_argument("--progress_interval_s", type=float, default=30.0,
+                   help="lines: at most one line per this many seconds (0: one per shard)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("root", type=Path)
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--samples", type=int, default=3)
+    i.add_argument("--protected_terms", type=Path, default=None,
+                   help="terms file to count and mark (default: the one the build used)")
+    i.add_argument("--term_scan", type=int, default=10000,
+                   help="count term occurrences in this many sequences per split")
 
     v = sub.add_parser("verify", help="recheck every checksum; non-zero exit on the first bad file")
     v.add_argument("root", type=Path)
@@ -109,7 +127,8 @@ def _build_config(args: argparse.Namespace):
         validation_fraction=args.validation_fraction, protected_terms=args.protected_terms,
         workers=args.workers, shard_docs=args.shard_docs, shard_bytes=args.shard_bytes,
         seed=args.seed, overwrite=args.overwrite, decontaminate=args.decontaminate,
-        num_partitions=getattr(args, "num_partitions", 1), partition=getattr(args, "partition", 0))
+        num_partitions=getattr(args, "num_partitions", 1), partition=getattr(args, "partition", 0),
+        progress=args.progress, progress_interval_s=args.progress_interval_s)
 
 
 def _print_built(m: dict, out: Path) -> None:
@@ -171,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                                tuple(args.splits_b))
             print(json.dumps(r, indent=1, ensure_ascii=False)) if args.json else print_report(r)
         elif args.command == "inspect":
-            s = summary(args.root, samples=args.samples)
+            s = summary(args.root, samples=args.samples, terms_file=args.protected_terms,
+                        term_scan=args.term_scan)
             if args.json:
                 print(json.dumps(s, indent=1, ensure_ascii=False))
             else:

@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
 from data_prep.inputs import (
     DropCounter,
@@ -57,6 +55,7 @@ from data_prep.partition import (
     remove_own_temporaries,
     write_part_record,
 )
+from data_prep.progress import Progress
 from data_prep.sequences import SequenceConfig
 from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
 from data_prep.wordstart import read_protected_terms
@@ -93,6 +92,8 @@ class BuildConfig:
     num_partitions: int = 1  # the build is split into this many parts (one per machine)
     partition: int = 0  # which part this process builds (units u with u % num_partitions == it)
     decontaminate: float | None = None  # drop train docs this similar to a validation doc
+    progress: str = "auto"  # auto (a bar on a terminal, else lines), bar, lines or off
+    progress_interval_s: float = 30.0  # lines: at most one per this many seconds (0: per shard)
 
 
 def _check(cfg: BuildConfig) -> None:
@@ -272,15 +273,15 @@ def _run_units(cfg: BuildConfig, files: list[Path], spec: WorkerSpec,
     units in the input (every part cuts the whole input the same way)."""
     records: list[dict] = []
     skipped = 0
-    bar = tqdm(desc="data_prep", unit="shard", file=sys.stderr, mininterval=1.0)
+    bar = Progress(None, desc="data_prep", unit="shard", mode=cfg.progress,
+                   every_s=cfg.progress_interval_s)
     tokens = 0
 
     def collect(record: dict) -> None:
         nonlocal tokens
         records.append(record)
         tokens += sum(s["shard"]["tokens"] for s in record["splits"].values() if s["shard"])
-        bar.update(1)
-        bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+        bar.update(1, tokens=f"{tokens:,}")
 
     total = 0
 

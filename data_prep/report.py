@@ -1,4 +1,5 @@
-"""`inspect` (counts, length histogram, decoded samples) and `verify` (every checksum)."""
+"""`inspect` (counts, length histogram, decoded samples with their whole-word units and
+protected-term occurrences marked, per-term occurrence counts) and `verify` (every checksum)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,12 +12,21 @@ from data_prep.reader import ShardError, ShardReader, check_file, load_manifest
 from data_prep.tokenizer import TokenizerError, describe
 
 
-def summary(root: Path, samples: int = 3, bins: int = 8) -> dict[str, Any]:
-    """Counts per split, a sequence-length histogram and a few decoded sequences."""
+def summary(root: Path, samples: int = 3, bins: int = 8, terms_file: Path | None = None,
+            term_scan: int = 10000) -> dict[str, Any]:
+    """Counts per split, a sequence-length histogram and a few decoded sequences (``marked``: the
+    tokens with units and term occurrences marked, see :mod:`data_prep.unit_marks`); with
+    protected terms (``terms_file``, else the build's own file), each term's occurrences in the
+    first ``term_scan`` sequences of each split."""
     from tokenizers import Tokenizer
+
+    from data_prep.unit_marks import TermMatcher, count_terms, mark_tokens, resolve_terms_file
+    from data_prep.wordstart import read_protected_terms
 
     manifest = load_manifest(root)
     tok = Tokenizer.from_file(str(root / TOKENIZER_DIR / "tokenizer.json"))
+    terms_path, terms_warning = resolve_terms_file(root, manifest, terms_file)
+    matcher = TermMatcher(read_protected_terms(terms_path), tok) if terms_path else None
     out: dict[str, Any] = {
         "root": str(root), "format": manifest["format"], "max_seq_len": manifest["max_seq_len"],
         "tokenizer": manifest["tokenizer"], "token_dtype": manifest["token_dtype"],
@@ -24,9 +34,9 @@ def summary(root: Path, samples: int = 3, bins: int = 8) -> dict[str, Any]:
     }
     if "decontamination" in manifest:
         out["decontamination"] = manifest["decontamination"]
-    shard_bytes = 0
+    shard_bytes, readers = 0, {}
     for split, info in manifest["splits"].items():
-        reader = ShardReader(root, split)
+        reader = readers[split] = ShardReader(root, split)
         lengths = reader.sequence_lengths()
         entry: dict[str, Any] = {k: info[k] for k in ("documents", "sequences", "tokens")}
         entry["shards"] = len(info["shards"])
@@ -46,11 +56,20 @@ def summary(root: Path, samples: int = 3, bins: int = 8) -> dict[str, Any]:
         entry["samples"] = []
         for i in picks:
             s = reader[int(i)]
+            ids = s.input_ids.astype(np.int64)
+            marked = mark_tokens([tok.id_to_token(int(t)) for t in ids], s.word_start,
+                                 matcher.find(ids) if matcher else [])
             entry["samples"].append({"index": int(i), "length": len(s.input_ids),
                                      "text": tok.decode(s.input_ids.tolist(),
-                                                        skip_special_tokens=False)})
+                                                        skip_special_tokens=False),
+                                     "marked": marked})
         out["splits"][split] = entry
     out["shard_bytes"] = shard_bytes
+    if matcher is not None:
+        out["protected_terms"] = {"file": str(terms_path),
+                                  **count_terms(matcher, readers, term_scan)}
+    if terms_warning:
+        out["protected_terms_warning"] = terms_warning
     return out
 
 
@@ -75,9 +94,34 @@ def print_summary(s: dict[str, Any]) -> None:
             print(f"  is_random_next share: {e['random_next_share']}")
         for h in e.get("length_histogram", []):
             print(f"  length {h['from']:>5}-{h['to']:<5} {h['sequences']:>10,}")
+        if e["samples"]:
+            print("  samples: ⟦...⟧ one whole-word unit, «...» a protected term (¦: split there)")
         for smp in e["samples"]:
-            text = smp["text"] if len(smp["text"]) < 400 else smp["text"][:400] + " ..."
+            text = smp["marked"] if len(smp["marked"]) < 600 else smp["marked"][:600] + " ..."
             print(f"  #{smp['index']} ({smp['length']} tokens): {text}")
+    _print_terms(s)
+
+
+def _print_terms(s: dict[str, Any], top: int = 30) -> None:
+    """Per-term counts, most frequent first, and the terms never found."""
+    if "protected_terms_warning" in s:
+        print(f"\nwarning: {s['protected_terms_warning']}")
+    pt = s.get("protected_terms")
+    if not pt:
+        return
+    scanned = ", ".join(f"{n:,} {split}" for split, n in pt["scanned_sequences"].items())
+    print(f"\nprotected terms ({pt['file']}, {len(pt['terms'])} terms) in the first sequences "
+          f"({scanned}): occurrences (kept whole)")
+    found = sorted(((c["occurrences"], t, c["whole"]) for t, c in pt["terms"].items()
+                    if c["occurrences"]), reverse=True)
+    for n, term, whole in found[:top]:
+        print(f"  {n:>8,} ({whole:,})  {term}")
+    if len(found) > top:
+        print(f"  ... {len(found) - top} more terms found")
+    if pt["not_found"]:
+        shown = ", ".join(pt["not_found"][:top])
+        more = f" ... ({len(pt['not_found'])} in all)" if len(pt["not_found"]) > top else ""
+        print(f"  not found: {shown}{more}")
 
 
 def verify(root: Path) -> list[str]:

@@ -7,10 +7,15 @@ Layout of ``RUN/checkpoints/``::
         rng/rank_00000.pt          each rank's torch / numpy / python RNG states
         COMPLETE                   written last, atomically, by rank 0 after every rank finished
     universal/step_00000010/       DeepSpeed universal checkpoint (made on a world-size change)
+    latest                         DeepSpeed's pointer file: the newest complete tag
+    zero_to_fp32.py                DeepSpeed's recovery script (copied there by DeepSpeed)
 
-DeepSpeed's own ``latest`` file is never written (``save_latest=False``): it is written before
-the final barrier, so a crash could leave it pointing at a partial tag. A folder without
-``COMPLETE`` is ignored by :func:`find_latest` and removed before the same tag is saved again.
+DeepSpeed's own writing of ``latest`` is off (``save_latest=False``: it writes it before the final
+barrier, so a crash could leave it naming a partial tag). :meth:`CheckpointManager.save` writes it
+itself, atomically, after ``COMPLETE`` and naming the newest complete tag, so DeepSpeed's tools
+work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag``) and
+``engine.load_checkpoint("RUN/checkpoints")``. A folder without ``COMPLETE`` is ignored by
+:func:`find_latest` and removed before the same tag is saved again.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from pretrain.config import CheckpointConfig
 from pretrain.distributed import sum_across_ranks
 
 MARKER = "COMPLETE"
+LATEST_FILE = "latest"  # DeepSpeed's name (engine.load_checkpoint, zero_to_fp32 read it)
 STATE_FILE = "trainer_state.json"
 _TAG_RE = re.compile(r"^step_(\d{8})$")
 
@@ -100,6 +106,17 @@ def find_latest(ckpt_dir: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint under ``ckpt_dir``, or None."""
     found = list_complete(ckpt_dir)
     return found[-1][1] if found else None
+
+
+def write_latest(ckpt_dir: str | os.PathLike) -> Path | None:
+    """Point DeepSpeed's ``latest`` file at the newest complete checkpoint (atomic); returns it.
+
+    Only a complete checkpoint is ever named: with none, the file is left as it is.
+    """
+    newest = find_latest(ckpt_dir)
+    if newest is not None:
+        write_text_atomic(Path(ckpt_dir) / LATEST_FILE, newest.name)  # no newline, as DeepSpeed
+    return newest
 
 
 def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
@@ -241,6 +258,7 @@ class CheckpointManager:
         self._barrier()  # every rank's shards and RNG file are on disk
         if self.rank == 0:
             write_text_atomic(path / MARKER, f"{tag}\n")
+            write_latest(self.root)
             self._prune()
         self._barrier()
         self.last_save_time = time.monotonic()

@@ -47,6 +47,8 @@ class RunConfig:
     # collectives
     dry_run: bool = False  # print the resolved plan (memory, batch sizes) and exit without training
     json: bool = False  # with --dry-run: print the plan as JSON
+    show_masks: int = 0  # with --dry-run: print this many training sequences with each masked
+    # position marked ([MASK], random, kept) and whole-word units grouped
 
 
 @dataclass
@@ -111,7 +113,11 @@ class LogConfig:
     log_interval: int = 1  # console/TensorBoard every N steps (metrics.jsonl gets every step)
     eval_interval: int = 0  # validate every N steps (0 = only at the end)
     eval_batches: int = 50  # max validation micro-batches per rank per evaluation
-    progress: bool = True  # tqdm bar on rank 0
+    progress: str = "auto"  # rank 0's console: "bar" (tqdm), "lines" (one plain line per
+    # --log_interval steps: step, loss, lr, tokens/s, ETA), "off", or "auto" (a bar when stderr is
+    # a terminal, lines in a log file); true/false mean auto/off
+    progress_interval_s: float = 0.0  # with lines: at most one line per this many seconds instead
+    # of one per --log_interval steps (0 = by steps)
     downstream_eval: str = ""  # tasks JSON (python -m pretrain.evaluate's format): fine-tune and
     # score checkpoints in the background on rank 0 (records "split": "downstream")
     downstream_interval: int = 0  # evaluate the checkpoint of every N-th step (a multiple of
@@ -331,6 +337,15 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--decay must be linear, poly or constant, got {cfg.optim.decay!r}")
     if cfg.optim.optimizer not in (None, "adamw", "lamb"):
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
+    from data_prep.progress import normalize_mode
+
+    try:
+        cfg.log.progress = normalize_mode(cfg.log.progress)
+    except ValueError as e:
+        parser.error(str(e))
+    if cfg.run.show_masks < 0 or (cfg.run.show_masks and not cfg.run.dry_run):
+        parser.error("--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
+                     "instead of training")
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
     log = cfg.log

@@ -1,4 +1,5 @@
-"""`python pretrain/main.py --data DIR --dry-run [--json]`: build everything, train nothing.
+"""`python pretrain/main.py --data DIR --dry-run [--json] [--show_masks N]`: build everything,
+train nothing.
 
 Opens the shards, builds the model and the training loader exactly as a run would, draws the first
 batches and reports the resolved configuration, the parameter count, FLOPs per token, the shards'
@@ -38,11 +39,13 @@ def shards_summary(reader) -> dict[str, Any]:
 def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: MaskingConfig,
                 data_cfg: DataConfig, num_batches: int = 8, as_json: bool = False, *,
                 micro_batch_size: int = 32, extra_config: dict | None = None,
-                stream=None) -> dict[str, Any]:
+                stream=None, show_masks: int = 0) -> dict[str, Any]:
     """Build reader, model and loader; draw `num_batches` training batches; print and return the report.
 
     extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
+    show_masks: also decode that many training sequences with each masked position marked
+    (:mod:`pretrain.show_masks`; under "show_masks" in the report).
     """
     from pretrain.mixture import open_training, parse_mixture
 
@@ -79,6 +82,11 @@ def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: Mask
         "shards": shards_summary(reader),
         "masking": masking,
     }
+    if show_masks > 0:
+        from pretrain.show_masks import show_masks as shown
+
+        report["show_masks"] = shown(loader, show_masks, str(reader.tokenizer_path /
+                                                             "tokenizer.json"))
     if as_json:
         stream.write(json.dumps(report, indent=1, default=str) + "\n")
     else:
@@ -117,6 +125,10 @@ def format_report(r: dict[str, Any]) -> str:
         "config  " + json.dumps({key: v for key, v in r["config"].items()
                                  if key not in ("model", "masking")}, default=str),
     ]
+    if "show_masks" in r:
+        from pretrain.show_masks import format_shown
+
+        lines.append(format_shown(r["show_masks"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
@@ -136,7 +148,7 @@ def main(cfg) -> int:
             cfg.model_cfg = init_architecture(cfg, seq_len)
         run_dry_run(cfg.run.data_sources, cfg.model_cfg, cfg.masking, cfg.data_cfg,
                     as_json=cfg.run.json, micro_batch_size=cfg.batch.micro_batch_size or 32,
-                    extra_config=extra)
+                    extra_config=extra, show_masks=cfg.run.show_masks)
     except (ShardError, ValueError) as e:  # CheckpointError (--init_from) is a ValueError
         print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
         return 2

@@ -4,8 +4,9 @@ The DeepSpeed JSON stays the source of ZeRO, precision and optimizer settings; f
 command line win over it. :func:`resolve_deepspeed_config` reads the file and applies, in order,
 the batch sizes for this world size (:mod:`pretrain.batching`), the precision checked against
 the device (:mod:`pretrain.precision`), the optimizer block (:mod:`pretrain.optim`), the run's
-TensorBoard folder and, on a resume onto another world size, the universal-checkpoint load. Each
-of those helpers returns an edited copy; nothing else in the trainer touches the dict.
+TensorBoard folder (a relative CSV-monitor folder too) and, on a resume onto another world size,
+the universal-checkpoint load. Each of those helpers returns an edited copy; nothing else in the
+trainer touches the dict.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def resolve_deepspeed_config(
     if ds.get("tensorboard", {}).get("enabled"):
         ds["tensorboard"] = {**ds["tensorboard"],
                              "output_path": str(Path(cfg.run.output_dir, "tensorboard"))}
+    csv = ds.get("csv_monitor", {})
+    if csv.get("enabled") and not Path(csv.get("output_path") or "").is_absolute():
+        # DeepSpeed would write relative to the launch directory: keep it in the run folder.
+        ds["csv_monitor"] = {**csv, "output_path": str(Path(cfg.run.output_dir,
+                                                            csv.get("output_path") or "csv"))}
     if load_universal:
         ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
     mode = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)

@@ -4,7 +4,8 @@
 
 Consolidates the ZeRO-2 or ZeRO-3 shards with DeepSpeed's ``zero_to_fp32`` helper, loads them
 into the training model (strict), maps to ``BertForMaskedLM`` / ``BertForPreTraining`` names, slices
-the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` + the tokenizer.
+the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` + the tokenizer
++ a model card (README.md, see :mod:`pretrain.model_card`).
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
+from pretrain.model_card import write_model_card
 
 
 def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
@@ -57,8 +59,10 @@ def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[s
 
 
 def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | None = None,
-           verify: bool = True) -> dict[str, Any]:
-    """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``)."""
+           verify: bool = True, *, language: list[str] | None = None,
+           datasets: list[str] | None = None) -> dict[str, Any]:
+    """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``),
+    with a model card (README.md; ``language`` and ``datasets`` go into its YAML header)."""
     import torch
     import transformers
 
@@ -96,6 +100,9 @@ def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | 
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
     tok.save_pretrained(str(tmp))
+    write_model_card(tmp, run, state, architecture=model.hf_architecture, tokenizer=tok,
+                     parameters=sum(p.numel() for p in hf_model.parameters()),
+                     language=language, datasets=datasets)
     result: dict[str, Any] = {"checkpoint": str(ckpt), "step": state["step"], "output": str(output),
                               "architecture": model.hf_architecture}
     if verify:
@@ -113,9 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", required=True, help="HF folder to write")
     p.add_argument("--checkpoint", default=None, help="a specific checkpoint folder instead")
     p.add_argument("--no_verify", action="store_true", help="skip the transformers reload check")
+    p.add_argument("--language", nargs="+", default=[], help="model card: language codes (en zh)")
+    p.add_argument("--dataset", action="append", default=[],
+                   help="model card: a dataset name for its header (repeat for several)")
     args = p.parse_args(argv)
     try:
-        res = export(args.run, args.output, args.checkpoint, verify=not args.no_verify)
+        res = export(args.run, args.output, args.checkpoint, verify=not args.no_verify,
+                     language=args.language, datasets=args.dataset)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

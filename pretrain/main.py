@@ -123,7 +123,8 @@ def open_metrics(cfg: TrainConfig, rank: int, world: int, start_step: int, model
                          start_step=start_step, log_interval=cfg.log.log_interval,
                          flops_per_token=model.flops_per_token(reader.max_seq_len),
                          peak_tflops=device_peak_tflops(setup.precision), world_size=world,
-                         monitor=engine.monitor if rank == 0 else None, progress=cfg.log.progress)
+                         monitor=engine.monitor if rank == 0 else None, progress=cfg.log.progress,
+                         progress_interval_s=cfg.log.progress_interval_s)
 
 
 def write_run_files(cfg: TrainConfig, setup, reader, world: int, init_report: dict | None) -> None:
@@ -145,6 +146,7 @@ def write_run_files(cfg: TrainConfig, setup, reader, world: int, init_report: di
         "activation_checkpointing": setup.activation_checkpointing, "world_size": world,
         "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
         "precision_note": setup.precision_note,
+        "argv": list(sys.argv),  # the exact command (the model card quotes it)
         **({"init_from": init_report} if init_report else {})}, indent=2, sort_keys=True)
 
 

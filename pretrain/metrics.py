@@ -1,7 +1,12 @@
-"""Training metrics: console bar (rank 0), RUN/metrics.jsonl (one object per step), TensorBoard.
+"""Training metrics: console progress (rank 0), RUN/metrics.jsonl (one object per step), and
+DeepSpeed's monitor (whichever of TensorBoard, CSV, Weights & Biases, Comet the config enables).
 
 All values are computed by the caller; this module times the step, derives rates (tokens/s,
-TFLOPs, MFU), and writes. Only rank 0 writes anything.
+TFLOPs, MFU), and writes. Only rank 0 writes anything. The console shows a tqdm bar when stderr
+is a terminal and one plain line per ``log_interval`` steps (or per ``progress_interval_s``
+seconds) otherwise (see :mod:`data_prep.progress`). The monitor gets ``Train/<key>`` (every
+numeric key of the step record, masking statistics ``mask_*`` included) by samples,
+``Validation/[<source>/]<metric>`` by samples and ``Downstream/<task>/<metric>`` by step.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any
 import torch
 
 from data_prep.layout import write_text_atomic
+from data_prep.progress import Progress
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.
@@ -73,7 +79,8 @@ class MetricsWriter:
 
     def __init__(self, output_dir: str | os.PathLike, *, rank: int, max_steps: int, start_step: int,
                  log_interval: int, flops_per_token: float | None, peak_tflops: float | None,
-                 world_size: int, monitor: Any = None, progress: bool = True) -> None:
+                 world_size: int, monitor: Any = None, progress: str | bool = "auto",
+                 progress_interval_s: float = 0.0) -> None:
         self.rank = rank
         self.log_interval = max(1, log_interval)
         self.flops_per_token = flops_per_token
@@ -91,10 +98,9 @@ class MetricsWriter:
         elif start_step == 0 and path.exists():
             path.unlink()
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
-        if progress:
-            from tqdm import tqdm
-            self._bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step",
-                             dynamic_ncols=True, mininterval=1.0)
+        self._bar = Progress(max_steps, desc="train", unit="step", mode=progress,
+                             initial=start_step, every_steps=self.log_interval,
+                             every_s=progress_interval_s)
 
     def step(self, record: dict[str, Any], seconds: float, global_samples: int) -> dict[str, Any]:
         """Add rates to ``record`` (needs tokens, masked, samples), write it, return it."""
@@ -116,11 +122,8 @@ class MetricsWriter:
         self._file.flush()
         step = record["step"]
         if self._bar is not None:
-            self._bar.update(1)
-            if step % self.log_interval == 0:
-                self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                                      tok_s=f"{record['tokens_per_s']:.0f}",
-                                      scale=record.get("loss_scale"), refresh=False)
+            self._bar.update(1, loss=record["loss"], lr=record["lr"],
+                             tok_s=round(record["tokens_per_s"]), scale=record.get("loss_scale"))
         if self.monitor is not None and getattr(self.monitor, "enabled", False) and \
                 step % self.log_interval == 0:
             events = [(f"Train/{k}", float(v), global_samples) for k, v in record.items()

@@ -102,7 +102,8 @@ def test_zero2_trains_and_writes_run_folder(zero2_run):
                                  "world_size": 2}
     assert cfg["deepspeed"]["gradient_accumulation_steps"] == 2
     assert [s for s, _ in list_complete(zero2_run / "checkpoints")] == [4, 8]
-    assert not (zero2_run / "checkpoints" / "latest").exists()  # our marker, not DeepSpeed's
+    # DeepSpeed's pointer, written by us after COMPLETE (issue 17): the newest complete tag
+    assert (zero2_run / "checkpoints" / "latest").read_text() == tag_for(8)
     state = json.loads((zero2_run / "checkpoints" / tag_for(8) / "trainer_state.json").read_text())
     assert state["consumed_samples"] == 128 and state["world_size"] == 2
     assert sorted(p.name for p in (zero2_run / "checkpoints" / tag_for(8) / "rng").iterdir()) == \

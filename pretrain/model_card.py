@@ -1,0 +1,209 @@
+"""The model card (README.md) of an exported folder, in the Hugging Face model-card form.
+
+Everything in it is read from the run folder, never typed by hand: ``RUN/config.json`` (the
+resolved settings and the exact command), ``RUN/metrics.jsonl`` (tokens seen, the last
+validation at or before the exported step) and the checkpoint's ``trainer_state.json`` (step,
+data sources); the data summary comes from each source's ``manifest.json`` when the shard folder
+is still there. The YAML header carries language, a license placeholder, tags and datasets as
+the user gives them (``python -m pretrain.export ... --language en --dataset NAME``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pretrain.metrics import read_metrics
+
+LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
+TAGS = ("bert", "fill-mask", "masked-lm", "deepspeed", "bertforge")
+
+
+def card_facts(run: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The numbers a card shows, from the run folder, for the checkpoint whose ``state`` is given.
+
+    tokens_seen sums the per-step ``tokens`` (all ranks) of metrics.jsonl up to the checkpoint's
+    step; ``validation`` is the last overall validation record at or before that step (or None).
+    """
+    step = int(state["step"])
+    metrics = run / "metrics.jsonl"
+    train = read_metrics(metrics, "train") if metrics.is_file() else []
+    val = read_metrics(metrics, "validation") if metrics.is_file() else []
+    val = [r for r in val if "source" not in r and int(r["step"]) <= step]
+    config_path = run / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    return {
+        "step": step,
+        "consumed_samples": state.get("consumed_samples"),
+        "tokens_seen": int(sum(r.get("tokens", 0) for r in train if int(r["step"]) <= step)),
+        "validation": val[-1] if val else None,
+        "config": config or state.get("config", {}),
+        "argv": config.get("argv"),
+        "data": state.get("data_mixture") or [],
+        "precision": config.get("precision_resolved") or state.get("precision"),
+        "world_size": config.get("world_size") or state.get("world_size"),
+    }
+
+
+def _yaml_list(key: str, values: list[str]) -> list[str]:
+    if not values:
+        return []
+    return [f"{key}:"] + [f"- {json.dumps(v, ensure_ascii=False)}" for v in values]
+
+
+def _header(language: list[str], datasets: list[str]) -> list[str]:
+    lines = [
+        "---",
+        *_yaml_list("language", language),
+        f"license: {LICENSE_PLACEHOLDER}  # placeholder: set the license of your weights",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        *_yaml_list("tags", list(TAGS)),
+        *_yaml_list("datasets", datasets),
+        "---",
+    ]
+    return lines
+
+
+def _data_lines(data: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for src in data:
+        line = f"- `{src.get('name')}` ({src.get('path')}), weight {src.get('weight')}"
+        manifest = Path(str(src.get("path")), "manifest.json")
+        if manifest.is_file():
+            m = json.loads(manifest.read_text(encoding="utf-8"))
+            splits = ", ".join(
+                f"{name}: {s.get('documents', 0):,} documents, "
+                f"{s.get('sequences', 0):,} sequences, {s.get('tokens', 0):,} tokens"
+                for name, s in m.get("splits", {}).items()
+            )
+            line += f"; format {m.get('format')}, max_seq_len {m.get('max_seq_len')}; {splits}"
+        else:
+            line += f"; {src.get('sequences')} training sequences (manifest no longer there)"
+        out.append(line)
+    return out or ["- (not recorded)"]
+
+
+def _origin(cfg: dict[str, Any]) -> str:
+    init = cfg.get("init_from") or {}
+    source = init.get("source") or init.get("path") or cfg.get("run", {}).get("init_from")
+    if source:
+        return f"Pretrained with bertforge (DeepSpeed), initialised from `{source}`."
+    return "Pretrained from scratch with bertforge (DeepSpeed)."
+
+
+def _command(argv: list[str] | None, world_size: int | None) -> str:
+    """The command line as launched; a launcher's per-rank --local_rank is left out."""
+    if not argv:
+        return "(not recorded: a run from before config.json kept the command)"
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--local_rank", "--local-rank"):
+            skip = True
+            continue
+        if not a.startswith(("--local_rank=", "--local-rank=")):
+            args.append(a)
+    line = shlex.join(["python", *args])
+    if world_size and int(world_size) > 1:
+        return f"# on {world_size} ranks (deepspeed / torchrun launcher), each rank ran:\n{line}"
+    return line
+
+
+def render_card(
+    facts: dict[str, Any],
+    *,
+    architecture: str,
+    parameters: int,
+    tokenizer: dict[str, Any],
+    language: list[str],
+    datasets: list[str],
+) -> str:
+    """README.md text: YAML header, then size, tokenizer, data, training, validation, command."""
+    cfg = facts["config"]
+    model = cfg.get("model_cfg", {})
+    masking = cfg.get("masking", {})
+    val = facts["validation"]
+    lines = _header(language, datasets) + [
+        "",
+        f"# {model.get('name') or 'BERT'} masked language model",
+        "",
+        _origin(cfg) + " Every number below comes from the run folder.",
+        "",
+        "## Model",
+        "",
+        f"- architecture: {architecture}",
+        f"- parameters: {parameters:,}",
+        f"- hidden size {model.get('hidden_size')}, layers {model.get('num_hidden_layers')}, "
+        f"attention heads {model.get('num_attention_heads')}, "
+        f"feed-forward {model.get('intermediate_size')}",
+        "",
+        "## Tokenizer",
+        "",
+        f"- {tokenizer.get('class')}, vocabulary {tokenizer.get('vocab_size'):,}, "
+        f"lowercase {tokenizer.get('lowercase')}",
+        "",
+        "## Data",
+        "",
+        *_data_lines(facts["data"]),
+        "",
+        "## Training",
+        "",
+        f"- steps: {facts['step']:,}",
+        f"- sequences seen: {facts['consumed_samples']:,}"
+        if facts["consumed_samples"] is not None
+        else "- sequences seen: (not recorded)",
+        f"- tokens seen: {facts['tokens_seen']:,}",
+        f"- precision: {facts['precision']}, ranks: {facts['world_size']}",
+        "- masking: " + ", ".join(f"{k} {v}" for k, v in masking.items() if k != "seed"),
+        "",
+        "## Validation",
+        "",
+    ]
+    if val is None:
+        lines.append("No validation record at or before this step.")
+    else:
+        lines += [
+            f"At step {val['step']:,} (masked-LM on the validation split):",
+            "",
+            "| loss | accuracy | perplexity |",
+            "|---|---|---|",
+            f"| {val['val_loss']} | {val['val_accuracy']} | {val['val_perplexity']} |",
+        ]
+    command = _command(facts["argv"], facts["world_size"])
+    lines += ["", "## Training command", "", "```bash", command, "```", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(
+    out: Path,
+    run: Path,
+    state: dict[str, Any],
+    *,
+    architecture: str,
+    parameters: int,
+    tokenizer,
+    language: list[str] | None = None,
+    datasets: list[str] | None = None,
+) -> Path:
+    """Write ``out/README.md`` for the checkpoint whose trainer ``state`` is given; returns it."""
+    tok = {
+        "class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "lowercase": getattr(tokenizer, "do_lower_case", None),
+    }
+    text = render_card(
+        card_facts(run, state),
+        architecture=architecture,
+        parameters=parameters,
+        tokenizer=tok,
+        language=list(language or []),
+        datasets=list(datasets or []),
+    )
+    path = out / "README.md"
+    path.write_text(text, encoding="utf-8")  # inside export's temporary folder: renamed whole
+    return path
