@@ -386,5 +386,7 @@ class CheckpointManager:
             shutil.copy(path / STATE_FILE, tmp / STATE_FILE)
             write_text_atomic(tmp / MARKER, f"universal {path.name}\n")
             os.replace(tmp, out)
+            # DeepSpeed's converter named the temporary folder in latest_universal: name the real one.
+            write_text_atomic(out.parent / "latest_universal", out.name)
         self._barrier()
         return out

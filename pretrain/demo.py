@@ -59,8 +59,9 @@ def write_corpus(path: Path) -> tuple[int, int]:
 
 
 def run_step(name: str, cmd: list[str], log: Path, stream: bool = False) -> float:
-    """Run `cmd` from the repository root with its output in `log` (and on screen if `stream`,
-    which keeps the trainer's progress bar); raise StepFailed with the log's tail on failure."""
+    """Run `cmd` from the repository root with its output in `log` (and on screen if `stream`:
+    the trainer writes plain progress lines into a pipe); raise StepFailed with the log's tail on
+    failure."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,

@@ -205,16 +205,12 @@ class Masker:
         return out, labels, {**stats, **fractions(stats)}
 
     def _unit_starts(self, maskable: np.ndarray, word_start: np.ndarray | None) -> np.ndarray:
-        """[B, T] bool: where a masking unit starts. Units are whole words from the word-start
-        bits, or single tokens; a token after a non-maskable one always starts a unit, so no
-        unit spans a special token."""
+        """Where this masker's units start (whole words only with ``whole_word``)."""
         if not self.cfg.whole_word:
             return maskable
         if word_start is None:
             raise ValueError("whole-word masking needs the shards' word-start bits")
-        prev_maskable = np.zeros_like(maskable)
-        prev_maskable[:, 1:] = maskable[:, :-1]
-        return maskable & (np.asarray(word_start, dtype=bool) | ~prev_maskable)
+        return unit_starts(maskable, word_start)
 
     def _targets(self, positions: np.ndarray, mask_prob: np.ndarray | None,
                  n_maskable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -228,6 +224,17 @@ class Masker:
             p = np.where(np.isnan(override), p, override)
         target = np.floor(p * n_maskable + 0.5).astype(np.int64)
         return p, np.where((n_maskable > 0) & (p > 0), np.maximum(target, 1), 0)
+
+
+def unit_starts(maskable: np.ndarray, word_start: np.ndarray | None) -> np.ndarray:
+    """[B, T] bool: where a masking unit starts. Units are whole words from the word-start bits
+    (single tokens when ``word_start`` is None); a token after a non-maskable one always starts
+    a unit, so no unit spans a special token."""
+    if word_start is None:
+        return maskable
+    prev_maskable = np.zeros_like(maskable)
+    prev_maskable[:, 1:] = maskable[:, :-1]
+    return maskable & (np.asarray(word_start, dtype=bool) | ~prev_maskable)
 
 
 def fractions(counts: dict) -> dict:

@@ -21,16 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pretrain.masking import IGNORE_INDEX
-
-
-def _unit_starts(ids: np.ndarray, special: np.ndarray, word_start: np.ndarray | None) -> np.ndarray:
-    """Unit starts as the masker draws them: a word start, or any token after a special one."""
-    maskable = ~special
-    prev = np.concatenate([[False], maskable[:-1]])
-    if word_start is None:
-        return maskable
-    return maskable & (word_start.astype(bool) | ~prev)
+from pretrain.masking import IGNORE_INDEX, unit_starts
 
 
 def render_sequence(
@@ -42,7 +33,8 @@ def render_sequence(
     id_to_token,
 ) -> dict:
     """One sequence's marked text and its counts (selected, mask, random, kept, units)."""
-    starts = _unit_starts(orig, special[orig], word_start)
+    ws = None if word_start is None else np.asarray(word_start)[None]
+    starts = unit_starts(~special[orig][None], ws)[0]  # as the masker draws them
     selected = labels != IGNORE_INDEX
     pieces: list[str] = []
     counts = {"selected": 0, "mask": 0, "random": 0, "kept": 0, "units": 0}
