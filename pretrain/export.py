@@ -7,6 +7,11 @@ into the training model (strict), maps to ``BertForMaskedLM`` / ``BertForPreTrai
 the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` + the tokenizer.
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
+
+A run trained with ``--share_layers all|groups:G`` (ALBERT-style sharing) is exported as the same
+standard BERT class with the shared weights copied into every layer that uses them: the folder
+loads anywhere ``BertForMaskedLM`` does and computes exactly what the trained model computes; it is
+as large on disk as an unshared model of the same depth.
 """
 from __future__ import annotations
 
@@ -97,7 +102,8 @@ def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | 
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
     tok.save_pretrained(str(tmp))
     result: dict[str, Any] = {"checkpoint": str(ckpt), "step": state["step"], "output": str(output),
-                              "architecture": model.hf_architecture}
+                              "architecture": model.hf_architecture,
+                              "share_layers": model.share_layers}
     if verify:
         result.update(verify_export(tmp, nsp))
     shutil.rmtree(output, ignore_errors=True)
@@ -121,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
           f"to {res['output']}")
+    if res["share_layers"] != "none":
+        print(f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "
+              "into every layer of the exported model")
     for pred in res.get("fill_mask", []):
         print(f"  fill-mask: {pred['token_str']!r} {pred['score']:.3f}")
     return 0
