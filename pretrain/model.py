@@ -192,6 +192,14 @@ class BertForPretrainingMasked(BertPreTrainedModel):
     def _check_shared_copies_agree(self, module, state_dict, prefix, *args) -> None:
         """A state dict whose layers of one sharing group hold different values (a checkpoint of
         a model without sharing) would silently keep the last layer's; refuse it instead."""
+        problem = self.shared_copies_disagree(state_dict, prefix)
+        if problem:
+            raise ValueError(problem)
+
+    def shared_copies_disagree(self, state_dict: dict[str, torch.Tensor], prefix: str = ""
+                               ) -> str | None:
+        """Why `state_dict` cannot load into this model's shared layers (the first key whose
+        value differs from its group's first layer), or None when every shared copy agrees."""
         head = f"{prefix}bert.encoder.layer."
         for i, src in enumerate(self.layer_groups):
             for key in [k for k in state_dict if k.startswith(f"{head}{i}.")] if src != i else ():
@@ -199,11 +207,11 @@ class BertForPretrainingMasked(BertPreTrainedModel):
                 val = state_dict[key]
                 if ref is not None and ref.shape == val.shape and val.numel() and not torch.equal(
                         ref.to(val.device, val.dtype), val):
-                    raise ValueError(
-                        f"state dict key {key} differs from {head}{src}.*, but this model shares "
-                        f"layer {i}'s weights with layer {src} (share_layers="
-                        f"{self.share_layers!r}); load a checkpoint trained with the same "
-                        "--share_layers, or build the model with --share_layers none")
+                    return (f"state dict key {key} differs from {head}{src}.*, but this model "
+                            f"shares layer {i}'s weights with layer {src} (share_layers="
+                            f"{self.share_layers!r}); load a checkpoint trained with the same "
+                            "--share_layers, or build the model with --share_layers none")
+        return None
 
     def register_zero3_external_parameters(self) -> None:
         """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the

@@ -280,3 +280,20 @@ def test_export_copies_shared_weights_and_matches_trained_logits(shared_runs, tm
         )
         logits = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     torch.testing.assert_close(logits[batch["labels"] != IGNORE_INDEX], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+    from tiny_bert import build_tiny_bert
+
+    from pretrain.init_from import InitError, init_model_config, load_initial_weights
+
+    folder = build_tiny_bert(tmp_path / "bert", layers=2)
+    cfg = init_model_config(folder, dataclasses.replace(TINY4, share_layers="all"), {})
+    assert cfg.share_layers == "all" and cfg.num_hidden_layers == 2  # depth from the checkpoint
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    model = build_model(cfg, vocab)
+    with pytest.raises(InitError, match="shares layer 1's weights with layer 0"):
+        load_initial_weights(model, folder, tokenizer_dir_of_shards=folder)
