@@ -297,3 +297,24 @@ def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
     model = build_model(cfg, vocab)
     with pytest.raises(InitError, match="shares layer 1's weights with layer 0"):
         load_initial_weights(model, folder, tokenizer_dir_of_shards=folder)
+
+
+def test_dry_run_reports_distinct_parameters(english_shards):
+    from pretrain.data import DataConfig
+    from pretrain.dry_run import run_dry_run
+    from pretrain.masking import MaskingConfig
+
+    counts, out = {}, io.StringIO()
+    for spec in ("none", "groups:2"):
+        report = run_dry_run(
+            str(english_shards),
+            dataclasses.replace(TINY4, share_layers=spec),
+            MaskingConfig(),
+            DataConfig(),
+            num_batches=1,
+            micro_batch_size=2,
+            stream=out,
+        )
+        counts[spec] = report["model"]["parameters"]
+    assert counts["none"] - counts["groups:2"] == 2 * _layer_numel(TINY4)
+    assert "layers 4 (weights shared: groups:2)" in out.getvalue()
