@@ -318,3 +318,29 @@ def test_dry_run_reports_distinct_parameters(english_shards):
         counts[spec] = report["model"]["parameters"]
     assert counts["none"] - counts["groups:2"] == 2 * _layer_numel(TINY4)
     assert "layers 4 (weights shared: groups:2)" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_universal_resume_on_two_ranks_with_shared_layers(shared_runs, english_shards, tmp_path):
+    run = tmp_path / "two_ranks"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(shared_runs[3] / "checkpoints" / tag_for(2), run / "checkpoints" / tag_for(2))
+    proc = launch(
+        [
+            "--ds_config",
+            str(_ds_config(tmp_path, 3)),
+            "--data",
+            str(english_shards),
+            "--output_dir",
+            str(run),
+            "--resume",
+            "auto",
+        ]
+        + TRAIN,
+        nproc=2,
+    )
+    assert "saved on 1 ranks, now 2" in proc.stdout + proc.stderr
+    ref, got = _losses(shared_runs[3]), _losses(run)
+    assert sorted(got) == [3, 4]
+    # Same weights, optimizer state and data; only dropout's random stream differs.
+    assert got[3] == pytest.approx(ref[3], rel=0.02)
