@@ -186,8 +186,13 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         for i, src in enumerate(self.layer_groups):
             if src != i:
                 _share_module_parameters(layers[i], layers[src])
-        if any(src != i for i, src in enumerate(self.layer_groups)):
+        if self.shares_layers:
             self.register_load_state_dict_pre_hook(self._check_shared_copies_agree)
+
+    @property
+    def shares_layers(self) -> bool:
+        """True when some encoder layers use another layer's weights (--share_layers)."""
+        return any(src != i for i, src in enumerate(self.layer_groups))
 
     def _check_shared_copies_agree(self, module, state_dict, prefix, *args) -> None:
         """A state dict whose layers of one sharing group hold different values (a checkpoint of
@@ -314,8 +319,7 @@ class BertForPretrainingMasked(BertPreTrainedModel):
             # weight would receive (and ZeRO reduce) one gradient per layer that uses it, which
             # ZeRO refuses; the non-reentrant variant keeps one backward graph (one gradient,
             # summed by autograd) and honours the same activation-checkpointing config.
-            shared = any(src != i for i, src in enumerate(self.layer_groups))
-            func = (deepspeed.checkpointing.non_reentrant_checkpoint if shared
+            func = (deepspeed.checkpointing.non_reentrant_checkpoint if self.shares_layers
                     else deepspeed.checkpointing.checkpoint)
             self._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
         self.checkpointing = mode
