@@ -348,6 +348,12 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
                      "instead of training")
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
+    from pretrain.model import layer_groups  # (a --config_json depth is checked again at build)
+
+    try:
+        layer_groups(cfg.model_cfg.share_layers, cfg.model_cfg.num_hidden_layers)
+    except ValueError as e:
+        parser.error(str(e))
     log = cfg.log
     if bool(log.downstream_eval) != (log.downstream_interval > 0):
         parser.error("--downstream_eval and --downstream_interval go together")

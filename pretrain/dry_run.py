@@ -73,6 +73,7 @@ def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: Mask
                    "data": dataclasses.asdict(data_cfg), **(extra_config or {})},
         "model": {
             "architecture": model.hf_architecture,
+            # Distinct parameters: weights shared between layers (--share_layers) count once.
             "parameters": int(model.num_parameters()),
             "flops_per_token": model.flops_per_token(seq_len, masking["selected_fraction"]),
             "seq_len": seq_len,
@@ -95,6 +96,12 @@ def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: Mask
     return report
 
 
+def _sharing(model_cfg: dict[str, Any]) -> str:
+    """" (weights shared: all)" for a model with --share_layers, else ""."""
+    spec = model_cfg.get("share_layers", "none")
+    return "" if spec == "none" else f" (weights shared: {spec})"
+
+
 def format_report(r: dict[str, Any]) -> str:
     """Human-readable form of a dry-run report."""
     m, s, k = r["model"], r["shards"], r["masking"]
@@ -102,7 +109,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [
         "== dry run: nothing is trained ==",
         (f"model   {cm['name']}: {m['architecture']}, hidden {cm['hidden_size']}, layers "
-         f"{cm['num_hidden_layers']}, heads {cm['num_attention_heads']}, "
+         f"{cm['num_hidden_layers']}{_sharing(cm)}, heads {cm['num_attention_heads']}, "
          f"ffn {cm['intermediate_size']}"),
         (f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "
          f"token (train, seq {m['seq_len']}); vocab {m['vocab_size']} padded to "

@@ -8,6 +8,11 @@ the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` +
 + a model card (README.md, see :mod:`pretrain.model_card`).
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
+
+A run trained with ``--share_layers all|groups:G`` (ALBERT-style sharing) is exported as the same
+standard BERT class with the shared weights copied into every layer that uses them: the folder
+loads anywhere ``BertForMaskedLM`` does and computes exactly what the trained model computes; it is
+as large on disk as an unshared model of the same depth.
 """
 from __future__ import annotations
 
@@ -104,7 +109,8 @@ def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | 
                      parameters=sum(p.numel() for p in hf_model.parameters()),
                      language=language, datasets=datasets)
     result: dict[str, Any] = {"checkpoint": str(ckpt), "step": state["step"], "output": str(output),
-                              "architecture": model.hf_architecture}
+                              "architecture": model.hf_architecture,
+                              "share_layers": model.share_layers}
     if verify:
         result.update(verify_export(tmp, nsp))
     shutil.rmtree(output, ignore_errors=True)
@@ -132,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
           f"to {res['output']}")
+    if res["share_layers"] != "none":
+        print(f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "
+              "into every layer of the exported model")
     for pred in res.get("fill_mask", []):
         print(f"  fill-mask: {pred['token_str']!r} {pred['score']:.3f}")
     return 0

@@ -498,6 +498,9 @@ def load_initial_weights(
     if POS_EMB in sd:
         _check_positions(int(sd[POS_EMB].shape[0]), max_seq_len, Path(path))
     _mlm_bias(sd, report)
+    disagree = model.shared_copies_disagree(sd)
+    if disagree:  # --share_layers: copying layer by layer would keep the last layer's weights
+        raise InitError(f"--init_from {path}: {disagree}")
     used: set[str] = set()
     mismatched = []
     with torch.no_grad(), _gathered(model):

@@ -6,6 +6,13 @@ strict checking. The MLM head gathers the masked rows first (as MosaicBERT does)
 decoder matmul and softmax cross-entropy on them only, through `kernels.masked_lm_loss`. The
 vocabulary is padded to a multiple of 8 for fast matmuls; the padding columns take no part in the
 softmax, loss or argmax (the kernel receives `vocab_size=true_vocab_size`).
+
+Cross-layer sharing (``ModelConfig.share_layers``, ALBERT-style): every encoder layer keeps its
+own module (so hooks, activation checkpointing and the state-dict names stay per layer), but the
+layers of one group hold the *same* ``nn.Parameter`` objects as the group's first layer. Autograd
+sums a shared weight's gradient over the layers that use it; ``parameters()`` (hence the
+optimizer, ZeRO partitioning and parameter counts) sees it once; ``torch.save`` and DeepSpeed's
+``shared_params`` store it once while ``state_dict()`` still lists every layer's name.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import kernels
 from kernels import IGNORE_INDEX
 
 CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
+SHARE_LAYERS_HELP = "none, all, or groups:G with G dividing num_hidden_layers"
 
 
 @dataclass
@@ -50,6 +58,8 @@ class ModelConfig:
     vocab_multiple: int = 8  # pad the vocabulary (embedding/decoder rows) to this multiple
     config_json: str | None = None  # BERT config.json whose architecture replaces the fields above
     loss_impl: str = "auto"  # kernels.masked_lm_loss implementation: auto | triton | torch
+    share_layers: str = "none"  # cross-layer weight sharing (ALBERT): none | all (one set of
+    # layer weights for every layer) | groups:G (G groups of consecutive layers, one set each)
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -76,6 +86,40 @@ def preset(name: str) -> ModelConfig:
 _ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
                 "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
+
+
+def layer_groups(share_layers: str, num_layers: int) -> list[int]:
+    """Index of the layer whose weights layer i uses, for each of `num_layers` layers.
+
+    "none" -> [0, 1, ..., L-1]; "all" -> [0] * L; "groups:G" -> G runs of L/G consecutive layers,
+    each pointing at its run's first layer. Anything else is a ValueError naming the flag.
+    """
+    spec = share_layers.strip().lower()
+    if spec == "none":
+        return list(range(num_layers))
+    if spec == "all":
+        return [0] * num_layers
+    groups = None
+    if spec.startswith("groups:"):
+        try:
+            groups = int(spec.split(":", 1)[1])
+        except ValueError:
+            groups = None
+    if groups is None or groups < 1:
+        raise ValueError(f"--share_layers {share_layers!r}: choose {SHARE_LAYERS_HELP}")
+    if num_layers % groups:
+        raise ValueError(f"--share_layers {share_layers!r}: {num_layers} layers do not split into "
+                         f"{groups} equal groups; choose {SHARE_LAYERS_HELP}")
+    size = num_layers // groups
+    return [(i // size) * size for i in range(num_layers)]
+
+
+def _share_module_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """Make every parameter of `dst` the very Parameter object of `src` at the same path."""
+    for path, sub in src.named_modules():
+        target = dst.get_submodule(path) if path else dst
+        for name, param in sub.named_parameters(recurse=False):
+            setattr(target, name, param)
 
 
 def padded_vocab(vocab_size: int, multiple: int) -> int:
@@ -126,7 +170,8 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     }
 
-    def __init__(self, config: BertConfig, true_vocab_size: int, nsp: bool, loss_impl: str = "auto"):
+    def __init__(self, config: BertConfig, true_vocab_size: int, nsp: bool, loss_impl: str = "auto",
+                 share_layers: str = "none"):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=nsp)
         self.cls = BertPreTrainingHeads(config) if nsp else BertOnlyMLMHead(config)
@@ -134,7 +179,44 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         self.true_vocab_size = int(true_vocab_size)
         self.loss_impl = loss_impl
         self.checkpointing = "none"
+        self.share_layers = share_layers
+        self.layer_groups = layer_groups(share_layers, config.num_hidden_layers)
         self.post_init()
+        layers = self.bert.encoder.layer
+        for i, src in enumerate(self.layer_groups):
+            if src != i:
+                _share_module_parameters(layers[i], layers[src])
+        if self.shares_layers:
+            self.register_load_state_dict_pre_hook(self._check_shared_copies_agree)
+
+    @property
+    def shares_layers(self) -> bool:
+        """True when some encoder layers use another layer's weights (--share_layers)."""
+        return any(src != i for i, src in enumerate(self.layer_groups))
+
+    def _check_shared_copies_agree(self, module, state_dict, prefix, *args) -> None:
+        """A state dict whose layers of one sharing group hold different values (a checkpoint of
+        a model without sharing) would silently keep the last layer's; refuse it instead."""
+        problem = self.shared_copies_disagree(state_dict, prefix)
+        if problem:
+            raise ValueError(problem)
+
+    def shared_copies_disagree(self, state_dict: dict[str, torch.Tensor], prefix: str = ""
+                               ) -> str | None:
+        """Why `state_dict` cannot load into this model's shared layers (the first key whose
+        value differs from its group's first layer), or None when every shared copy agrees."""
+        head = f"{prefix}bert.encoder.layer."
+        for i, src in enumerate(self.layer_groups):
+            for key in [k for k in state_dict if k.startswith(f"{head}{i}.")] if src != i else ():
+                ref = state_dict.get(f"{head}{src}." + key[len(f"{head}{i}."):])
+                val = state_dict[key]
+                if ref is not None and ref.shape == val.shape and val.numel() and not torch.equal(
+                        ref.to(val.device, val.dtype), val):
+                    return (f"state dict key {key} differs from {head}{src}.*, but this model "
+                            f"shares layer {i}'s weights with layer {src} (share_layers="
+                            f"{self.share_layers!r}); load a checkpoint trained with the same "
+                            "--share_layers, or build the model with --share_layers none")
+        return None
 
     def register_zero3_external_parameters(self) -> None:
         """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the
@@ -233,8 +315,13 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         else:
             import deepspeed
 
-            self._set_gradient_checkpointing(
-                enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+            # DeepSpeed's reentrant checkpoint runs a separate backward per layer, so a shared
+            # weight would receive (and ZeRO reduce) one gradient per layer that uses it, which
+            # ZeRO refuses; the non-reentrant variant keeps one backward graph (one gradient,
+            # summed by autograd) and honours the same activation-checkpointing config.
+            func = (deepspeed.checkpointing.non_reentrant_checkpoint if self.shares_layers
+                    else deepspeed.checkpointing.checkpoint)
+            self._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
         self.checkpointing = mode
 
     def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
@@ -289,4 +376,6 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *,
                          f"max_position_embeddings {cfg.max_position_embeddings}")
     if cfg.loss_impl not in ("auto", "triton", "torch"):
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
-    return BertForPretrainingMasked(bert_config(cfg, vocab_size), vocab_size, nsp, cfg.loss_impl)
+    conf = bert_config(cfg, vocab_size)
+    layer_groups(cfg.share_layers, conf.num_hidden_layers)  # a bad spec fails before any allocation
+    return BertForPretrainingMasked(conf, vocab_size, nsp, cfg.loss_impl, cfg.share_layers)

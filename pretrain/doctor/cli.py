@@ -278,7 +278,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     rows += found
     if probes:
         checkpointing = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
-        shape = model_shape(cfg.run.model_preset, sources[0].path, opts.seq_len,
+        shape = model_shape(cfg.model_cfg, sources[0].path, opts.seq_len,
                             checkpointing != "none")
         # Without a valid plan, estimate with the micro batch the user asked for.
         micro = plan.micro_batch if plan else (

@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pretrain.model import ModelConfig
 
 GIB = 1 << 30
 RUNTIME_BYTES = 1 * GIB  # CUDA context / allocator slack, or the Python+torch process on a CPU
@@ -34,7 +37,8 @@ class ModelShape:
     """What the estimate needs to know about the model and the sequences."""
 
     name: str  # preset name
-    params: int  # number of parameters (exact, from the model built on the meta device)
+    params: int  # number of distinct parameters (exact, from the model built on the meta device;
+    # weights shared between layers counted once)
     hidden: int  # hidden size h
     layers: int  # encoder layers L
     heads: int  # attention heads a
@@ -77,33 +81,39 @@ class MemoryEstimate:
         )
 
 
-def count_params(preset: str, vocab_size: int, nsp: bool) -> tuple[int, Any]:
-    """(parameter count, (ModelConfig, padded vocabulary)) of the trainer's model, built on the
-    meta device (no memory used)."""
+def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[int, Any]:
+    """(parameter count, (ModelConfig, padded vocabulary)) of the trainer's model for a preset name
+    or a full ModelConfig (flag overrides such as --num_hidden_layers and --share_layers
+    included), built on the meta device (no memory used)."""
     import torch
 
     from pretrain.model import build_model, padded_vocab
     from pretrain.model import preset as preset_config
 
-    cfg = preset_config(preset)
+    cfg = preset_config(model) if isinstance(model, str) else model
     with torch.device("meta"):
-        model = build_model(cfg, vocab_size, nsp)
-    # Tied decoder weight counted once, as DeepSpeed partitions it once.
-    n = sum(p.numel() for p in model.parameters())
+        built = build_model(cfg, vocab_size, nsp)
+    # parameters() yields each Parameter object once: the tied decoder weight and the weights of
+    # layers that share them (--share_layers) are counted once, as DeepSpeed partitions them once.
+    n = sum(p.numel() for p in built.parameters())
     return n, (cfg, padded_vocab(vocab_size, cfg.vocab_multiple))
 
 
-def model_shape(preset: str, data: Path, seq_len: int | None, checkpointing: bool) -> ModelShape:
-    """Shape of `preset` for the shards in `data` (vocabulary, format, max_seq_len from the
-    manifest; BERT's 30522 / nsp off / 128 when the folder is not on this node)."""
+def model_shape(
+    model: str | ModelConfig, data: Path, seq_len: int | None, checkpointing: bool
+) -> ModelShape:
+    """Shape of `model` (a preset name or the run's ModelConfig) for the shards in `data`
+    (vocabulary, format, max_seq_len from the manifest; BERT's 30522 / nsp off / 128 when the
+    folder is not on this node). Shared layers hold their weights once but still each compute
+    (and keep activations) per layer, so `layers` stays num_hidden_layers."""
     vocab, nsp, max_len = 30522, False, 128
     manifest = data / "manifest.json"
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         vocab, nsp, max_len = m["tokenizer"]["vocab_size"], m["format"] == "nsp", m["max_seq_len"]
-    n, (cfg, padded) = count_params(preset, vocab, nsp)
+    n, (cfg, padded) = count_params(model, vocab, nsp)
     return ModelShape(
-        preset,
+        cfg.name,
         n,
         cfg.hidden_size,
         cfg.num_hidden_layers,
