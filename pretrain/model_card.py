@@ -114,6 +114,15 @@ def _command(argv: list[str] | None, world_size: int | None) -> str:
     return line
 
 
+def _sharing(model: dict[str, Any]) -> list[str]:
+    """A line for a model trained with cross-layer sharing (the export repeats the weights)."""
+    share = model.get("share_layers", "none")
+    if share in (None, "none"):
+        return []
+    return [f"- trained with shared layer weights (`--share_layers {share}`); this folder holds a "
+            "copy in every layer, so the parameter count above counts each copy"]
+
+
 def render_card(
     facts: dict[str, Any],
     *,
@@ -141,6 +150,7 @@ def render_card(
         f"- hidden size {model.get('hidden_size')}, layers {model.get('num_hidden_layers')}, "
         f"attention heads {model.get('num_attention_heads')}, "
         f"feed-forward {model.get('intermediate_size')}",
+        *_sharing(model),
         "",
         "## Tokenizer",
         "",
