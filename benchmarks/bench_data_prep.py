@@ -18,6 +18,7 @@ another folder (`prepare`, then `build --num_partitions N --partition K` for eac
 merges), with the same tokenizer and workers, checks that the shard files are byte-identical and
 prints each part's time against the whole's (ideal: 1/N; every part still reads the whole input).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,15 +62,16 @@ def run_baseline(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_l
     def tokenize_function(examples):
         return tokenizer(examples["text"], return_special_tokens_mask=True)
 
-    tokenized = raw.map(tokenize_function, batched=True, num_proc=workers,
-                        remove_columns=["text"])
+    tokenized = raw.map(tokenize_function, batched=True, num_proc=workers, remove_columns=["text"])
 
     def group_texts(examples):
         concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
         total = len(concatenated[list(examples.keys())[0]])
         total = (total // max_seq_len) * max_seq_len
-        return {k: [t[i:i + max_seq_len] for i in range(0, total, max_seq_len)]
-                for k, t in concatenated.items()}
+        return {
+            k: [t[i : i + max_seq_len] for i in range(0, total, max_seq_len)]
+            for k, t in concatenated.items()
+        }
 
     grouped = tokenized.map(group_texts, batched=True, num_proc=workers)
     grouped.save_to_disk(str(out))
@@ -78,42 +80,64 @@ def run_baseline(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_l
     lengths = [len(x) for x in tokenized["train"]["input_ids"]]
     corpus_tokens = sum(lengths) - 2 * len(lengths)
     stored = len(grouped["train"]) * max_seq_len
-    return {"seconds": seconds, "corpus_tokens": corpus_tokens, "stored_tokens": stored,
-            "bytes": folder_bytes(out)}
+    return {
+        "seconds": seconds,
+        "corpus_tokens": corpus_tokens,
+        "stored_tokens": stored,
+        "bytes": folder_bytes(out),
+    }
 
 
 def run_ours(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_len: int) -> dict:
     from data_prep.build import BuildConfig, build
     from data_prep.sequences import SequenceConfig
 
-    cfg = BuildConfig(inputs=(str(corpus),), output=out, tokenizer=str(tok_dir),
-                      sequences=SequenceConfig(max_seq_len=max_seq_len), workers=workers,
-                      validation_fraction=0.01)
+    cfg = BuildConfig(
+        inputs=(str(corpus),),
+        output=out,
+        tokenizer=str(tok_dir),
+        sequences=SequenceConfig(max_seq_len=max_seq_len),
+        workers=workers,
+        validation_fraction=0.01,
+    )
     t0 = time.perf_counter()
     m = build(cfg, argv=["bench_data_prep"])
     seconds = time.perf_counter() - t0
-    shard_bytes = sum(f["bytes"] for s in m["splits"].values() for sh in s["shards"]
-                      for f in sh["files"].values())
-    return {"seconds": seconds,
-            "corpus_tokens": sum(s["corpus_tokens"] for s in m["splits"].values()),
-            "stored_tokens": sum(s["tokens"] for s in m["splits"].values()),
-            "bytes": shard_bytes}
+    shard_bytes = sum(
+        f["bytes"] for s in m["splits"].values() for sh in s["shards"] for f in sh["files"].values()
+    )
+    return {
+        "seconds": seconds,
+        "corpus_tokens": sum(s["corpus_tokens"] for s in m["splits"].values()),
+        "stored_tokens": sum(s["tokens"] for s in m["splits"].values()),
+        "bytes": shard_bytes,
+    }
 
 
-def run_partitions(corpus: Path, tok_dir: Path, work: Path, n: int, workers: int,
-                   max_seq_len: int, shard_docs: int) -> dict:
+def run_partitions(
+    corpus: Path, tok_dir: Path, work: Path, n: int, workers: int, max_seq_len: int, shard_docs: int
+) -> dict:
     """Whole build vs n parts one after another (see the module doc); seconds of each."""
     from data_prep.build import BuildConfig, build, prepare
     from data_prep.sequences import SequenceConfig
 
     def cfg(out: Path, **kw) -> BuildConfig:
-        return BuildConfig(inputs=(str(corpus),), output=out, tokenizer=str(tok_dir),
-                           sequences=SequenceConfig(max_seq_len=max_seq_len), workers=workers,
-                           validation_fraction=0.01, shard_docs=shard_docs, **kw)
+        return BuildConfig(
+            inputs=(str(corpus),),
+            output=out,
+            tokenizer=str(tok_dir),
+            sequences=SequenceConfig(max_seq_len=max_seq_len),
+            workers=workers,
+            validation_fraction=0.01,
+            shard_docs=shard_docs,
+            **kw,
+        )
 
     def cpu() -> float:  # this process and its finished children (the pool's workers)
-        return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
-                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        return sum(
+            resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        )
 
     t0, c0 = time.perf_counter(), cpu()
     whole = build(cfg(work / "whole"), argv=["bench"])
@@ -128,13 +152,21 @@ def run_partitions(corpus: Path, tok_dir: Path, work: Path, n: int, workers: int
         part_s.append(time.perf_counter() - t0)
         part_cpu.append(cpu() - c0)
     files = sorted(p.relative_to(work / "whole") for p in (work / "whole").rglob("shard-*"))
-    identical = all((work / "whole" / f).read_bytes() == (work / "parts" / f).read_bytes()
-                    for f in files) and len(files) == len(list((work / "parts").rglob("shard-*")))
-    return {"whole_seconds": whole_s, "prepare_seconds": prepare_s, "part_seconds": part_s,
-            "whole_cpu_seconds": whole_cpu, "part_cpu_seconds": part_cpu,
-            "slowest_part_cpu_over_whole": max(part_cpu) / whole_cpu,
-            "units": len(whole["splits"]["train"]["shards"]), "shard_files": len(files),
-            "byte_identical": identical, "slowest_part_over_whole": max(part_s) / whole_s}
+    identical = all(
+        (work / "whole" / f).read_bytes() == (work / "parts" / f).read_bytes() for f in files
+    ) and len(files) == len(list((work / "parts").rglob("shard-*")))
+    return {
+        "whole_seconds": whole_s,
+        "prepare_seconds": prepare_s,
+        "part_seconds": part_s,
+        "whole_cpu_seconds": whole_cpu,
+        "part_cpu_seconds": part_cpu,
+        "slowest_part_cpu_over_whole": max(part_cpu) / whole_cpu,
+        "units": len(whole["splits"]["train"]["shards"]),
+        "shard_files": len(files),
+        "byte_identical": identical,
+        "slowest_part_over_whole": max(part_s) / whole_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab_size", type=int, default=16000)
     p.add_argument("--work_dir", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    p.add_argument("--partitions", type=int, default=None,
-                   help="time N parts one after another against one build of the whole")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="time N parts one after another against one build of the whole",
+    )
     p.add_argument("--shard_docs", type=int, default=2000, help="--partitions: units' size")
     args = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -165,25 +201,41 @@ def main(argv: list[str] | None = None) -> int:
         tok_dir = work / "run" / "tokenizer"
         text = args.corpus.read_text(encoding="utf-8")
         train_wordpiece(iter(text.split("\n\n")), args.vocab_size, True, tok_dir)
-        print(f"corpus: {args.corpus.name} x{args.repeat} = {size / 1e6:.1f} MB; "
-              f"workers {args.workers}; max_seq_len {args.max_seq_len}", flush=True)
+        print(
+            f"corpus: {args.corpus.name} x{args.repeat} = {size / 1e6:.1f} MB; "
+            f"workers {args.workers}; max_seq_len {args.max_seq_len}",
+            flush=True,
+        )
         if args.partitions:
-            r = run_partitions(corpus, tok_dir, work / "run", args.partitions, args.workers,
-                               args.max_seq_len, args.shard_docs)
-            print(f"whole build {r['whole_seconds']:.2f} s ({r['units']} work units); prepare "
-                  f"{r['prepare_seconds']:.2f} s; parts " + ", ".join(
-                      f"{t:.2f}" for t in r["part_seconds"]) + f" s; slowest part / whole "
-                  f"{r['slowest_part_over_whole']:.3f} (ideal {1 / args.partitions:.3f}); "
-                  f"{r['shard_files']} shard files byte-identical: {r['byte_identical']}")
-            print(f"CPU seconds (process + workers): whole {r['whole_cpu_seconds']:.2f}, parts "
-                  + ", ".join(f"{t:.2f}" for t in r["part_cpu_seconds"])
-                  + f"; largest part / whole {r['slowest_part_cpu_over_whole']:.3f}; load "
-                  f"average {os.getloadavg()[0]:.1f}")
+            r = run_partitions(
+                corpus,
+                tok_dir,
+                work / "run",
+                args.partitions,
+                args.workers,
+                args.max_seq_len,
+                args.shard_docs,
+            )
+            print(
+                f"whole build {r['whole_seconds']:.2f} s ({r['units']} work units); prepare "
+                f"{r['prepare_seconds']:.2f} s; parts "
+                + ", ".join(f"{t:.2f}" for t in r["part_seconds"])
+                + f" s; slowest part / whole "
+                f"{r['slowest_part_over_whole']:.3f} (ideal {1 / args.partitions:.3f}); "
+                f"{r['shard_files']} shard files byte-identical: {r['byte_identical']}"
+            )
+            print(
+                f"CPU seconds (process + workers): whole {r['whole_cpu_seconds']:.2f}, parts "
+                + ", ".join(f"{t:.2f}" for t in r["part_cpu_seconds"])
+                + f"; largest part / whole {r['slowest_part_cpu_over_whole']:.3f}; load "
+                f"average {os.getloadavg()[0]:.1f}"
+            )
             if args.json:
                 args.json.write_text(json.dumps({"corpus_bytes": size, **r}, indent=1))
             return 0 if r["byte_identical"] else 1
-        base = run_baseline(corpus, tok_dir, work / "run" / "hf_out", args.workers,
-                            args.max_seq_len)
+        base = run_baseline(
+            corpus, tok_dir, work / "run" / "hf_out", args.workers, args.max_seq_len
+        )
         ours = run_ours(corpus, tok_dir, work / "run" / "shards", args.workers, args.max_seq_len)
     finally:
         if args.work_dir is None:
@@ -194,17 +246,29 @@ def main(argv: list[str] | None = None) -> int:
         r["bytes_per_stored_token"] = r["bytes"] / r["stored_tokens"]
         r["bytes_per_corpus_token"] = r["bytes"] / r["corpus_tokens"]
         rows[name] = r
-        print(f"{name:28s} {r['seconds']:7.2f} s  {r['tokens_per_s'] / 1e6:6.3f} M tokens/s  "
-              f"{r['bytes_per_stored_token']:.3f} B/stored token  "
-              f"{r['bytes_per_corpus_token']:.3f} B/corpus token  ({r['bytes'] / 1e6:.1f} MB)")
+        print(
+            f"{name:28s} {r['seconds']:7.2f} s  {r['tokens_per_s'] / 1e6:6.3f} M tokens/s  "
+            f"{r['bytes_per_stored_token']:.3f} B/stored token  "
+            f"{r['bytes_per_corpus_token']:.3f} B/corpus token  ({r['bytes'] / 1e6:.1f} MB)"
+        )
     speedup = ours["tokens_per_s"] / base["tokens_per_s"]
     smaller = base["bytes_per_corpus_token"] / ours["bytes_per_corpus_token"]
     print(f"speed-up {speedup:.2f}x tokens/s; {smaller:.2f}x fewer bytes per corpus token")
     if args.json:
-        args.json.write_text(json.dumps({"corpus_bytes": size, "repeat": args.repeat,
-                                         "workers": args.workers, "machine": platform.machine(),
-                                         "cpus": os.cpu_count(), "results": rows,
-                                         "speedup": speedup}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "corpus_bytes": size,
+                    "repeat": args.repeat,
+                    "workers": args.workers,
+                    "machine": platform.machine(),
+                    "cpus": os.cpu_count(),
+                    "results": rows,
+                    "speedup": speedup,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

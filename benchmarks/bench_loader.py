@@ -17,6 +17,7 @@ Target: >= 20,000 sequences/s for ours.
 --shards and DIR2 (`pretrain.mixture`: two sources, per-source sample order, rows joined from two
 batched reads) with the same masking; target: within 10% of one build.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,29 @@ sys.path.insert(0, str(REPO))
 def build_shards(corpus: Path, out: Path, max_seq_len: int, shard_docs: int | None) -> Path:
     """Packed shards of `corpus` with a 30522-entry WordPiece vocabulary (BERT's size)."""
     extra = ["--shard_docs", str(shard_docs)] if shard_docs else []
-    subprocess.run([sys.executable, "-m", "data_prep", "build", "--input", str(corpus), "--output",
-                    str(out), "--vocab_size", "30522", "--max_seq_len", str(max_seq_len),
-                    "--validation_fraction", "0.01", "--workers", "2", *extra], cwd=REPO,
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_prep",
+            "build",
+            "--input",
+            str(corpus),
+            "--output",
+            str(out),
+            "--vocab_size",
+            "30522",
+            "--max_seq_len",
+            str(max_seq_len),
+            "--validation_fraction",
+            "0.01",
+            "--workers",
+            "2",
+            *extra,
+        ],
+        cwd=REPO,
+        check=True,
+    )
     return out
 
 
@@ -89,10 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="measuring time per loader")
     p.add_argument("--batch", type=int, default=256, help="sequences per batch")
     p.add_argument("--max_seq_len", type=int, default=128)
-    p.add_argument("--shard_docs", type=int, default=None,
-                   help="documents per shard when building (default: data_prep's)")
-    p.add_argument("--mixture", type=Path, default=None,
-                   help="a second build (same tokenizer): also time a 50/50 mixture with it")
+    p.add_argument(
+        "--shard_docs",
+        type=int,
+        default=None,
+        help="documents per shard when building (default: data_prep's)",
+    )
+    p.add_argument(
+        "--mixture",
+        type=Path,
+        default=None,
+        help="a second build (same tokenizer): also time a 50/50 mixture with it",
+    )
     args = p.parse_args(argv)
     if not args.shards and not args.corpus:
         p.error("give a corpus file to build shards from, or --shards DIR")
@@ -107,28 +135,36 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # one process, one core: the loader's own budget
     with tempfile.TemporaryDirectory() as tmp:
-        shards = args.shards or build_shards(args.corpus, Path(tmp) / "shards", args.max_seq_len,
-                                             args.shard_docs)
+        shards = args.shards or build_shards(
+            args.corpus, Path(tmp) / "shards", args.max_seq_len, args.shard_docs
+        )
         reader = ShardReader(shards)
         lengths = reader.sequence_lengths()
         n_shards = len(reader.manifest["splits"]["train"]["shards"])
-        print(f"shards: {reader}; {n_shards} train shards; mean length {lengths.mean():.1f}, "
-              f"{(lengths == reader.max_seq_len).mean():.0%} at max_seq_len {reader.max_seq_len}")
+        print(
+            f"shards: {reader}; {n_shards} train shards; mean length {lengths.mean():.1f}, "
+            f"{(lengths == reader.max_seq_len).mean():.0%} at max_seq_len {reader.max_seq_len}"
+        )
         loaders, pairs = {}, {}
-        for kind, masking in (("token", MaskingConfig()),
-                              ("whole-word", MaskingConfig(whole_word=True))):
-            loader = build_loader(reader, DataConfig(num_workers=0), masking,
-                                  micro_batch_size=args.batch)
+        for kind, masking in (
+            ("token", MaskingConfig()),
+            ("whole-word", MaskingConfig(whole_word=True)),
+        ):
+            loader = build_loader(
+                reader, DataConfig(num_workers=0), masking, micro_batch_size=args.batch
+            )
             it = iter(loader)
-            loaders[f"ours, {kind} masking, batched read"] = \
-                lambda it=it: len(next(it)["input_ids"])
+            loaders[f"ours, {kind} masking, batched read"] = lambda it=it: len(
+                next(it)["input_ids"]
+            )
             # The same dataset and sampler, reading one sequence at a time (the former path).
             old = copy.copy(loader.dataset)
             old.read = lambda plan, ds=old: per_sample_read(ds, plan)
             pairs[kind] = (loader.dataset, old)
             plans = iter(GlobalSampler(len(reader), args.batch, seed=DataConfig().seed))
-            loaders[f"ours, {kind} masking, per-sample read"] = \
-                lambda old=old, plans=plans: len(old.__getitems__(next(plans))["input_ids"])
+            loaders[f"ours, {kind} masking, per-sample read"] = lambda old=old, plans=plans: len(
+                old.__getitems__(next(plans))["input_ids"]
+            )
 
         # Baseline: HF collators over the same sequences (pre-tokenized lists, as datasets gives).
         tok = AutoTokenizer.from_pretrained(reader.tokenizer_path)
@@ -139,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         def step():
             idx = rng.integers(0, len(examples), size=args.batch)
             return len(collator([examples[i] for i in idx])["input_ids"])
+
         loaders["HF DataCollatorForLanguageModeling"] = step
         # Same batches from both read paths (a check that the comparison is fair).
         plan = next(iter(GlobalSampler(len(reader), args.batch, seed=3)))
@@ -151,17 +188,25 @@ def main(argv: list[str] | None = None) -> int:
 
             mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={args.mixture}:0.5"]))
             print(f"mixture: {mix}")
-            for kind, masking in (("token", MaskingConfig()),
-                                  ("whole-word", MaskingConfig(whole_word=True))):
-                it = iter(build_loader(mix, DataConfig(num_workers=0), masking,
-                                       micro_batch_size=args.batch))
-                loaders[f"mixture of 2 builds, {kind} masking"] = \
-                    lambda it=it: len(next(it)["input_ids"])
+            for kind, masking in (
+                ("token", MaskingConfig()),
+                ("whole-word", MaskingConfig(whole_word=True)),
+            ):
+                it = iter(
+                    build_loader(
+                        mix, DataConfig(num_workers=0), masking, micro_batch_size=args.batch
+                    )
+                )
+                loaders[f"mixture of 2 builds, {kind} masking"] = lambda it=it: len(
+                    next(it)["input_ids"]
+                )
         results = rounds(loaders, args.seconds)
 
     ours = results["ours, token masking, batched read"]
-    print(f"\n{'loader (one process, batch ' + str(args.batch) + ')':<46} {'seq/s':>9} "
-          f"{'seq/CPU-s':>10} {'vs HF LM':>9}")
+    print(
+        f"\n{'loader (one process, batch ' + str(args.batch) + ')':<46} {'seq/s':>9} "
+        f"{'seq/CPU-s':>10} {'vs HF LM':>9}"
+    )
     base = results["HF DataCollatorForLanguageModeling"][1]
     for name, (wall, cpu) in results.items():
         print(f"{name:<46} {wall:>9,.0f} {cpu:>10,.0f} {cpu / base:>8.1f}x")
@@ -172,11 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.mixture:
             mixed = results[f"mixture of 2 builds, {kind} masking"]
             one = results[f"ours, {kind} masking, batched read"]
-            print(f"mixture of 2 builds vs one build, {kind} masking: {mixed[0] / one[0]:.3f}x "
-                  f"wall, {mixed[1] / one[1]:.3f}x per CPU second")
-    print(f"\ntarget >= 20,000 seq/s: {'met' if ours[0] >= 20000 else 'NOT met'} wall "
-          f"({ours[0]:,.0f}); {ours[1]:,.0f} per CPU second; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            print(
+                f"mixture of 2 builds vs one build, {kind} masking: {mixed[0] / one[0]:.3f}x "
+                f"wall, {mixed[1] / one[1]:.3f}x per CPU second"
+            )
+    print(
+        f"\ntarget >= 20,000 seq/s: {'met' if ours[0] >= 20000 else 'NOT met'} wall "
+        f"({ours[0]:,.0f}); {ours[1]:,.0f} per CPU second; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ the decoder and the loss at every position; ours gathers the masked rows first a
 and `kernels.masked_lm_loss` on them only. Steps alternate between the two models so background
 load hits both alike; the median step time is reported. Target: ours >= 1.5x HF's tokens/s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--vocab_size", type=int, default=30522)
-    p.add_argument("--steps", type=int, default=3, help="measured steps per model (after 1 warm-up)")
+    p.add_argument(
+        "--steps", type=int, default=3, help="measured steps per model (after 1 warm-up)"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args(argv)
 
@@ -64,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     tokens = batch["input_ids"].numel()
     masked = int((batch["labels"] != -100).sum())
-    print(f"batch {args.batch} x {args.seq_len} = {tokens} tokens, {masked} masked; vocab "
-          f"{args.vocab_size}; torch threads {torch.get_num_threads()}; CPU, fp32")
+    print(
+        f"batch {args.batch} x {args.seq_len} = {tokens} tokens, {masked} masked; vocab "
+        f"{args.vocab_size}; torch threads {torch.get_num_threads()}; CPU, fp32"
+    )
 
     rows = []
     for name in args.models:

@@ -9,6 +9,7 @@ Throughput counts non-padding input tokens per second over the steps after ``--w
 
     python benchmarks/bench_trainer.py [--corpus FILE] [--model small] [--steps 10] [--warmup 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,39 +25,96 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def build_shards(corpus: list[Path], out: Path, vocab_size: int, seq_len: int,
-                 tokenizer: str | None = None) -> Path:
+def build_shards(
+    corpus: list[Path], out: Path, vocab_size: int, seq_len: int, tokenizer: str | None = None
+) -> Path:
     if (out / "manifest.json").is_file():
         return out
     # An existing tokenizer (e.g. a BERT vocab.txt) gives BERT's real vocabulary size; small
     # corpora cannot train one that large.
     vocab = ["--tokenizer", tokenizer] if tokenizer else ["--vocab_size", str(vocab_size)]
-    subprocess.run([sys.executable, "-m", "data_prep", "build", "--input", *map(str, corpus),
-                    "--output", str(out), *vocab, "--max_seq_len", str(seq_len),
-                    "--validation_fraction", "0.02", "--workers", "2"], cwd=REPO, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_prep",
+            "build",
+            "--input",
+            *map(str, corpus),
+            "--output",
+            str(out),
+            *vocab,
+            "--max_seq_len",
+            str(seq_len),
+            "--validation_fraction",
+            "0.02",
+            "--workers",
+            "2",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 def run_ours(shards: Path, run: Path, args) -> dict:
     """Launch our trainer; tokens/s from metrics.jsonl (sum of tokens / sum of step times)."""
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(args.ranks),
-           "--master_port", str(args.port), str(REPO / "pretrain" / "main.py"),
-           "--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards),
-           "--model", args.model, "--output_dir", str(run), "--max_steps", str(args.steps),
-           "--global_batch_size", str(args.global_batch),
-           "--micro_batch_size", str(args.global_batch // args.ranks), "--num_workers", "1",
-           "--progress", "false", "--save_final", "false", "--eval_batches", "1",
-           "--lr", "1e-4", "--warmup_steps", "1"]
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=not args.verbose,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(args.ranks),
+        "--master_port",
+        str(args.port),
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--data",
+        str(shards),
+        "--model",
+        args.model,
+        "--output_dir",
+        str(run),
+        "--max_steps",
+        str(args.steps),
+        "--global_batch_size",
+        str(args.global_batch),
+        "--micro_batch_size",
+        str(args.global_batch // args.ranks),
+        "--num_workers",
+        "1",
+        "--progress",
+        "false",
+        "--save_final",
+        "false",
+        "--eval_batches",
+        "1",
+        "--lr",
+        "1e-4",
+        "--warmup_steps",
+        "1",
+    ]
+    subprocess.run(
+        cmd,
+        cwd=REPO,
+        check=True,
+        capture_output=not args.verbose,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     with open(run / "metrics.jsonl", encoding="utf-8") as f:
         recs = [json.loads(line) for line in f]
-    recs = [r for r in recs if r.get("split", "train") == "train"][args.warmup:]
+    recs = [r for r in recs if r.get("split", "train") == "train"][args.warmup :]
     tokens = sum(r["tokens"] for r in recs)
     secs = sum(r["step_time_s"] for r in recs)
-    return {"tokens_per_s": tokens / secs, "steps": len(recs), "seconds": secs,
-            "tokens_per_step": tokens / len(recs), "final_loss": recs[-1]["loss"]}
+    return {
+        "tokens_per_s": tokens / secs,
+        "steps": len(recs),
+        "seconds": secs,
+        "tokens_per_step": tokens / len(recs),
+        "final_loss": recs[-1]["loss"],
+    }
 
 
 def hf_worker(args) -> None:
@@ -78,22 +136,40 @@ def hf_worker(args) -> None:
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))
-    data = [{"input_ids": np.asarray(reader[i].input_ids, dtype=np.int64).tolist()}
-            for i in range(len(reader))]
+    data = [
+        {"input_ids": np.asarray(reader[i].input_ids, dtype=np.int64).tolist()}
+        for i in range(len(reader))
+    ]
     p = PRESETS[args.model]
-    conf = BertConfig(vocab_size=len(tok), hidden_size=p.hidden_size,
-                      num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
-                      intermediate_size=p.intermediate_size,
-                      max_position_embeddings=p.max_position_embeddings)
+    conf = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=p.hidden_size,
+        num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads,
+        intermediate_size=p.intermediate_size,
+        max_position_embeddings=p.max_position_embeddings,
+    )
     torch.manual_seed(0)
     model = BertForMaskedLM(conf)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     targs = TrainingArguments(
-        output_dir=str(args.hf_out), per_device_train_batch_size=args.global_batch // world,
-        gradient_accumulation_steps=1, max_steps=args.steps, learning_rate=1e-4,
-        warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0, optim="adamw_torch",
-        use_cpu=True, dataloader_num_workers=1, report_to=[], save_strategy="no",
-        logging_steps=10**6, ddp_backend="gloo", disable_tqdm=True)
+        output_dir=str(args.hf_out),
+        per_device_train_batch_size=args.global_batch // world,
+        gradient_accumulation_steps=1,
+        max_steps=args.steps,
+        learning_rate=1e-4,
+        warmup_steps=1,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        use_cpu=True,
+        dataloader_num_workers=1,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+    )
     times = []
 
     class Clock(TrainerCallback):
@@ -101,39 +177,82 @@ def hf_worker(args) -> None:
             times.append(time.perf_counter())
 
     collator = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, pad_to_multiple_of=8)
-    trainer = Trainer(model=model, args=targs, train_dataset=data, data_collator=collator,
-                      callbacks=[Clock()])
+    trainer = Trainer(
+        model=model, args=targs, train_dataset=data, data_collator=collator, callbacks=[Clock()]
+    )
     start = time.perf_counter()
     trainer.train()
     if int(os.environ.get("RANK", "0")) == 0:
         mean_len = float(np.mean([len(d["input_ids"]) for d in data]))
-        steps = times[args.warmup:]
+        steps = times[args.warmup :]
         secs = steps[-1] - (times[args.warmup - 1] if args.warmup else start)
         tokens = mean_len * args.global_batch * len(steps)
-        Path(args.hf_result).write_text(json.dumps({
-            "tokens_per_s": tokens / secs, "steps": len(steps), "seconds": secs,
-            "tokens_per_step": mean_len * args.global_batch}))
+        Path(args.hf_result).write_text(
+            json.dumps(
+                {
+                    "tokens_per_s": tokens / secs,
+                    "steps": len(steps),
+                    "seconds": secs,
+                    "tokens_per_step": mean_len * args.global_batch,
+                }
+            )
+        )
 
 
 def run_hf(shards: Path, out: Path, args) -> dict:
     result = out / "hf_result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
-           "--master_port", str(args.port + 1), str(Path(__file__).resolve()), "--hf_worker",
-           "--shards", str(shards), "--hf_out", str(out / "hf"), "--hf_result", str(result),
-           "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--global_batch", str(args.global_batch)]
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=not args.verbose,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(args.ranks),
+        "--master_port",
+        str(args.port + 1),
+        str(Path(__file__).resolve()),
+        "--hf_worker",
+        "--shards",
+        str(shards),
+        "--hf_out",
+        str(out / "hf"),
+        "--hf_result",
+        str(result),
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--global_batch",
+        str(args.global_batch),
+    ]
+    subprocess.run(
+        cmd,
+        cwd=REPO,
+        check=True,
+        capture_output=not args.verbose,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return json.loads(result.read_text())
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", type=Path, nargs="+", default=None,
-                   help="text files (default: CPython's pydoc topics, ~460 KB of English)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="text files (default: CPython's pydoc topics, ~460 KB of English)",
+    )
     p.add_argument("--vocab_size", type=int, default=30522, help="WordPiece vocabulary to train")
-    p.add_argument("--tokenizer", default=None,
-                   help="an existing tokenizer (HF folder or BERT vocab.txt) instead of training one")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="an existing tokenizer (HF folder or BERT vocab.txt) instead of training one",
+    )
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--model", default="small")
     p.add_argument("--ranks", type=int, default=2)
@@ -157,19 +276,29 @@ def main() -> int:
     if corpus is None:
         sys.path.insert(0, str(REPO / "tests"))
         from conftest import write_english_corpus
+
         corpus = [write_english_corpus(work / "pydoc_topics.txt")]
     shards = build_shards(corpus, work / "shards", args.vocab_size, args.seq_len, args.tokenizer)
     vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
-    print(f"corpus {' '.join(map(str, corpus))}; vocab {vocab}; model {args.model}; "
+    print(
+        f"corpus {' '.join(map(str, corpus))}; vocab {vocab}; model {args.model}; "
         f"seq {args.seq_len}; global batch "
-          f"{args.global_batch} on {args.ranks} CPU ranks x 1 thread; {args.steps} steps, timing "
-          f"after {args.warmup}", flush=True)
+        f"{args.global_batch} on {args.ranks} CPU ranks x 1 thread; {args.steps} steps, timing "
+        f"after {args.warmup}",
+        flush=True,
+    )
     hf = run_hf(shards, work, args)
-    print(f"HF Trainer (BertForMaskedLM + DataCollatorForLanguageModeling): "
-          f"{hf['tokens_per_s']:,.0f} tokens/s", flush=True)
+    print(
+        f"HF Trainer (BertForMaskedLM + DataCollatorForLanguageModeling): "
+        f"{hf['tokens_per_s']:,.0f} tokens/s",
+        flush=True,
+    )
     ours = run_ours(shards, work / "ours", args)
-    print(f"ours (DeepSpeed ZeRO-2, masked-rows MLM head):                 "
-          f"{ours['tokens_per_s']:,.0f} tokens/s", flush=True)
+    print(
+        f"ours (DeepSpeed ZeRO-2, masked-rows MLM head):                 "
+        f"{ours['tokens_per_s']:,.0f} tokens/s",
+        flush=True,
+    )
     print(f"ratio ours / HF: {ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
     return 0
 

@@ -4,6 +4,7 @@
 shards with `data_prep.reader.ShardReader`. This package import stays light (numpy only) so
 that DataLoader workers and build workers start fast.
 """
+
 from data_prep.layout import FORMAT_VERSION
 from data_prep.reader import Sample, ShardError, ShardReader
 

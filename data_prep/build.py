@@ -12,6 +12,7 @@ and records itself; `merge` (or the last part to finish) writes the manifest. Wi
 `decontaminate`, training documents that near-duplicate a validation document are dropped
 (data_prep.decontam), counted per unit and in the manifest.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -114,11 +115,15 @@ def _check(cfg: BuildConfig) -> None:
     if cfg.workers < 1 or cfg.shard_docs < 1 or cfg.shard_bytes < 1:
         problems.append("--workers, --shard_docs and --shard_bytes must be positive")
     if cfg.num_partitions < 1 or not 0 <= cfg.partition < cfg.num_partitions:
-        problems.append(f"--partition must be in [0, --num_partitions), got {cfg.partition} of "
-                        f"{cfg.num_partitions}")
+        problems.append(
+            f"--partition must be in [0, --num_partitions), got {cfg.partition} of "
+            f"{cfg.num_partitions}"
+        )
     if cfg.num_partitions > 1 and cfg.overwrite:
-        problems.append("--overwrite cannot be given to a part (it would delete the other parts' "
-                        "shards); pass it to `python -m data_prep prepare` instead")
+        problems.append(
+            "--overwrite cannot be given to a part (it would delete the other parts' "
+            "shards); pass it to `python -m data_prep prepare` instead"
+        )
     if cfg.decontaminate is not None and not 0.0 < cfg.decontaminate <= 1.0:
         problems.append(f"--decontaminate must be in (0, 1], got {cfg.decontaminate}")
     if cfg.decontaminate is not None and cfg.validation_fraction <= 0:
@@ -127,32 +132,52 @@ def _check(cfg: BuildConfig) -> None:
         raise BuildError("; ".join(problems))
 
 
-def _build_key(cfg: BuildConfig, files: list[Path], terms: list[str] | None,
-               tokenizer_fingerprint: str | None) -> dict[str, Any]:
+def _build_key(
+    cfg: BuildConfig, files: list[Path], terms: list[str] | None, tokenizer_fingerprint: str | None
+) -> dict[str, Any]:
     """The arguments that determine the output; a resumed build must match them exactly."""
     return {
         "format_version": FORMAT_VERSION,
         "inputs": input_signature(files),
-        "tokenizer": ({"fingerprint": tokenizer_fingerprint} if cfg.tokenizer else
-                      {"train_vocab_size": cfg.vocab_size, "min_frequency": cfg.min_frequency,
-                       "lowercase": cfg.lowercase is not False}),
+        "tokenizer": (
+            {"fingerprint": tokenizer_fingerprint}
+            if cfg.tokenizer
+            else {
+                "train_vocab_size": cfg.vocab_size,
+                "min_frequency": cfg.min_frequency,
+                "lowercase": cfg.lowercase is not False,
+            }
+        ),
         "sequences": asdict(cfg.sequences),
         "input": asdict(cfg.input),
         "validation_fraction": cfg.validation_fraction,
-        "protected_terms": (hashlib.sha256("\n".join(terms).encode()).hexdigest()
-                            if terms else None),
+        "protected_terms": (
+            hashlib.sha256("\n".join(terms).encode()).hexdigest() if terms else None
+        ),
         "shard_docs": cfg.shard_docs,
         "shard_bytes": cfg.shard_bytes,
         "seed": cfg.seed,
         # Only when asked for, so that builds from before the option keep their key.
-        **({"decontaminate": {"threshold": cfg.decontaminate, "num_perm": NUM_PERM,
-                              "shingle": SHINGLE}} if cfg.decontaminate is not None else {}),
+        **(
+            {
+                "decontaminate": {
+                    "threshold": cfg.decontaminate,
+                    "num_perm": NUM_PERM,
+                    "shingle": SHINGLE,
+                }
+            }
+            if cfg.decontaminate is not None
+            else {}
+        ),
     }
 
 
 def _differences(old: dict, new: dict) -> list[str]:
-    return [f"{k}: {json.dumps(old.get(k))[:120]} -> {json.dumps(new.get(k))[:120]}"
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return [
+        f"{k}: {json.dumps(old.get(k))[:120]} -> {json.dumps(new.get(k))[:120]}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
 
 
 def _refuse_mismatch(out: Path, old: dict, new: dict, what: str) -> None:
@@ -164,11 +189,16 @@ def _refuse_mismatch(out: Path, old: dict, new: dict, what: str) -> None:
     if old_fp is None and (out / TOKENIZER_DIR / "tokenizer.json").is_file():
         old_fp = describe(out / TOKENIZER_DIR).fingerprint  # a vocabulary trained by that build
     if old_fp and new_fp and old_fp != new_fp:
-        raise BuildError(f"{out} holds shards of another tokenizer (fingerprint {old_fp[:12]}, "
-                         f"yours {new_fp[:12]}). Use a new --output folder or pass --overwrite.")
-    raise BuildError(f"{out} holds {what} made with different arguments ("
-                     + "; ".join(diffs) + "). Use a new --output folder, rerun with the same "
-                     "arguments, or pass --overwrite.")
+        raise BuildError(
+            f"{out} holds shards of another tokenizer (fingerprint {old_fp[:12]}, "
+            f"yours {new_fp[:12]}). Use a new --output folder or pass --overwrite."
+        )
+    raise BuildError(
+        f"{out} holds {what} made with different arguments ("
+        + "; ".join(diffs)
+        + "). Use a new --output folder, rerun with the same "
+        "arguments, or pass --overwrite."
+    )
 
 
 def _previous_build(out: Path) -> tuple[str, dict] | None:
@@ -193,8 +223,10 @@ def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
     if out.is_dir() and any(out.iterdir()):
         previous = _previous_build(out)
         if previous is None:
-            raise BuildError(f"--output {out} is not empty and holds no data_prep build (nothing "
-                             "was deleted, even with --overwrite); use a new or empty folder.")
+            raise BuildError(
+                f"--output {out} is not empty and holds no data_prep build (nothing "
+                "was deleted, even with --overwrite); use a new or empty folder."
+            )
         kind, old_key = previous
         nothing_done = kind == "unfinished" and not any((out / WORK_DIR).glob("unit-*.json"))
         if cfg.overwrite or (nothing_done and old_key != key):
@@ -247,12 +279,18 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
     if cfg.tokenizer:
         import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, tok_dir)
         return
-    print(f"data_prep: training a WordPiece vocabulary of {cfg.vocab_size} on the training "
-          "documents", file=sys.stderr)
-    train_docs = (d for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
-                  if not is_validation(d, cfg.validation_fraction))
-    train_wordpiece(train_docs, cfg.vocab_size, cfg.lowercase is not False, tok_dir,
-                    cfg.min_frequency)
+    print(
+        f"data_prep: training a WordPiece vocabulary of {cfg.vocab_size} on the training documents",
+        file=sys.stderr,
+    )
+    train_docs = (
+        d
+        for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
+        if not is_validation(d, cfg.validation_fraction)
+    )
+    train_wordpiece(
+        train_docs, cfg.vocab_size, cfg.lowercase is not False, tok_dir, cfg.min_frequency
+    )
 
 
 def _source_fingerprint(cfg: BuildConfig) -> str:
@@ -261,20 +299,24 @@ def _source_fingerprint(cfg: BuildConfig) -> str:
         import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, Path(tmp) / "tok")
         info = describe(Path(tmp) / "tok")
     if cfg.lowercase is not None and cfg.lowercase != info.lowercase:
-        raise BuildError(f"--{'' if cfg.lowercase else 'no_'}lowercase conflicts with --tokenizer "
-                         f"{cfg.tokenizer}, which {'does' if info.lowercase else 'does not'} "
-                         "lowercase; drop the flag (a loaded tokenizer keeps its own casing).")
+        raise BuildError(
+            f"--{'' if cfg.lowercase else 'no_'}lowercase conflicts with --tokenizer "
+            f"{cfg.tokenizer}, which {'does' if info.lowercase else 'does not'} "
+            "lowercase; drop the flag (a loaded tokenizer keeps its own casing)."
+        )
     return info.fingerprint
 
 
-def _run_units(cfg: BuildConfig, files: list[Path], spec: WorkerSpec,
-               drops: DropCounter) -> tuple[list[dict], int]:
+def _run_units(
+    cfg: BuildConfig, files: list[Path], spec: WorkerSpec, drops: DropCounter
+) -> tuple[list[dict], int]:
     """Build (or keep) this part's work units; returns their records and the total number of
     units in the input (every part cuts the whole input the same way)."""
     records: list[dict] = []
     skipped = 0
-    bar = Progress(None, desc="data_prep", unit="shard", mode=cfg.progress,
-                   every_s=cfg.progress_interval_s)
+    bar = Progress(
+        None, desc="data_prep", unit="shard", mode=cfg.progress, every_s=cfg.progress_interval_s
+    )
     tokens = 0
 
     def collect(record: dict) -> None:
@@ -342,12 +384,15 @@ def _manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> di
         "format_version": FORMAT_VERSION,
         "format": key["sequences"]["format"],
         "max_seq_len": key["sequences"]["max_seq_len"],
-        "tokenizer": {"fingerprint": info.fingerprint, "vocab_size": info.vocab_size,
-                      "lowercase": info.lowercase},
+        "tokenizer": {
+            "fingerprint": info.fingerprint,
+            "vocab_size": info.vocab_size,
+            "lowercase": info.lowercase,
+        },
         "special_tokens": info.special_tokens,
         "token_dtype": token_dtype_for(info.vocab_size).name,
         "word_start": "numpy.packbits(bitorder='little'), 1 where a whole-word-masking unit "
-                      "starts (## continuation, rjieba words, protected terms; specials set)",
+        "starts (## continuation, rjieba words, protected terms; specials set)",
         "splits": splits,
         "dropped": dict(sorted(dropped.items())),
         "split_documents": first_part["split_documents"],
@@ -360,12 +405,14 @@ def _manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> di
     if "decontaminate" in key:
         total = sum_stats(r["decontamination"] for r in records)
         manifest["decontamination"] = {
-            **key["decontaminate"], "action": "drop",
+            **key["decontaminate"],
+            "action": "drop",
             "validation_documents_indexed": first_part["decontam_indexed"],
             "train_documents_checked": total["checked"],
             "train_documents_dropped": total["dropped"],
             "train_characters_dropped": total["dropped_characters"],
-            "examples": total["examples"]}
+            "examples": total["examples"],
+        }
     if first_part["num_partitions"] > 1:
         manifest["partitions"] = first_part["num_partitions"]
     return manifest
@@ -381,8 +428,11 @@ def _decontam_index(cfg: BuildConfig, files: list[Path]) -> None:
     if cfg.decontaminate is None or path.is_file():
         return
     print("data_prep: indexing the validation documents for decontamination", file=sys.stderr)
-    val_docs = (d for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
-                if is_validation(d, cfg.validation_fraction))
+    val_docs = (
+        d
+        for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
+        if is_validation(d, cfg.validation_fraction)
+    )
     NearDuplicateIndex.build(val_docs, cfg.decontaminate, Signer()).save(path)
 
 
@@ -401,9 +451,11 @@ def _setup(cfg: BuildConfig) -> tuple[list[Path], list[str] | None, dict, bool]:
     _tokenizer(cfg, files)
     info = describe(cfg.output / TOKENIZER_DIR)
     if source_fp and info.fingerprint != source_fp:
-        raise BuildError(f"{cfg.output} holds shards of another tokenizer (fingerprint "
-                         f"{info.fingerprint[:12]}, yours {source_fp[:12]}). Use a new --output "
-                         "folder or pass --overwrite.")
+        raise BuildError(
+            f"{cfg.output} holds shards of another tokenizer (fingerprint "
+            f"{info.fingerprint[:12]}, yours {source_fp[:12]}). Use a new --output "
+            "folder or pass --overwrite."
+        )
     _decontam_index(cfg, files)
     return files, terms, key, False
 
@@ -411,8 +463,10 @@ def _setup(cfg: BuildConfig) -> tuple[list[Path], list[str] | None, dict, bool]:
 def _require_prepared(cfg: BuildConfig, key: dict) -> bool:
     """A part runs in a folder `prepare` made with the same arguments (True: already merged)."""
     out = cfg.output
-    hint = ("run `python -m data_prep prepare` with the same arguments (without --num_partitions "
-            "and --partition) once before the parts")
+    hint = (
+        "run `python -m data_prep prepare` with the same arguments (without --num_partitions "
+        "and --partition) once before the parts"
+    )
     previous = _previous_build(out) if out.is_dir() else None
     if previous is None:
         raise BuildError(f"{out} holds no prepared build: {hint}.")
@@ -420,13 +474,19 @@ def _require_prepared(cfg: BuildConfig, key: dict) -> bool:
     _refuse_mismatch(out, old_key, key, f"a build ({kind})")
     if kind == "finished":
         return True
-    missing = [p for p in (out / TOKENIZER_DIR / "tokenizer.json",
-                           *([_index_path(out)] if cfg.decontaminate is not None else []))
-               if not p.is_file()]
+    missing = [
+        p
+        for p in (
+            out / TOKENIZER_DIR / "tokenizer.json",
+            *([_index_path(out)] if cfg.decontaminate is not None else []),
+        )
+        if not p.is_file()
+    ]
     if missing:
         raise BuildError(f"{out}: {', '.join(map(str, missing))} missing: {hint}.")
-    remove_own_temporaries([out / s for s in SPLITS] + [out / WORK_DIR], cfg.num_partitions,
-                           cfg.partition)
+    remove_own_temporaries(
+        [out / s for s in SPLITS] + [out / WORK_DIR], cfg.num_partitions, cfg.partition
+    )
     return False
 
 
@@ -456,13 +516,17 @@ def merge(out: Path) -> dict[str, Any]:
     for unit in range(total):
         record = _finished(out, unit)
         if record is None:
-            raise PartitionError(f"{out}: work unit {unit} has no complete shards although its "
-                                 "part is recorded as finished; rerun that part.")
+            raise PartitionError(
+                f"{out}: work unit {unit} has no complete shards although its "
+                "part is recorded as finished; rerun that part."
+            )
         records.append(record)
     if not any(r["splits"]["train"]["shard"] for r in records):
-        raise InputError("the inputs hold no usable document (skipped: "
-                         f"{parts[0]['input_dropped']}); check --input, --text_field, "
-                         "--one_doc_per_line.")
+        raise InputError(
+            "the inputs hold no usable document (skipped: "
+            f"{parts[0]['input_dropped']}); check --input, --text_field, "
+            "--one_doc_per_line."
+        )
     manifest = _manifest(out, key, records, parts[0])
     write_json_atomic(out / MANIFEST, manifest)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
@@ -479,23 +543,41 @@ def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any] | N
     info = describe(cfg.output / TOKENIZER_DIR)
     spec = WorkerSpec(
         tokenizer_json=str(cfg.output / TOKENIZER_DIR / "tokenizer.json"),
-        output=str(cfg.output), sequences=cfg.sequences,
-        validation_fraction=cfg.validation_fraction, seed=cfg.seed,
-        special_tokens=info.special_tokens, token_dtype=token_dtype_for(info.vocab_size).str,
-        protected_terms=tuple(terms) if terms else None, lowercase=info.lowercase,
-        decontam_index=(str(_index_path(cfg.output)) if cfg.decontaminate is not None
-                        else None))
+        output=str(cfg.output),
+        sequences=cfg.sequences,
+        validation_fraction=cfg.validation_fraction,
+        seed=cfg.seed,
+        special_tokens=info.special_tokens,
+        token_dtype=token_dtype_for(info.vocab_size).str,
+        protected_terms=tuple(terms) if terms else None,
+        lowercase=info.lowercase,
+        decontam_index=(str(_index_path(cfg.output)) if cfg.decontaminate is not None else None),
+    )
     drops = DropCounter()
     records, total = _run_units(cfg, files, spec, drops)
-    indexed = (len(NearDuplicateIndex.load(_index_path(cfg.output)))
-               if cfg.decontaminate is not None else None)
-    write_part_record(cfg.output, cfg.num_partitions, cfg.partition, {
-        "build_key": key, "num_partitions": cfg.num_partitions, "partition": cfg.partition,
-        "units": [r["unit"] for r in records], "total_units": total,
-        "input_dropped": dict(drops.counts), "split_documents": drops.split_documents,
-        "protected_terms": len(terms or []), "decontam_indexed": indexed,
-        "command": list(argv or sys.argv),
-        "args": json.loads(json.dumps(asdict(cfg), default=str))})
+    indexed = (
+        len(NearDuplicateIndex.load(_index_path(cfg.output)))
+        if cfg.decontaminate is not None
+        else None
+    )
+    write_part_record(
+        cfg.output,
+        cfg.num_partitions,
+        cfg.partition,
+        {
+            "build_key": key,
+            "num_partitions": cfg.num_partitions,
+            "partition": cfg.partition,
+            "units": [r["unit"] for r in records],
+            "total_units": total,
+            "input_dropped": dict(drops.counts),
+            "split_documents": drops.split_documents,
+            "protected_terms": len(terms or []),
+            "decontam_indexed": indexed,
+            "command": list(argv or sys.argv),
+            "args": json.loads(json.dumps(asdict(cfg), default=str)),
+        },
+    )
     if cfg.num_partitions == 1:
         return merge(cfg.output)
     for _ in range(_MERGE_TRIES):  # a part may be merging right now (and find us missing)
@@ -504,13 +586,18 @@ def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any] | N
                 try:
                     return merge(cfg.output)
                 except PartitionError as e:
-                    print(f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; {e}",
-                          file=sys.stderr)
+                    print(
+                        f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; {e}",
+                        file=sys.stderr,
+                    )
                     return None
         if (cfg.output / MANIFEST).is_file():
             return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
         time.sleep(1.0)
-    print(f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; another part holds "
-          f"{cfg.output / WORK_DIR / 'merge.lock'}: run `python -m data_prep merge "
-          f"{cfg.output}` once every part has finished.", file=sys.stderr)
+    print(
+        f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; another part holds "
+        f"{cfg.output / WORK_DIR / 'merge.lock'}: run `python -m data_prep merge "
+        f"{cfg.output}` once every part has finished.",
+        file=sys.stderr,
+    )
     return None

@@ -4,6 +4,7 @@ Everything is read in order and in bounded memory (one line, one record batch or
 a time). Bad records are skipped, counted by reason in a `DropCounter` (the counts go into the
 manifest), and the first few of each reason are reported with file and line.
 """
+
 from __future__ import annotations
 
 import glob
@@ -90,8 +91,11 @@ def _walk(folder: Path) -> list[Path]:
             if suffixes and suffixes[-1] in (_TEXT | _JSONL | {".parquet"}):
                 found.append(child)
             else:
-                print(f"data_prep: ignoring {child} (unknown extension; name it explicitly to "
-                      "read it as text)", file=sys.stderr)
+                print(
+                    f"data_prep: ignoring {child} (unknown extension; name it explicitly to "
+                    "read it as text)",
+                    file=sys.stderr,
+                )
     return found
 
 
@@ -113,8 +117,10 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
             if p.is_dir() and not _is_hf_dataset(p):
                 files = _walk(p)
                 if not files:
-                    raise InputError(f"input folder {p} holds no readable file (.txt, .jsonl, "
-                                     ".parquet, optionally .gz/.zst, or a saved HF dataset).")
+                    raise InputError(
+                        f"input folder {p} holds no readable file (.txt, .jsonl, "
+                        ".parquet, optionally .gz/.zst, or a saved HF dataset)."
+                    )
                 out.extend(files)
             else:
                 out.append(p)
@@ -167,7 +173,7 @@ class _ZstdRaw(io.RawIOBase):
             except self._zstd.ZstdError as e:
                 raise ValueError(f"zstd: {e}") from e
         n = min(len(buf), len(self._pending) - self._pos)
-        buf[:n] = memoryview(self._pending)[self._pos:self._pos + n]
+        buf[:n] = memoryview(self._pending)[self._pos : self._pos + n]
         self._pos += n
         return n
 
@@ -184,8 +190,9 @@ def _open_binary(path: Path, compression: str | None) -> IO[bytes]:
     return open(path, "rb", buffering=1 << 20)
 
 
-def _lines(path: Path, compression: str | None, cfg: InputConfig,
-           drops: DropCounter) -> Iterator[tuple[int, str]]:
+def _lines(
+    path: Path, compression: str | None, cfg: InputConfig, drops: DropCounter
+) -> Iterator[tuple[int, str]]:
     """(line number, decoded line without its newline) of a text stream; bad lines are counted."""
     where = str(path)
     lineno = 0
@@ -196,8 +203,12 @@ def _lines(path: Path, compression: str | None, cfg: InputConfig,
                 drops.drop("empty_file", where, "empty file, no documents")
                 return
             if b"\x00" in head:
-                drops.drop("binary_file", where, "binary data (NUL bytes) in the first 8 KiB, "
-                           "not text; remove it from --input or decompress it first")
+                drops.drop(
+                    "binary_file",
+                    where,
+                    "binary data (NUL bytes) in the first 8 KiB, "
+                    "not text; remove it from --input or decompress it first",
+                )
                 return
             while True:
                 raw = f.readline(cfg.max_line_bytes + 1)
@@ -207,8 +218,11 @@ def _lines(path: Path, compression: str | None, cfg: InputConfig,
                 if len(raw) > cfg.max_line_bytes and not raw.endswith(b"\n"):
                     while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
                         pass  # skip the rest of the over-long line without holding it
-                    drops.drop("line_too_long", f"{where}:{lineno}",
-                               f"line longer than {cfg.max_line_bytes} bytes (--max_line_bytes)")
+                    drops.drop(
+                        "line_too_long",
+                        f"{where}:{lineno}",
+                        f"line longer than {cfg.max_line_bytes} bytes (--max_line_bytes)",
+                    )
                     continue
                 if b"\x00" in raw:
                     drops.drop("binary_line", f"{where}:{lineno}", "NUL bytes in the line")
@@ -216,18 +230,24 @@ def _lines(path: Path, compression: str | None, cfg: InputConfig,
                 try:
                     yield lineno, raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as e:
-                    drops.drop("invalid_utf8_line", f"{where}:{lineno}", f"not UTF-8 ({e.reason} "
-                               f"at byte {e.start})")
+                    drops.drop(
+                        "invalid_utf8_line",
+                        f"{where}:{lineno}",
+                        f"not UTF-8 ({e.reason} at byte {e.start})",
+                    )
     except (OSError, EOFError, ValueError) as e:
         if isinstance(e, FileNotFoundError):
             raise InputError(f"{where}: file disappeared during the build.") from e
         name = type(e).__name__
-        raise InputError(f"{where}: cannot read after line {lineno} ({name}: {e}); the file is "
-                         "corrupt or truncated. Fix or remove it and rerun.") from e
+        raise InputError(
+            f"{where}: cannot read after line {lineno} ({name}: {e}); the file is "
+            "corrupt or truncated. Fix or remove it and rerun."
+        ) from e
 
 
-def _text_documents(path: Path, compression: str | None, cfg: InputConfig,
-                    drops: DropCounter) -> Iterator[str]:
+def _text_documents(
+    path: Path, compression: str | None, cfg: InputConfig, drops: DropCounter
+) -> Iterator[str]:
     if cfg.one_doc_per_line:
         for _, line in _lines(path, compression, cfg, drops):
             if line.strip():
@@ -250,8 +270,9 @@ def _text_documents(path: Path, compression: str | None, cfg: InputConfig,
         yield "\n".join(block).strip()
 
 
-def _jsonl_documents(path: Path, compression: str | None, cfg: InputConfig,
-                     drops: DropCounter) -> Iterator[str]:
+def _jsonl_documents(
+    path: Path, compression: str | None, cfg: InputConfig, drops: DropCounter
+) -> Iterator[str]:
     field = cfg.text_field
     n_records = n_missing = n_docs = 0
     first_keys: list[str] | None = None
@@ -273,8 +294,9 @@ def _jsonl_documents(path: Path, compression: str | None, cfg: InputConfig,
             continue
         text = record[field]
         if not isinstance(text, str):
-            drops.drop("jsonl_field_not_text", where, f"{field!r} is {type(text).__name__}, "
-                       "not a string")
+            drops.drop(
+                "jsonl_field_not_text", where, f"{field!r} is {type(text).__name__}, not a string"
+            )
             continue
         if not text.strip():
             drops.drop("empty_document", where, f"empty {field!r}")
@@ -282,8 +304,10 @@ def _jsonl_documents(path: Path, compression: str | None, cfg: InputConfig,
         n_docs += 1
         yield text.strip()
     if n_records and n_missing == n_records:
-        raise InputError(f"{path}: none of its {n_records} records has the field {field!r} "
-                         f"(first record's keys: {first_keys}); pass --text_field KEY.")
+        raise InputError(
+            f"{path}: none of its {n_records} records has the field {field!r} "
+            f"(first record's keys: {first_keys}); pass --text_field KEY."
+        )
 
 
 def _column_documents(batches: Iterator[list], where: str, drops: DropCounter) -> Iterator[str]:
@@ -308,10 +332,12 @@ def _parquet_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iter
         raise InputError(f"{path}: not a readable parquet file ({e}).") from e
     names = pf.schema_arrow.names
     if cfg.text_field not in names:
-        raise InputError(f"{path}: no column {cfg.text_field!r} (columns: {names}); pass "
-                         "--text_field COLUMN.")
-    batches = (b.column(0).to_pylist()
-               for b in pf.iter_batches(batch_size=1024, columns=[cfg.text_field]))
+        raise InputError(
+            f"{path}: no column {cfg.text_field!r} (columns: {names}); pass --text_field COLUMN."
+        )
+    batches = (
+        b.column(0).to_pylist() for b in pf.iter_batches(batch_size=1024, columns=[cfg.text_field])
+    )
     yield from _column_documents(batches, str(path), drops)
 
 
@@ -319,12 +345,17 @@ def _hf_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[
     import datasets
 
     loaded = datasets.load_from_disk(str(path))
-    parts = ([(name, loaded[name]) for name in sorted(loaded)]
-             if isinstance(loaded, datasets.DatasetDict) else [("", loaded)])
+    parts = (
+        [(name, loaded[name]) for name in sorted(loaded)]
+        if isinstance(loaded, datasets.DatasetDict)
+        else [("", loaded)]
+    )
     for name, ds in parts:
         if cfg.text_field not in ds.column_names:
-            raise InputError(f"{path}{'/' + name if name else ''}: no column {cfg.text_field!r} "
-                             f"(columns: {ds.column_names}); pass --text_field COLUMN.")
+            raise InputError(
+                f"{path}{'/' + name if name else ''}: no column {cfg.text_field!r} "
+                f"(columns: {ds.column_names}); pass --text_field COLUMN."
+            )
         batches = (b[cfg.text_field] for b in ds.select_columns([cfg.text_field]).iter(1024))
         yield from _column_documents(batches, f"{path}{'/' + name if name else ''}", drops)
 
@@ -362,10 +393,16 @@ def input_signature(files: list[Path]) -> list[dict]:
     sig = []
     for p in files:
         if p.is_dir():  # a saved dataset: its files' names and sizes
-            parts = sorted((str(f.relative_to(p)), f.stat().st_size)
-                           for f in p.rglob("*") if f.is_file())
-            sig.append({"path": str(p), "bytes": sum(n for _, n in parts),
-                        "sha256_sample": hashlib.sha256(repr(parts).encode()).hexdigest()})
+            parts = sorted(
+                (str(f.relative_to(p)), f.stat().st_size) for f in p.rglob("*") if f.is_file()
+            )
+            sig.append(
+                {
+                    "path": str(p),
+                    "bytes": sum(n for _, n in parts),
+                    "sha256_sample": hashlib.sha256(repr(parts).encode()).hexdigest(),
+                }
+            )
         else:
             size = p.stat().st_size
             sig.append({"path": str(p), "bytes": size, "sha256_sample": _sample_hash(p, size)})

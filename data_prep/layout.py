@@ -1,4 +1,5 @@
 """On-disk layout of a shard folder (docs/design.md section 1): names, dtypes, atomic writes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,9 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int = 1,
-                      sort_keys: bool = False) -> None:
+def write_json_atomic(
+    path: str | os.PathLike, obj: Any, *, indent: int = 1, sort_keys: bool = False
+) -> None:
     """Write JSON atomically (see :func:`write_text_atomic`); non-JSON values become strings."""
     text = json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False, default=str)
     write_text_atomic(path, text + "\n")

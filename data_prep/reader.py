@@ -8,6 +8,7 @@ sequence (what the training loader uses). Memory maps are opened lazily and kept
 sized to the file-descriptor limit, so a reader over thousands of shards stays within it and
 pickles cheaply into DataLoader workers.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -75,7 +76,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
         raise ShardError(
             f"{path} not found: {root} is not a finished data_prep build (the manifest is "
             "written last). Rerun `python -m data_prep build` with the same arguments to "
-            "finish it.")
+            "finish it."
+        )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -85,7 +87,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
         raise ShardError(
             f"{path}: format_version {version!r} is not supported by this reader (reads "
             f"{', '.join(map(str, READABLE_VERSIONS))}; writes {FORMAT_VERSION}); rebuild the "
-            "shards with this version of data_prep.")
+            "shards with this version of data_prep."
+        )
     for key in ("format", "max_seq_len", "tokenizer", "special_tokens", "token_dtype", "splits"):
         if key not in manifest:
             raise ShardError(f"{path}: key {key!r} missing; rebuild the shards.")
@@ -99,9 +102,11 @@ def offsets_dtype_of(manifest: dict[str, Any], info: dict[str, Any], where: Path
         return OFFSETS_DTYPE_V1
     name = info.get("offsets_dtype")
     if name not in OFFSETS_DTYPES:
-        raise ShardError(f"{where}: shard {info.get('name')!r} has offsets_dtype {name!r}, "
-                         f"expected one of {sorted(OFFSETS_DTYPES)}; the manifest is damaged: "
-                         "rebuild the shards.")
+        raise ShardError(
+            f"{where}: shard {info.get('name')!r} has offsets_dtype {name!r}, "
+            f"expected one of {sorted(OFFSETS_DTYPES)}; the manifest is damaged: "
+            "rebuild the shards."
+        )
     return OFFSETS_DTYPES[name]
 
 
@@ -110,15 +115,20 @@ def check_file(path: Path, expected: dict[str, Any], verify: str) -> None:
     if verify == "none":
         return
     if not path.is_file():
-        raise ShardError(f"{path} is missing; the shard folder is incomplete. Rebuild it or "
-                         "restore the file.")
+        raise ShardError(
+            f"{path} is missing; the shard folder is incomplete. Rebuild it or restore the file."
+        )
     size = path.stat().st_size
     if size != expected["bytes"]:
-        raise ShardError(f"{path}: {size} bytes, manifest says {expected['bytes']}; the file is "
-                         "truncated or was replaced. Rebuild the shards or restore the file.")
+        raise ShardError(
+            f"{path}: {size} bytes, manifest says {expected['bytes']}; the file is "
+            "truncated or was replaced. Rebuild the shards or restore the file."
+        )
     if verify == "full" and sha256_file(path) != expected["sha256"]:
-        raise ShardError(f"{path}: sha256 differs from the manifest; the file is corrupt. "
-                         "Rebuild the shards or restore the file.")
+        raise ShardError(
+            f"{path}: sha256 differs from the manifest; the file is corrupt. "
+            "Rebuild the shards or restore the file."
+        )
 
 
 def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
@@ -132,16 +142,24 @@ def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mapped, dtype=dtype, count=count)
     except (OSError, ValueError) as e:  # missing, empty or shorter than the manifest says
-        raise ShardError(f"{path}: cannot map {count} x {dtype.name} ({e}); the shard folder is "
-                         "incomplete or corrupt. Run `python -m data_prep verify` and rebuild "
-                         "the shards.") from e
+        raise ShardError(
+            f"{path}: cannot map {count} x {dtype.name} ({e}); the shard folder is "
+            "incomplete or corrupt. Run `python -m data_prep verify` and rebuild "
+            "the shards."
+        ) from e
 
 
 class _Shard:
     """Read-only memory maps of one shard (opened on first use)."""
 
-    def __init__(self, folder: Path, info: dict[str, Any], token_dtype: np.dtype,
-                 offsets_dtype: np.dtype, nsp: bool):
+    def __init__(
+        self,
+        folder: Path,
+        info: dict[str, Any],
+        token_dtype: np.dtype,
+        offsets_dtype: np.dtype,
+        nsp: bool,
+    ):
         name = info["name"]
         n, t = int(info["sequences"]), int(info["tokens"])
         self.tokens = _map(folder / f"{name}.tokens", token_dtype, t)
@@ -149,8 +167,10 @@ class _Shard:
         self.wordstart = _map(folder / f"{name}.wordstart", np.uint8, (t + 7) // 8)
         self.nsp = _map(folder / f"{name}.nsp", NSP_DTYPE, n) if nsp else None
         if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != t:
-            raise ShardError(f"{folder / name}.offsets: offsets run from {int(self.offsets[0])} to "
-                             f"{int(self.offsets[-1])}, expected 0 to {t}; the shard is corrupt.")
+            raise ShardError(
+                f"{folder / name}.offsets: offsets run from {int(self.offsets[0])} to "
+                f"{int(self.offsets[-1])}, expected 0 to {t}; the shard is corrupt."
+            )
 
 
 class ShardReader:
@@ -162,8 +182,13 @@ class ShardReader:
     or the file-descriptor limit / 16 when that is lower.
     """
 
-    def __init__(self, root: str | Path, split: str = "train", verify: str = "size",
-                 max_open_shards: int | None = None):
+    def __init__(
+        self,
+        root: str | Path,
+        split: str = "train",
+        verify: str = "size",
+        max_open_shards: int | None = None,
+    ):
         if verify not in _VERIFY_MODES:
             raise ValueError(f"verify must be one of {_VERIFY_MODES}, got {verify!r}")
         self.root = Path(root)
@@ -171,8 +196,10 @@ class ShardReader:
         self.manifest = load_manifest(self.root)
         splits = self.manifest["splits"]
         if split not in splits:
-            raise ShardError(f"{self.root / MANIFEST}: split {split!r} not present (has "
-                             f"{sorted(splits)}); pick one of those.")
+            raise ShardError(
+                f"{self.root / MANIFEST}: split {split!r} not present (has "
+                f"{sorted(splits)}); pick one of those."
+            )
         self.format: str = self.manifest["format"]
         self.max_seq_len: int = int(self.manifest["max_seq_len"])
         self.vocab_size: int = int(self.manifest["tokenizer"]["vocab_size"])
@@ -181,8 +208,9 @@ class ShardReader:
         self.token_dtype = np.dtype(self.manifest["token_dtype"]).newbyteorder("<")
         self._folder = self.root / split
         self._shards = [s for s in splits[split]["shards"] if int(s["sequences"]) > 0]
-        self._offsets_dtypes = [offsets_dtype_of(self.manifest, s, self.root / MANIFEST)
-                                for s in self._shards]
+        self._offsets_dtypes = [
+            offsets_dtype_of(self.manifest, s, self.root / MANIFEST) for s in self._shards
+        ]
         for info in self._shards:
             for fname, expected in info["files"].items():
                 check_file(self._folder / fname, expected, verify)
@@ -219,8 +247,10 @@ class ShardReader:
         return self._len
 
     def __repr__(self) -> str:
-        return (f"ShardReader({str(self.root)!r}, split={self.split!r}, sequences={self._len}, "
-                f"tokens={self.num_tokens}, format={self.format!r})")
+        return (
+            f"ShardReader({str(self.root)!r}, split={self.split!r}, sequences={self._len}, "
+            f"tokens={self.num_tokens}, format={self.format!r})"
+        )
 
     # Memory maps are not pickled: each DataLoader worker reopens what it touches.
     def __getstate__(self) -> dict[str, Any]:
@@ -233,8 +263,13 @@ class ShardReader:
         if shard is None:
             if len(self._open) >= self._max_open:
                 self._open.popitem(last=False)
-            shard = _Shard(self._folders[k], self._shards[k], self.token_dtype,
-                           self._offsets_dtypes[k], self.format == "nsp")
+            shard = _Shard(
+                self._folders[k],
+                self._shards[k],
+                self.token_dtype,
+                self._offsets_dtypes[k],
+                self.format == "nsp",
+            )
             self._open[k] = shard
         else:
             self._open.move_to_end(k)
@@ -252,18 +287,24 @@ class ShardReader:
     def __getitem__(self, i: int) -> Sample:
         k, j = self._locate(i)
         shard = self._shard(k)
-        start, end = shard.offsets[j:j + 2].tolist()
+        start, end = shard.offsets[j : j + 2].tolist()
         ids = shard.tokens[start:end]
         lo, hi = start >> 3, (end + 7) >> 3
         bits = np.unpackbits(shard.wordstart[lo:hi], bitorder="little")
-        word_start = bits[start - (lo << 3): end - (lo << 3)].view(np.bool_)
+        word_start = bits[start - (lo << 3) : end - (lo << 3)].view(np.bool_)
         if shard.nsp is not None:
             rec = shard.nsp[j]
             return Sample(ids, word_start, int(rec["segment_a_len"]), int(rec["is_random_next"]))
         return Sample(ids, word_start)
 
-    def get_batch(self, indices, *, pad_to_multiple_of: int = 1, word_start: bool = True,
-                  dtype: np.dtype | type = np.int64) -> SampleBatch:
+    def get_batch(
+        self,
+        indices,
+        *,
+        pad_to_multiple_of: int = 1,
+        word_start: bool = True,
+        dtype: np.dtype | type = np.int64,
+    ) -> SampleBatch:
         """Sequences `indices` (any order, repeats and negative indices allowed) as padded [B, T]
         arrays, T = the longest length rounded up to `pad_to_multiple_of`; the pad id (the
         manifest's special_tokens["pad"]) fills each row past its length. The same tokens and bits
@@ -290,8 +331,15 @@ class ShardReader:
         groups = [(int(ks[a]), order[a:b]) for a, b in pairwise(bounds)]
         return self._gather_grouped(groups, local, B, pad_to_multiple_of, word_start, dtype)
 
-    def _batch_of(self, buf: np.ndarray, lengths: np.ndarray, bits: np.ndarray | None, T: int,
-                  dtype, nsp: np.ndarray | None) -> SampleBatch:
+    def _batch_of(
+        self,
+        buf: np.ndarray,
+        lengths: np.ndarray,
+        bits: np.ndarray | None,
+        T: int,
+        dtype,
+        nsp: np.ndarray | None,
+    ) -> SampleBatch:
         """Pad and package the gathered rows (buf and bits hold garbage past each length);
         nsp: [B, 2] int64 (segment_a_len, is_random_next) for the nsp format."""
         in_seq = np.arange(T)[None, :] < lengths[:, None]
@@ -302,8 +350,9 @@ class ShardReader:
             return SampleBatch(ids, lengths, ws)
         return SampleBatch(ids, lengths, ws, nsp[:, 0].copy(), nsp[:, 1].copy())
 
-    def _gather_grouped(self, groups, local: np.ndarray, B: int, multiple: int,
-                        word_start: bool, dtype) -> SampleBatch:
+    def _gather_grouped(
+        self, groups, local: np.ndarray, B: int, multiple: int, word_start: bool, dtype
+    ) -> SampleBatch:
         """Few shards per batch: per shard, fancy-index the offsets, then gather each row's
         window of T tokens (and the bytes holding its bits) with one `take` each."""
         lengths = np.empty(B, dtype=np.int64)
@@ -342,8 +391,9 @@ class ShardReader:
                     bits[rows] = got_bits
         return self._batch_of(buf, lengths, bits, T, dtype, nsp)
 
-    def _gather_each(self, k: np.ndarray, local: np.ndarray, multiple: int, word_start: bool,
-                     dtype) -> SampleBatch:
+    def _gather_each(
+        self, k: np.ndarray, local: np.ndarray, multiple: int, word_start: bool, dtype
+    ) -> SampleBatch:
         """Many shards per batch (each holds one or two of its sequences): slice each sequence
         (two offsets, its tokens, the bytes of its bits), then pad everything in one pass."""
         B = len(k)
@@ -354,7 +404,7 @@ class ShardReader:
         with_nsp = self.format == "nsp"
         for kk, j in zip(k.tolist(), local.tolist()):
             shard = shards[kk]
-            s, e = shard.offsets[j:j + 2].tolist()
+            s, e = shard.offsets[j : j + 2].tolist()
             lens.append(e - s)
             toks.append(shard.tokens[s:e])
             if with_nsp:
@@ -390,8 +440,10 @@ class ShardReader:
 
     def sequence_lengths(self) -> np.ndarray:
         """Token count of every sequence, in index order (int64; reads only the offsets files)."""
-        parts = [np.diff(np.asarray(self._shard(k).offsets, dtype=np.int64))
-                 for k in range(len(self._shards))]
+        parts = [
+            np.diff(np.asarray(self._shard(k).offsets, dtype=np.int64))
+            for k in range(len(self._shards))
+        ]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 

@@ -1,5 +1,6 @@
 """`inspect` (counts, length histogram, decoded samples with their whole-word units and
 protected-term occurrences marked, per-term occurrence counts) and `verify` (every checksum)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,13 @@ from data_prep.reader import ShardError, ShardReader, check_file, load_manifest
 from data_prep.tokenizer import TokenizerError, describe
 
 
-def summary(root: Path, samples: int = 3, bins: int = 8, terms_file: Path | None = None,
-            term_scan: int = 10000) -> dict[str, Any]:
+def summary(
+    root: Path,
+    samples: int = 3,
+    bins: int = 8,
+    terms_file: Path | None = None,
+    term_scan: int = 10000,
+) -> dict[str, Any]:
     """Counts per split, a sequence-length histogram and a few decoded sequences (``marked``: the
     tokens with units and term occurrences marked, see :mod:`data_prep.unit_marks`); with
     protected terms (``terms_file``, else the build's own file), each term's occurrences in the
@@ -28,9 +34,13 @@ def summary(root: Path, samples: int = 3, bins: int = 8, terms_file: Path | None
     terms_path, terms_warning = resolve_terms_file(root, manifest, terms_file)
     matcher = TermMatcher(read_protected_terms(terms_path), tok) if terms_path else None
     out: dict[str, Any] = {
-        "root": str(root), "format": manifest["format"], "max_seq_len": manifest["max_seq_len"],
-        "tokenizer": manifest["tokenizer"], "token_dtype": manifest["token_dtype"],
-        "dropped": manifest["dropped"], "splits": {},
+        "root": str(root),
+        "format": manifest["format"],
+        "max_seq_len": manifest["max_seq_len"],
+        "tokenizer": manifest["tokenizer"],
+        "token_dtype": manifest["token_dtype"],
+        "dropped": manifest["dropped"],
+        "splits": {},
     }
     if "decontamination" in manifest:
         out["decontamination"] = manifest["decontamination"]
@@ -46,8 +56,10 @@ def summary(root: Path, samples: int = 3, bins: int = 8, terms_file: Path | None
         if len(lengths):
             edges = np.linspace(0, manifest["max_seq_len"], bins + 1).round().astype(int)
             hist, _ = np.histogram(lengths, bins=edges)
-            entry["length_histogram"] = [{"from": int(a), "to": int(b), "sequences": int(c)}
-                                         for a, b, c in zip(edges[:-1], edges[1:], hist)]
+            entry["length_histogram"] = [
+                {"from": int(a), "to": int(b), "sequences": int(c)}
+                for a, b, c in zip(edges[:-1], edges[1:], hist)
+            ]
             entry["mean_length"] = round(float(lengths.mean()), 2)
         if manifest["format"] == "nsp" and len(reader):
             labels = reader.nsp_labels()
@@ -57,17 +69,26 @@ def summary(root: Path, samples: int = 3, bins: int = 8, terms_file: Path | None
         for i in picks:
             s = reader[int(i)]
             ids = s.input_ids.astype(np.int64)
-            marked = mark_tokens([tok.id_to_token(int(t)) for t in ids], s.word_start,
-                                 matcher.find(ids) if matcher else [])
-            entry["samples"].append({"index": int(i), "length": len(s.input_ids),
-                                     "text": tok.decode(s.input_ids.tolist(),
-                                                        skip_special_tokens=False),
-                                     "marked": marked})
+            marked = mark_tokens(
+                [tok.id_to_token(int(t)) for t in ids],
+                s.word_start,
+                matcher.find(ids) if matcher else [],
+            )
+            entry["samples"].append(
+                {
+                    "index": int(i),
+                    "length": len(s.input_ids),
+                    "text": tok.decode(s.input_ids.tolist(), skip_special_tokens=False),
+                    "marked": marked,
+                }
+            )
         out["splits"][split] = entry
     out["shard_bytes"] = shard_bytes
     if matcher is not None:
-        out["protected_terms"] = {"file": str(terms_path),
-                                  **count_terms(matcher, readers, term_scan)}
+        out["protected_terms"] = {
+            "file": str(terms_path),
+            **count_terms(matcher, readers, term_scan),
+        }
     if terms_warning:
         out["protected_terms_warning"] = terms_warning
     return out
@@ -75,21 +96,31 @@ def summary(root: Path, samples: int = 3, bins: int = 8, terms_file: Path | None
 
 def print_summary(s: dict[str, Any]) -> None:
     """Human-readable form of `summary`."""
-    print(f"{s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, vocab "
-          f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes")
+    print(
+        f"{s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, vocab "
+        f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes"
+    )
     print(f"dropped: {s['dropped'] or 'nothing'}")
     if "decontamination" in s:
         d = s["decontamination"]
-        print(f"decontamination (MinHash, {d['shingle']}-word shingles, Jaccard >= "
-              f"{d['threshold']}): {d['train_documents_dropped']:,} of "
-              f"{d['train_documents_checked']:,} training documents ({d['train_characters_dropped']:,}"
-              f" characters) dropped as near-duplicates of {d['validation_documents_indexed']:,} "
-              "validation documents")
+        print(
+            f"decontamination (MinHash, {d['shingle']}-word shingles, Jaccard >= "
+            f"{d['threshold']}): {d['train_documents_dropped']:,} of "
+            f"{d['train_documents_checked']:,} training documents "
+            f"({d['train_characters_dropped']:,} characters) dropped as near-duplicates of "
+            f"{d['validation_documents_indexed']:,} "
+            "validation documents"
+        )
         for e in d["examples"][:3]:
-            print(f"  {e['jaccard']:.2f}  train: {e['train']!r}\n        validation: {e['validation']!r}")
+            print(
+                f"  {e['jaccard']:.2f}  train: {e['train']!r}\n"
+                f"        validation: {e['validation']!r}"
+            )
     for split, e in s["splits"].items():
-        print(f"\n[{split}] {e['documents']:,} documents, {e['sequences']:,} sequences, "
-              f"{e['tokens']:,} tokens, {e['shards']} shards, {e['bytes_per_token']} bytes/token")
+        print(
+            f"\n[{split}] {e['documents']:,} documents, {e['sequences']:,} sequences, "
+            f"{e['tokens']:,} tokens, {e['shards']} shards, {e['bytes_per_token']} bytes/token"
+        )
         if "random_next_share" in e:
             print(f"  is_random_next share: {e['random_next_share']}")
         for h in e.get("length_histogram", []):
@@ -110,10 +141,14 @@ def _print_terms(s: dict[str, Any], top: int = 30) -> None:
     if not pt:
         return
     scanned = ", ".join(f"{n:,} {split}" for split, n in pt["scanned_sequences"].items())
-    print(f"\nprotected terms ({pt['file']}, {len(pt['terms'])} terms) in the first sequences "
-          f"({scanned}): occurrences (kept whole)")
-    found = sorted(((c["occurrences"], t, c["whole"]) for t, c in pt["terms"].items()
-                    if c["occurrences"]), reverse=True)
+    print(
+        f"\nprotected terms ({pt['file']}, {len(pt['terms'])} terms) in the first sequences "
+        f"({scanned}): occurrences (kept whole)"
+    )
+    found = sorted(
+        ((c["occurrences"], t, c["whole"]) for t, c in pt["terms"].items() if c["occurrences"]),
+        reverse=True,
+    )
     for n, term, whole in found[:top]:
         print(f"  {n:>8,} ({whole:,})  {term}")
     if len(found) > top:
@@ -136,12 +171,13 @@ def verify(root: Path) -> list[str]:
     except (TokenizerError, OSError, ValueError) as e:
         raise ShardError(f"{root / TOKENIZER_DIR}: {e}") from e
     if info.fingerprint != manifest["tokenizer"]["fingerprint"]:
-        raise ShardError(f"{root / TOKENIZER_DIR}: tokenizer fingerprint differs from "
-                         f"{root / MANIFEST}; the tokenizer was replaced. Restore it or rebuild.")
+        raise ShardError(
+            f"{root / TOKENIZER_DIR}: tokenizer fingerprint differs from "
+            f"{root / MANIFEST}; the tokenizer was replaced. Restore it or rebuild."
+        )
     for split, sinfo in manifest["splits"].items():
         for shard in sinfo["shards"]:
             for fname, expected in shard["files"].items():
                 check_file(root / split / fname, expected, "full")
                 checked.append(f"{split}/{fname}")
     return checked
-

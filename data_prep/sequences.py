@@ -9,6 +9,7 @@ document is instead covered by overlapping windows and documents are not mixed.
 length, split at a random segment into A and B; half the time B is replaced by segments from a
 random other document and the segments not used are put back.
 """
+
 from __future__ import annotations
 
 import random
@@ -38,8 +39,9 @@ class SequenceConfig:
     short_seq_prob: float = 0.1  # nsp: probability of a shorter target length (as BERT)
 
 
-def _assemble(pieces_ids: list[np.ndarray], pieces_ws: list[np.ndarray], cls: int,
-              sep: int) -> Sequences:
+def _assemble(
+    pieces_ids: list[np.ndarray], pieces_ws: list[np.ndarray], cls: int, sep: int
+) -> Sequences:
     """Wrap each piece as [CLS] piece [SEP]; the first token of a piece always starts a unit."""
     n = len(pieces_ids)
     lens = np.array([len(p) for p in pieces_ids], dtype=np.int64) + 2
@@ -63,8 +65,9 @@ def _assemble(pieces_ids: list[np.ndarray], pieces_ws: list[np.ndarray], cls: in
     return Sequences(tokens, offsets, ws)
 
 
-def pack(docs_ids: list[np.ndarray], docs_ws: list[np.ndarray], cfg: SequenceConfig, cls: int,
-         sep: int) -> Sequences:
+def pack(
+    docs_ids: list[np.ndarray], docs_ws: list[np.ndarray], cfg: SequenceConfig, cls: int, sep: int
+) -> Sequences:
     """Packed sequences from the documents of one shard (see the module docstring)."""
     width = cfg.max_seq_len - 2
     if cfg.stride:
@@ -75,8 +78,8 @@ def pack(docs_ids: list[np.ndarray], docs_ws: list[np.ndarray], cfg: SequenceCon
             if starts[-1] + width < n:
                 starts.append(n - width)
             for s in starts:
-                ids_pieces.append(ids[s:s + width])
-                ws_pieces.append(ws[s:s + width])
+                ids_pieces.append(ids[s : s + width])
+                ws_pieces.append(ws[s : s + width])
         return _assemble(ids_pieces, ws_pieces, cls, sep)
     if not docs_ids:
         return _assemble([], [], cls, sep)
@@ -103,8 +106,8 @@ def pack(docs_ids: list[np.ndarray], docs_ws: list[np.ndarray], cfg: SequenceCon
     counts = np.bincount(chunk[keep], minlength=n_chunks)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     kept, kept_ws = stream[keep], stream_ws[keep]
-    ids_pieces = [kept[bounds[c]:bounds[c + 1]] for c in range(n_chunks) if counts[c]]
-    ws_pieces = [kept_ws[bounds[c]:bounds[c + 1]] for c in range(n_chunks) if counts[c]]
+    ids_pieces = [kept[bounds[c] : bounds[c + 1]] for c in range(n_chunks) if counts[c]]
+    ws_pieces = [kept_ws[bounds[c] : bounds[c + 1]] for c in range(n_chunks) if counts[c]]
     return _assemble(ids_pieces, ws_pieces, cls, sep)
 
 
@@ -119,8 +122,13 @@ def _truncate_pair(a: list, b: list, max_tokens: int, rng: random.Random) -> Non
             longer.pop()
 
 
-def nsp_instances(docs_segments: list[list[tuple[np.ndarray, np.ndarray]]], cfg: SequenceConfig,
-                  cls: int, sep: int, rng: random.Random) -> Sequences:
+def nsp_instances(
+    docs_segments: list[list[tuple[np.ndarray, np.ndarray]]],
+    cfg: SequenceConfig,
+    cls: int,
+    sep: int,
+    rng: random.Random,
+) -> Sequences:
     """NSP sequences from documents given as lists of segments (sentences) of (ids, ws)."""
     max_tokens = cfg.max_seq_len - 3
     pieces_ids, pieces_ws, a_lens, randoms = [], [], [], []

@@ -4,6 +4,7 @@ Build workers use the raw `tokenizers.Tokenizer` from `OUT/tokenizer/tokenizer.j
 load, no transformers import); transformers is used once, in the main process, so that the saved
 folder is exactly what `AutoTokenizer.from_pretrained` expects.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,34 +36,48 @@ class TokenizerInfo:
     special_tokens: dict[str, int]  # cls, sep, pad, mask, unk -> id
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool, out_dir: Path,
-                    min_frequency: int = 2) -> None:
+def train_wordpiece(
+    texts: Iterable[str], vocab_size: int, lowercase: bool, out_dir: Path, min_frequency: int = 2
+) -> None:
     """Train BERT's WordPiece pipeline on `texts` (streamed) and save it as a HF folder."""
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
     # As BertWordPieceTokenizer: CJK characters become single-character words; accents are
     # stripped only when lowercasing (BERT uncased).
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                strip_accents=None, lowercase=lowercase)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                        special_tokens=list(SPECIAL_TOKENS),
-                                        continuing_subword_prefix="##", show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tok.save(str(Path(tmp) / "tokenizer.json"))
         from transformers import BertTokenizerFast
 
-        hf = BertTokenizerFast(tokenizer_file=str(Path(tmp) / "tokenizer.json"),
-                               do_lower_case=lowercase, unk_token="[UNK]", sep_token="[SEP]",
-                               pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
-                               tokenize_chinese_chars=True)
+        hf = BertTokenizerFast(
+            tokenizer_file=str(Path(tmp) / "tokenizer.json"),
+            do_lower_case=lowercase,
+            unk_token="[UNK]",
+            sep_token="[SEP]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            mask_token="[MASK]",
+            tokenize_chinese_chars=True,
+        )
         _save_hf(hf, out_dir)
 
 
@@ -77,24 +92,30 @@ def import_tokenizer(source: Path, lowercase: bool | None, out_dir: Path) -> Non
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copy(source, Path(tmp) / "vocab.txt")
             hf = BertTokenizerFast.from_pretrained(
-                tmp, do_lower_case=True if lowercase is None else lowercase)
+                tmp, do_lower_case=True if lowercase is None else lowercase
+            )
     else:
         try:
             hf = AutoTokenizer.from_pretrained(str(source))
         except Exception as e:  # transformers raises many types for a bad folder
-            raise TokenizerError(f"--tokenizer {source}: not a loadable HF tokenizer folder "
-                                 f"({type(e).__name__}: {e}).") from e
+            raise TokenizerError(
+                f"--tokenizer {source}: not a loadable HF tokenizer folder "
+                f"({type(e).__name__}: {e})."
+            ) from e
     if not getattr(hf, "is_fast", False):
         raise TokenizerError(f"--tokenizer {source}: needs a fast (tokenizers) tokenizer.")
     model_type = json.loads(hf.backend_tokenizer.to_str())["model"]["type"]
     if model_type != "WordPiece":
-        raise TokenizerError(f"--tokenizer {source}: a {model_type} tokenizer; data_prep needs a "
-                             "BERT WordPiece one (whole-word units come from its ## pieces). "
-                             "Train one with --vocab_size instead.")
+        raise TokenizerError(
+            f"--tokenizer {source}: a {model_type} tokenizer; data_prep needs a "
+            "BERT WordPiece one (whole-word units come from its ## pieces). "
+            "Train one with --vocab_size instead."
+        )
     missing = [k for k in SPECIAL_KEYS if getattr(hf, f"{k}_token", None) is None]
     if missing:
-        raise TokenizerError(f"--tokenizer {source}: lacks the special tokens {missing} a BERT "
-                             "masked-LM needs.")
+        raise TokenizerError(
+            f"--tokenizer {source}: lacks the special tokens {missing} a BERT masked-LM needs."
+        )
     _save_hf(hf, out_dir)
 
 
@@ -118,8 +139,9 @@ def _special_ids(tok_dir: Path, tok: Tokenizer) -> dict[str, int]:
             name = name.get("content", default)
         tid = tok.token_to_id(name)
         if tid is None:
-            raise TokenizerError(f"{tok_dir}: special token {name!r} ({key}) is not in the "
-                                 "vocabulary.")
+            raise TokenizerError(
+                f"{tok_dir}: special token {name!r} ({key}) is not in the vocabulary."
+            )
         ids[key] = tid
     return ids
 
@@ -141,8 +163,13 @@ def describe(tok_dir: Path) -> TokenizerInfo:
     }
     fingerprint = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
     lowercase = _lowercases(spec.get("normalizer"))
-    return TokenizerInfo(tok_dir, fingerprint, tok.get_vocab_size(with_added_tokens=True),
-                         lowercase, _special_ids(tok_dir, tok))
+    return TokenizerInfo(
+        tok_dir,
+        fingerprint,
+        tok.get_vocab_size(with_added_tokens=True),
+        lowercase,
+        _special_ids(tok_dir, tok),
+    )
 
 
 def _lowercases(normalizer: dict | None) -> bool:

@@ -6,6 +6,7 @@
   segmenter starts a word.
 - Protected terms (domain terms, English multi-word or Chinese): every occurrence is one unit.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,16 @@ from pathlib import Path
 import numpy as np
 
 # The CJK Unicode blocks BERT treats as Chinese characters (BasicTokenizer._is_chinese_char).
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 _CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "]")
 
 
@@ -33,8 +42,9 @@ def read_protected_terms(path: Path) -> list[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ProtectedTermsError(f"{path}:{lineno}: not UTF-8 ({e.reason}); save the "
-                                          "file as UTF-8.") from e
+                raise ProtectedTermsError(
+                    f"{path}:{lineno}: not UTF-8 ({e.reason}); save the file as UTF-8."
+                ) from e
             term = " ".join(line.split())
             if term:
                 terms.append(term)
@@ -63,15 +73,20 @@ def _cjk_codepoints(text: str) -> np.ndarray:
 class WordStarts:
     """Computes the word-start bits of one document's tokens."""
 
-    def __init__(self, continuation: np.ndarray, protected_terms: list[str] | None = None,
-                 lowercase: bool = True):
+    def __init__(
+        self,
+        continuation: np.ndarray,
+        protected_terms: list[str] | None = None,
+        lowercase: bool = True,
+    ):
         self.continuation = continuation  # bool per vocabulary id: `##` piece
         self.terms = None
         if protected_terms:
             # Longest first, so that the longest overlapping term wins.
             alternatives = sorted(protected_terms, key=len, reverse=True)
-            self.terms = re.compile("|".join(_term_pattern(t) for t in alternatives),
-                                    re.IGNORECASE if lowercase else 0)
+            self.terms = re.compile(
+                "|".join(_term_pattern(t) for t in alternatives), re.IGNORECASE if lowercase else 0
+            )
         self._jieba = None
 
     def needs_offsets(self, text: str) -> bool:
@@ -111,7 +126,7 @@ class WordStarts:
                 if i0 >= i1:
                     continue
                 ws[i0] = True
-                ws[i0 + 1:i1] = False
+                ws[i0 + 1 : i1] = False
                 # A term ending inside a segmenter word: what follows starts a new unit.
                 if i1 < len(ids) and cjk_tok[i1]:
                     ws[i1] = True

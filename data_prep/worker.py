@@ -4,6 +4,7 @@ Runs in pool processes: imports stay light (numpy, tokenizers), the tokenizer is
 process by `init_worker`. Every file is written under a temporary name and renamed; the done
 record, written last, is what lets a resumed build skip the unit.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,7 +59,7 @@ def is_validation(text: str, fraction: float) -> bool:
     if fraction <= 0:
         return False
     h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-    return h < fraction * 2.0 ** 64
+    return h < fraction * 2.0**64
 
 
 def done_record_path(output: Path, unit: int) -> Path:
@@ -70,8 +71,9 @@ class _Worker:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.tok = Tokenizer.from_file(spec.tokenizer_json)
-        self.words = WordStarts(continuation_flags(self.tok), list(spec.protected_terms or ()),
-                                spec.lowercase)
+        self.words = WordStarts(
+            continuation_flags(self.tok), list(spec.protected_terms or ()), spec.lowercase
+        )
         self.out = Path(spec.output)
         self.decontam = Decontaminator(Path(spec.decontam_index)) if spec.decontam_index else None
 
@@ -79,7 +81,7 @@ class _Worker:
         """Per text: (ids uint32, word-start bool, char offsets [n,2] or None)."""
         result = []
         for b in range(0, len(texts), _ENCODE_BATCH):
-            batch = texts[b:b + _ENCODE_BATCH]
+            batch = texts[b : b + _ENCODE_BATCH]
             flags = [need_offsets or self.words.needs_offsets(t) for t in batch]
             slow = [t for t, f in zip(batch, flags) if f]
             fast = [t for t, f in zip(batch, flags) if not f]
@@ -100,8 +102,9 @@ class _Worker:
         cuts = np.flatnonzero(np.diff(sentence)) + 1
         return [(i, w) for i, w in zip(np.split(ids, cuts), np.split(ws, cuts)) if len(i)]
 
-    def _sequences(self, unit: int, split: str, texts: list[str], drops: Counter) -> tuple[
-            Sequences, int, int]:
+    def _sequences(
+        self, unit: int, split: str, texts: list[str], drops: Counter
+    ) -> tuple[Sequences, int, int]:
         spec = self.spec
         nsp = spec.sequences.format == "nsp"
         cls, sep = spec.special_tokens["cls"], spec.special_tokens["sep"]
@@ -124,26 +127,35 @@ class _Worker:
         folder.mkdir(parents=True, exist_ok=True)
         offsets_dtype = offsets_dtype_for(len(seqs.tokens))
         files = {
-            f"{name}.tokens": write_array_atomic(folder / f"{name}.tokens",
-                                                 seqs.tokens.astype(self.spec.token_dtype)),
-            f"{name}.offsets": write_array_atomic(folder / f"{name}.offsets",
-                                                  seqs.offsets.astype(offsets_dtype)),
+            f"{name}.tokens": write_array_atomic(
+                folder / f"{name}.tokens", seqs.tokens.astype(self.spec.token_dtype)
+            ),
+            f"{name}.offsets": write_array_atomic(
+                folder / f"{name}.offsets", seqs.offsets.astype(offsets_dtype)
+            ),
             f"{name}.wordstart": write_array_atomic(
-                folder / f"{name}.wordstart", np.packbits(seqs.word_start, bitorder="little")),
+                folder / f"{name}.wordstart", np.packbits(seqs.word_start, bitorder="little")
+            ),
         }
         if seqs.segment_a_len is not None:
             rec = np.empty(len(seqs.segment_a_len), dtype=NSP_DTYPE)
             rec["segment_a_len"] = seqs.segment_a_len
             rec["is_random_next"] = seqs.is_random_next
             files[f"{name}.nsp"] = write_array_atomic(folder / f"{name}.nsp", rec)
-        return {"name": name, "sequences": len(seqs.offsets) - 1, "tokens": len(seqs.tokens),
-                "offsets_dtype": offsets_dtype.name, "files": files}
+        return {
+            "name": name,
+            "sequences": len(seqs.offsets) - 1,
+            "tokens": len(seqs.tokens),
+            "offsets_dtype": offsets_dtype.name,
+            "files": files,
+        }
 
     def process(self, unit: int, texts: list[str]) -> dict[str, Any]:
         by_split: dict[str, list[str]] = {s: [] for s in SPLITS}
         for t in texts:
-            by_split["validation" if is_validation(t, self.spec.validation_fraction)
-                     else "train"].append(t)
+            by_split[
+                "validation" if is_validation(t, self.spec.validation_fraction) else "train"
+            ].append(t)
         drops: Counter[str] = Counter()
         record: dict[str, Any] = {"unit": unit, "splits": {}, "dropped": {}}
         if self.decontam is not None:  # training copies of validation documents are dropped
@@ -151,8 +163,11 @@ class _Worker:
         for split, docs in by_split.items():
             seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, drops)
             shard = self._write(split, shard_name(unit), seqs) if len(seqs.offsets) > 1 else None
-            record["splits"][split] = {"documents": n_docs, "corpus_tokens": corpus_tokens,
-                                       "shard": shard}
+            record["splits"][split] = {
+                "documents": n_docs,
+                "corpus_tokens": corpus_tokens,
+                "shard": shard,
+            }
         record["dropped"] = dict(drops)
         write_json_atomic(done_record_path(self.out, unit), record)
         return record

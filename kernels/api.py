@@ -58,9 +58,12 @@ def enable_interpreter_without_cuda() -> bool:
     """
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         if "triton" in sys.modules:
-            warnings.warn("triton was imported before TRITON_INTERPRET could be set: the Triton "
-                          "kernel cannot run on CPU tensors in this process", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "triton was imported before TRITON_INTERPRET could be set: the Triton "
+                "kernel cannot run on CPU tensors in this process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         os.environ["TRITON_INTERPRET"] = "1"
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -171,16 +174,29 @@ def masked_lm_loss(
     flat_labels = labels.reshape(-1)
     rows = (flat_labels != ignore_index).nonzero().squeeze(1)  # the one inherent host sync
     hidden_rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
-    return masked_lm_loss_rows(hidden_rows, weight, bias, flat_labels.index_select(0, rows),
-                               ignore_index=ignore_index, vocab_size=vocab_size,
-                               normalizer=normalizer, impl=impl)
+    return masked_lm_loss_rows(
+        hidden_rows,
+        weight,
+        bias,
+        flat_labels.index_select(0, rows),
+        ignore_index=ignore_index,
+        vocab_size=vocab_size,
+        normalizer=normalizer,
+        impl=impl,
+    )
 
 
-def masked_lm_loss_rows(hidden_rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        row_labels: torch.Tensor, *, ignore_index: int = IGNORE_INDEX,
-                        vocab_size: int | None = None,
-                        normalizer: float | torch.Tensor | None = None,
-                        impl: str = "auto") -> MaskedLMOutput:
+def masked_lm_loss_rows(
+    hidden_rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    row_labels: torch.Tensor,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+    vocab_size: int | None = None,
+    normalizer: float | torch.Tensor | None = None,
+    impl: str = "auto",
+) -> MaskedLMOutput:
     """masked_lm_loss on rows the caller has already gathered: hidden_rows [N, H], row_labels [N].
 
     For a model that selects the masked positions itself (to run its MLM transform on them only):
@@ -188,29 +204,36 @@ def masked_lm_loss_rows(hidden_rows: torch.Tensor, weight: torch.Tensor, bias: t
     ignored (it costs a decoder row, nothing else).
     """
     if hidden_rows.dim() != 2 or row_labels.shape != hidden_rows.shape[:1]:
-        raise ValueError(f"hidden_rows must be [N, H] with row_labels [N]; got hidden_rows "
-                         f"{tuple(hidden_rows.shape)} and row_labels {tuple(row_labels.shape)}")
+        raise ValueError(
+            f"hidden_rows must be [N, H] with row_labels [N]; got hidden_rows "
+            f"{tuple(hidden_rows.shape)} and row_labels {tuple(row_labels.shape)}"
+        )
     if weight.dim() != 2 or weight.shape[1] != hidden_rows.shape[-1]:
-        raise ValueError(f"weight must be [V, H={hidden_rows.shape[-1]}], got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be [V, H={hidden_rows.shape[-1]}], got {tuple(weight.shape)}"
+        )
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must be [V={weight.shape[0]}], got {tuple(bias.shape)}")
     if row_labels.dtype.is_floating_point or row_labels.dtype == torch.bool:
         raise ValueError(f"labels must be an integer tensor, got {row_labels.dtype}")
     vocab = _check_vocab(vocab_size, weight.shape[0], "weight")
     which = _resolve_impl(impl, hidden_rows.device)
-    num_masked = (row_labels != ignore_index).sum()        # int64, stays on the device
+    num_masked = (row_labels != ignore_index).sum()  # int64, stays on the device
 
     if which == "torch":
-        loss_sum, num_correct = reference.masked_lm_loss_sum(hidden_rows, weight, bias, row_labels,
-                                                             ignore_index, vocab)
+        loss_sum, num_correct = reference.masked_lm_loss_sum(
+            hidden_rows, weight, bias, row_labels, ignore_index, vocab
+        )
     else:
         from .autograd import SoftmaxCrossEntropyFunction
+
         # Full padded width: aligned rows for the GEMM; the kernel skips columns >= vocab. These
         # logits belong to this function alone, so the backward may overwrite them with the
         # gradient.
         logits = torch.nn.functional.linear(hidden_rows, weight, bias)
-        row_loss, correct = SoftmaxCrossEntropyFunction.apply(logits, row_labels, ignore_index,
-                                                              vocab, True)
+        row_loss, correct = SoftmaxCrossEntropyFunction.apply(
+            logits, row_labels, ignore_index, vocab, True
+        )
         loss_sum, num_correct = row_loss.sum(), correct.sum(dtype=torch.int64)
     # fp32 (fp64 stays fp64, so the reference can be gradchecked).
     loss = loss_sum.to(torch.promote_types(loss_sum.dtype, torch.float32))

@@ -4,6 +4,7 @@ DeepSpeed requires ``train_batch_size == micro_batch * grad_accum * world_size``
 (in the DeepSpeed config or as flags; flags win); the third is derived here and every value is
 checked against the world size before any model, data or process-group work starts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,12 @@ class BatchPlan:
     world_size: int  # data-parallel ranks
 
     def as_dict(self) -> dict[str, int]:
-        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch,
-                "grad_accum": self.grad_accum, "world_size": self.world_size}
+        return {
+            "global_batch": self.global_batch,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "world_size": self.world_size,
+        }
 
 
 def _value(ds_config: dict[str, Any], key: str, override: int | None, source: str) -> int | None:
@@ -45,9 +50,15 @@ def _value(ds_config: dict[str, Any], key: str, override: int | None, source: st
     return value
 
 
-def resolve_batch(ds_config: dict[str, Any], world_size: int, *, global_batch: int | None = None,
-                  micro_batch: int | None = None, grad_accum: int | None = None,
-                  source: str = "DeepSpeed config") -> BatchPlan:
+def resolve_batch(
+    ds_config: dict[str, Any],
+    world_size: int,
+    *,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    source: str = "DeepSpeed config",
+) -> BatchPlan:
     """Derive and check (global batch, micro batch, accumulation) for ``world_size`` ranks.
 
     Flags given here override the config. When all three end up known they must agree exactly.
@@ -61,32 +72,46 @@ def resolve_batch(ds_config: dict[str, Any], world_size: int, *, global_batch: i
     a = _value(ds_config, BATCH_KEYS[2], grad_accum, source)
     # A flag for one value beats a stale config value of another: drop the config's accumulation
     # when the global or micro batch came from a flag and accumulation did not.
-    if grad_accum is None and (global_batch is not None or micro_batch is not None) and \
-            g is not None and m is not None:
+    if (
+        grad_accum is None
+        and (global_batch is not None or micro_batch is not None)
+        and g is not None
+        and m is not None
+    ):
         a = None
-    hint = (f"(world size {world_size}; train_batch_size must equal "
-            f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size). "
-            f"Fix {source} or pass --global_batch_size / --micro_batch_size / --grad_accum")
+    hint = (
+        f"(world size {world_size}; train_batch_size must equal "
+        f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size). "
+        f"Fix {source} or pass --global_batch_size / --micro_batch_size / --grad_accum"
+    )
     if g is not None and m is not None:
         if g % (m * world_size):
-            raise BatchSizeError(f"global batch {g} is not divisible by micro batch {m} x world size "
-                                 f"{world_size} = {m * world_size} {hint}")
+            raise BatchSizeError(
+                f"global batch {g} is not divisible by micro batch {m} x world size "
+                f"{world_size} = {m * world_size} {hint}"
+            )
         derived = g // (m * world_size)
         if a is not None and a != derived:
-            raise BatchSizeError(f"global batch {g} != micro batch {m} x accumulation {a} x world "
-                                 f"size {world_size} = {m * a * world_size} {hint}")
+            raise BatchSizeError(
+                f"global batch {g} != micro batch {m} x accumulation {a} x world "
+                f"size {world_size} = {m * a * world_size} {hint}"
+            )
         a = derived
     elif g is not None and a is not None:
         if g % (a * world_size):
-            raise BatchSizeError(f"global batch {g} is not divisible by accumulation {a} x world "
-                                 f"size {world_size} {hint}")
+            raise BatchSizeError(
+                f"global batch {g} is not divisible by accumulation {a} x world "
+                f"size {world_size} {hint}"
+            )
         m = g // (a * world_size)
     elif m is not None:
         a = a or 1
         g = m * a * world_size
     else:
-        raise BatchSizeError(f"no batch size given: set train_batch_size and "
-                             f"train_micro_batch_size_per_gpu in {source} {hint}")
+        raise BatchSizeError(
+            f"no batch size given: set train_batch_size and "
+            f"train_micro_batch_size_per_gpu in {source} {hint}"
+        )
     assert g is not None and m is not None and a is not None
     return BatchPlan(global_batch=g, micro_batch=m, grad_accum=a, world_size=world_size)
 

@@ -50,7 +50,9 @@ class TimeClockLR:
         self.schedule, self.peak_lr, self.budget = schedule, peak_lr, budget
 
     @classmethod
-    def for_run(cls, optim_cfg, schedule, ds_config: dict, budget: TimeBudget) -> TimeClockLR | None:
+    def for_run(
+        cls, optim_cfg, schedule, ds_config: dict, budget: TimeBudget
+    ) -> TimeClockLR | None:
         """The clock of a run with ``--schedule_clock time`` (peak lr from the DeepSpeed
         optimizer block), else None (the step schedule is DeepSpeed's LR scheduler)."""
         if schedule is None or optim_cfg.schedule_clock != "time":

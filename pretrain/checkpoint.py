@@ -2,7 +2,7 @@
 
 Layout of ``RUN/checkpoints/``::
 
-    step_00000010/                 DeepSpeed tag folder (model/optimizer shards, written by all ranks)
+    step_00000010/                 DeepSpeed tag folder (model/optimizer shards, all ranks write)
         trainer_state.json         step, consumed samples, world size, config, tokenizer fingerprint
         rng/rank_00000.pt          each rank's torch / numpy / python RNG states
         COMPLETE                   written last, atomically, by rank 0 after every rank finished
@@ -17,6 +17,7 @@ work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag
 ``engine.load_checkpoint("RUN/checkpoints")``. A folder without ``COMPLETE`` is ignored by
 :func:`find_latest` and removed before the same tag is saved again.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,8 +49,13 @@ _TAG_RE = re.compile(r"^step_(\d{8})$")
 
 
 # Model settings a resumed run may change: they do not alter the weights' shapes or meaning.
-_FREE_MODEL_FIELDS = {"name", "loss_impl", "config_json", "hidden_dropout_prob",
-                      "attention_probs_dropout_prob"}
+_FREE_MODEL_FIELDS = {
+    "name",
+    "loss_impl",
+    "config_json",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+}
 
 
 class CheckpointError(ValueError):
@@ -65,8 +71,11 @@ def rng_state() -> dict[str, Any]:
     """This process's RNG states (torch CPU and accelerator, numpy, python)."""
     from deepspeed.accelerator import get_accelerator
 
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     accel = get_accelerator()
     if accel.device_name() != "cpu":
         state["accelerator"] = accel.get_rng_state()
@@ -136,9 +145,11 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
         if latest is not None:
             return latest
     if _TAG_RE.match(p.name):
-        raise CheckpointError(f"--resume {p}: the checkpoint is incomplete (no {MARKER} marker; "
-                              "the run stopped while saving). Resume from an earlier one or use "
-                              "--resume auto.")
+        raise CheckpointError(
+            f"--resume {p}: the checkpoint is incomplete (no {MARKER} marker; "
+            "the run stopped while saving). Resume from an earlier one or use "
+            "--resume auto."
+        )
     raise CheckpointError(f"--resume {p}: no complete checkpoint there")
 
 
@@ -148,23 +159,37 @@ def read_state(path: Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def check_compatible(state: dict[str, Any], *, vocab_size: int, tokenizer_fingerprint: str,
-                     model_config: dict[str, Any], path: Path) -> None:
-    """Raise CheckpointError when the checkpoint was trained with another model, vocab or tokenizer."""
+def check_compatible(
+    state: dict[str, Any],
+    *,
+    vocab_size: int,
+    tokenizer_fingerprint: str,
+    model_config: dict[str, Any],
+    path: Path,
+) -> None:
+    """Raise CheckpointError when the checkpoint was trained with another model, vocabulary or
+    tokenizer."""
     problems = []
     if state.get("tokenizer_fingerprint") != tokenizer_fingerprint:
-        problems.append(f"tokenizer fingerprint {state.get('tokenizer_fingerprint')} (checkpoint) "
-                        f"!= {tokenizer_fingerprint} (--data)")
+        problems.append(
+            f"tokenizer fingerprint {state.get('tokenizer_fingerprint')} (checkpoint) "
+            f"!= {tokenizer_fingerprint} (--data)"
+        )
     if state.get("vocab_size") != vocab_size:
-        problems.append(f"vocab size {state.get('vocab_size')} (checkpoint) != {vocab_size} (--data)")
+        problems.append(
+            f"vocab size {state.get('vocab_size')} (checkpoint) != {vocab_size} (--data)"
+        )
     saved = state.get("config", {}).get("model_cfg", {})
     for k, v in model_config.items():
         if k in saved and saved[k] != v and k not in _FREE_MODEL_FIELDS:
             problems.append(f"model.{k} = {saved[k]!r} (checkpoint) != {v!r} (this run)")
     if problems:
-        raise CheckpointError(f"checkpoint {path} does not fit this run:\n  " + "\n  ".join(problems)
-                              + "\nUse the same --data/--model as the run that wrote it, or start "
-                              "a new --output_dir.")
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this run:\n  "
+            + "\n  ".join(problems)
+            + "\nUse the same --data/--model as the run that wrote it, or start "
+            "a new --output_dir."
+        )
 
 
 @dataclass(frozen=True)
@@ -179,15 +204,26 @@ class ResumePoint:
         return int(self.state["world_size"]) != world_size
 
 
-def find_resume(resume: str, output_dir: str | os.PathLike, *, vocab_size: int,
-                tokenizer_fingerprint: str, model_config: dict[str, Any]) -> ResumePoint | None:
+def find_resume(
+    resume: str,
+    output_dir: str | os.PathLike,
+    *,
+    vocab_size: int,
+    tokenizer_fingerprint: str,
+    model_config: dict[str, Any],
+) -> ResumePoint | None:
     """The checkpoint ``--resume`` names, checked against this run's data and model, or None."""
     path = resolve_resume(resume, output_dir)
     if path is None:
         return None
     state = read_state(path)
-    check_compatible(state, vocab_size=vocab_size, tokenizer_fingerprint=tokenizer_fingerprint,
-                     model_config=model_config, path=path)
+    check_compatible(
+        state,
+        vocab_size=vocab_size,
+        tokenizer_fingerprint=tokenizer_fingerprint,
+        model_config=model_config,
+        path=path,
+    )
     return ResumePoint(path, state)
 
 
@@ -219,8 +255,14 @@ class PreemptionHandler:
 class CheckpointManager:
     """Saves, prunes and loads checkpoints for one run folder."""
 
-    def __init__(self, output_dir: str | os.PathLike, cfg: CheckpointConfig, rank: int,
-                 world_size: int, device: torch.device | None = None):
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        cfg: CheckpointConfig,
+        rank: int,
+        world_size: int,
+        device: torch.device | None = None,
+    ):
         self.root = Path(output_dir) / "checkpoints"
         self.cfg = cfg
         self.keep_last = cfg.keep_last
@@ -243,12 +285,20 @@ class CheckpointManager:
             if path.exists():  # a partial save of the same step from a crashed run
                 shutil.rmtree(path)
         self._barrier()
-        full_state = {**state, "step": step, "world_size": self.world_size, "tag": tag,
-                      "saved_at": time.time()}
+        full_state = {
+            **state,
+            "step": step,
+            "world_size": self.world_size,
+            "tag": tag,
+            "saved_at": time.time(),
+        }
         # universal_checkpoint_info lets ds_to_universal convert ZeRO-1/2 checkpoints later.
-        engine.save_checkpoint(str(self.root), tag=tag, save_latest=False,
-                               client_state={"trainer_state": full_state,
-                                             "universal_checkpoint_info": {}})
+        engine.save_checkpoint(
+            str(self.root),
+            tag=tag,
+            save_latest=False,
+            client_state={"trainer_state": full_state, "universal_checkpoint_info": {}},
+        )
         (path / "rng").mkdir(parents=True, exist_ok=True)
         rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
         torch.save(rng_state(), rng_file.with_suffix(".tmp"))
@@ -266,9 +316,10 @@ class CheckpointManager:
         return path
 
     def _prune(self) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints; drop older ones and stale partials."""
+        """Keep the newest ``keep_last`` complete checkpoints; drop older ones and stale
+        partials."""
         complete = list_complete(self.root)
-        keep = {p.name for _, p in complete[-self.keep_last:]}
+        keep = {p.name for _, p in complete[-self.keep_last :]}
         newest = complete[-1][0] if complete else -1
         for p in self.root.iterdir() if self.root.is_dir() else []:
             m = _TAG_RE.match(p.name)
@@ -289,8 +340,10 @@ class CheckpointManager:
         """
         if save_interval > 0 and step % save_interval == 0:
             return "interval"
-        if save_interval_minutes > 0 and \
-                time.monotonic() - self.last_save_time >= 60.0 * save_interval_minutes:
+        if (
+            save_interval_minutes > 0
+            and time.monotonic() - self.last_save_time >= 60.0 * save_interval_minutes
+        ):
             return "time"
         return None
 
@@ -306,7 +359,8 @@ class CheckpointManager:
         time_due = main and self.due(step, 0, self.cfg.save_interval_minutes) is not None
         spent = main and budget is not None and budget.exhausted()
         signal_any, time_rank0, spent_rank0 = sum_across_ranks(
-            [float(preempt.signal is not None), float(time_due), float(spent)], self.device)
+            [float(preempt.signal is not None), float(time_due), float(spent)], self.device
+        )
         if signal_any > 0:
             return "signal"
         if spent_rank0 > 0:
@@ -331,20 +385,29 @@ class CheckpointManager:
         # LambdaLR.load_state_dict writes the saved schedule's fields into the callable: the run
         # continues the checkpoint's schedule. Say so when this launch's flags ask for another.
         saved = getattr(engine.lr_scheduler, "lr_lambdas", [None])[0]
-        if flags_schedule is not None and saved is not None and saved != flags_schedule \
-                and self.rank == 0:
-            print(f"[pretrain] WARNING: the learning-rate schedule continues as saved in the "
-                  f"checkpoint ({saved}); this launch's flags give {flags_schedule}, which is not "
-                  "applied. Start a new run (--init_from) for another schedule.", flush=True)
+        if (
+            flags_schedule is not None
+            and saved is not None
+            and saved != flags_schedule
+            and self.rank == 0
+        ):
+            print(
+                f"[pretrain] WARNING: the learning-rate schedule continues as saved in the "
+                f"checkpoint ({saved}); this launch's flags give {flags_schedule}, which is not "
+                "applied. Start a new run (--init_from) for another schedule.",
+                flush=True,
+            )
         step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
         engine.global_steps, engine.global_samples = step, consumed
         self.last_saved_step = step
         if world_changed:
             torch.manual_seed(seed + 1000003 * step + self.rank)
         if self.rank == 0:
-            print(f"[pretrain] resumed from {point.path} at step {step} ({consumed} samples "
-                  f"consumed; saved on {point.state['world_size']} ranks, now {self.world_size})",
-                  flush=True)
+            print(
+                f"[pretrain] resumed from {point.path} at step {step} ({consumed} samples "
+                f"consumed; saved on {point.state['world_size']} ranks, now {self.world_size})",
+                flush=True,
+            )
         return step, consumed
 
     def load(self, engine, path: Path) -> dict[str, Any]:
@@ -354,9 +417,12 @@ class CheckpointManager:
         folder and ``universal=True``.
         """
         state = read_state(path)
-        loaded, _client = engine.load_checkpoint(str(path.parent), tag=path.name,
-                                                 load_optimizer_states=True,
-                                                 load_lr_scheduler_states=True)
+        loaded, _client = engine.load_checkpoint(
+            str(path.parent),
+            tag=path.name,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint {path}")
         rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
@@ -375,18 +441,30 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
             tmp.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                   "--input_folder", str(path), "--output_folder", str(tmp),
-                   "--inject_missing_state", "--num_extract_workers", "2",
-                   "--num_merge_workers", "1"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "deepspeed.checkpoint.ds_to_universal",
+                "--input_folder",
+                str(path),
+                "--output_folder",
+                str(tmp),
+                "--inject_missing_state",
+                "--num_extract_workers",
+                "2",
+                "--num_merge_workers",
+                "1",
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
-                raise CheckpointError(f"converting {path} to a universal checkpoint failed:\n"
-                                      f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+                raise CheckpointError(
+                    f"converting {path} to a universal checkpoint failed:\n"
+                    f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+                )
             shutil.copy(path / STATE_FILE, tmp / STATE_FILE)
             write_text_atomic(tmp / MARKER, f"universal {path.name}\n")
             os.replace(tmp, out)
-            # DeepSpeed's converter named the temporary folder in latest_universal: name the real one.
+            # DeepSpeed's converter named the temporary folder in latest_universal: fix it.
             write_text_atomic(out.parent / "latest_universal", out.name)
         self._barrier()
         return out

@@ -6,6 +6,7 @@ automatically (``--<field>``, or ``--<group>_<field>`` when two groups share a f
 The DeepSpeed JSON stays the source of ZeRO and precision settings; flags that touch it
 (batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.ds_config`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from pretrain.data import DataConfig
     from pretrain.masking import MaskingConfig
     from pretrain.model import ModelConfig
+
 
 @dataclass
 class RunConfig:
@@ -127,10 +129,15 @@ class LogConfig:
     # for training)
 
 
-CONCERNS: dict[str, type] = {"run": RunConfig, "batch": BatchConfig, "optim": OptimConfig,
-                             "precision": PrecisionConfig, "memory": MemoryConfig,
-                             "checkpoint": CheckpointConfig,
-                             "log": LogConfig}
+CONCERNS: dict[str, type] = {
+    "run": RunConfig,
+    "batch": BatchConfig,
+    "optim": OptimConfig,
+    "precision": PrecisionConfig,
+    "memory": MemoryConfig,
+    "checkpoint": CheckpointConfig,
+    "log": LogConfig,
+}
 
 
 def _foreign_concerns() -> dict[str, type]:
@@ -144,8 +151,11 @@ def _foreign_concerns() -> dict[str, type]:
 
 # Flags spelled otherwise than their field: the launcher habit of dashes, and the short --data /
 # --model for the fields that name a folder and a preset.
-_ALIASES = {"dry_run": ["--dry-run", "--dry_run"], "data_sources": ["--data"],
-            "model_preset": ["--model"]}
+_ALIASES = {
+    "dry_run": ["--dry-run", "--dry_run"],
+    "data_sources": ["--data"],
+    "model_preset": ["--model"],
+}
 _REQUIRED = {"data_sources"}  # checked by parse_args; the doctor reports a missing one instead
 _SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
 
@@ -207,17 +217,24 @@ def _field_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def build_parser(groups: dict[str, type], prog: str = "pretrain/main.py",
-                 description: str = "Pretrain a BERT-style masked LM on DeepSpeed."
-                 ) -> tuple[argparse.ArgumentParser, dict]:
+def build_parser(
+    groups: dict[str, type],
+    prog: str = "pretrain/main.py",
+    description: str = "Pretrain a BERT-style masked LM on DeepSpeed.",
+) -> tuple[argparse.ArgumentParser, dict]:
     """Argument parser with one flag per dataclass field (defaults None: "not given").
 
     Each flag's help is the field's comment plus its dataclass default, written once here (the
     argparse value is None so that "given" and "not given" stay distinguishable).
     """
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)")
+    p.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        default=None,
+        help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)",
+    )
     names = _flag_names(groups)
     for g, cls in groups.items():
         grp = p.add_argument_group(g)
@@ -225,32 +242,52 @@ def build_parser(groups: dict[str, type], prog: str = "pretrain/main.py",
         for f in dataclasses.fields(cls):
             if g != "run" and f.name in _SKIP_FOREIGN:
                 continue
-            tp, _opt = _base_type(f.type if not isinstance(f.type, str) else
-                                  typing.get_type_hints(cls)[f.name])
+            tp, _opt = _base_type(
+                f.type if not isinstance(f.type, str) else typing.get_type_hints(cls)[f.name]
+            )
             dest = names[(g, f.name)]
             flags = _ALIASES.get(dest, [f"--{dest}"])
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-            h = f"{helps.get(f.name, '')} " + ("(required)" if f.name in _REQUIRED else
-                                                 f"(default: {default!r})" if default == ""
-                                                 else f"(default: {default})")
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            )
+            h = f"{helps.get(f.name, '')} " + (
+                "(required)"
+                if f.name in _REQUIRED
+                else f"(default: {default!r})"
+                if default == ""
+                else f"(default: {default})"
+            )
             if typing.get_origin(tp) is list:  # one or more values after the flag
-                grp.add_argument(*flags, dest=dest, nargs="+", type=typing.get_args(tp)[0],
-                                 default=None, help=h, metavar=flags[0].lstrip("-").upper())
+                grp.add_argument(
+                    *flags,
+                    dest=dest,
+                    nargs="+",
+                    type=typing.get_args(tp)[0],
+                    default=None,
+                    help=h,
+                    metavar=flags[0].lstrip("-").upper(),
+                )
             elif tp is bool:
-                grp.add_argument(*flags, dest=dest, nargs="?", const=True, default=None,
-                                 type=_str2bool, help=h)
+                grp.add_argument(
+                    *flags, dest=dest, nargs="?", const=True, default=None, type=_str2bool, help=h
+                )
             elif tp in (int, float, str):
                 grp.add_argument(*flags, dest=dest, type=tp, default=None, help=h)
             else:  # tuples / lists: JSON on the command line
-                grp.add_argument(*flags, dest=dest, type=json.loads, default=None,
-                                 help=h + " [JSON]")
+                grp.add_argument(
+                    *flags, dest=dest, type=json.loads, default=None, help=h + " [JSON]"
+                )
     return p, names
 
 
 def _overrides(ns: argparse.Namespace, names: dict, group: str) -> dict[str, Any]:
-    return {fname: getattr(ns, dest) for (g, fname), dest in names.items()
-            if g == group and getattr(ns, dest, None) is not None}
+    return {
+        fname: getattr(ns, dest)
+        for (g, fname), dest in names.items()
+        if g == group and getattr(ns, dest, None) is not None
+    }
 
 
 @dataclass
@@ -274,20 +311,23 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every concern (saved as RUN/config.json and in checkpoints)."""
-        return {k: dataclasses.asdict(v) for k, v in vars(self).items()
-                if dataclasses.is_dataclass(v)}
+        return {
+            k: dataclasses.asdict(v) for k, v in vars(self).items() if dataclasses.is_dataclass(v)
+        }
 
 
-def trainer_parser(prog: str = "pretrain/main.py",
-                   description: str = "Pretrain a BERT-style masked LM on DeepSpeed."
-                   ) -> tuple[argparse.ArgumentParser, dict]:
+def trainer_parser(
+    prog: str = "pretrain/main.py",
+    description: str = "Pretrain a BERT-style masked LM on DeepSpeed.",
+) -> tuple[argparse.ArgumentParser, dict]:
     """The trainer's parser and its (group, field) -> dest map; the doctor extends the same one,
     so a launch line pastes into it unchanged."""
     return build_parser({**CONCERNS, **_foreign_concerns()}, prog, description)
 
 
-def config_from_args(ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
-                     ) -> TrainConfig:
+def config_from_args(
+    ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
+) -> TrainConfig:
     """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
     doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
     from pretrain.model import preset
@@ -344,8 +384,10 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     except ValueError as e:
         parser.error(str(e))
     if cfg.run.show_masks < 0 or (cfg.run.show_masks and not cfg.run.dry_run):
-        parser.error("--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
-                     "instead of training")
+        parser.error(
+            "--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
+            "instead of training"
+        )
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
     from pretrain.model import layer_groups  # (a --config_json depth is checked again at build)
@@ -357,10 +399,13 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     log = cfg.log
     if bool(log.downstream_eval) != (log.downstream_interval > 0):
         parser.error("--downstream_eval and --downstream_interval go together")
-    if log.downstream_interval and (cfg.checkpoint.save_interval <= 0 or
-                                    log.downstream_interval % cfg.checkpoint.save_interval):
-        parser.error(f"--downstream_interval {log.downstream_interval} must be a multiple of "
-                     f"--save_interval (now {cfg.checkpoint.save_interval}): it evaluates checkpoints")
+    if log.downstream_interval and (
+        cfg.checkpoint.save_interval <= 0 or log.downstream_interval % cfg.checkpoint.save_interval
+    ):
+        parser.error(
+            f"--downstream_interval {log.downstream_interval} must be a multiple of "
+            f"--save_interval (now {cfg.checkpoint.save_interval}): it evaluates checkpoints"
+        )
     if cfg.run.max_time_hours < 0:
         parser.error(f"--max_time_hours must be >= 0, got {cfg.run.max_time_hours}")
     if cfg.optim.schedule_clock not in ("steps", "time"):
@@ -368,8 +413,10 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     if cfg.optim.schedule_clock == "time" and cfg.run.max_time_hours <= 0:
         parser.error("--schedule_clock time needs a budget: give --max_time_hours")
     if cfg.optim.schedule_clock == "time" and cfg.optim.warmup_steps is not None:
-        parser.error("--warmup_steps counts steps; with --schedule_clock time give the warmup as "
-                     "--warmup_ratio (a fraction of the time budget)")
+        parser.error(
+            "--warmup_steps counts steps; with --schedule_clock time give the warmup as "
+            "--warmup_ratio (a fraction of the time budget)"
+        )
 
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
@@ -384,9 +431,11 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(str(e))
     for s in sources:
         if not Path(s.path, "manifest.json").is_file():
-            parser.error(f"--data {s.path}: no manifest.json there (missing folder or an "
-                         "incomplete build); run `python -m data_prep build --output "
-                         f"{s.path} ...` first")
+            parser.error(
+                f"--data {s.path}: no manifest.json there (missing folder or an "
+                "incomplete build); run `python -m data_prep build --output "
+                f"{s.path} ...` first"
+            )
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     if cfg.log.downstream_eval and not os.path.isfile(cfg.log.downstream_eval):

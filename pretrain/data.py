@@ -19,6 +19,7 @@ Mixtures (pretrain.mixture): a reader with a `sampler(...)` method supplies the 
 into the batch as the tensor `batch["source"]`, which the trainer pops like `masking_stats`) and
 `mask_prob` (per-row rates handed to the Masker).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -36,7 +37,9 @@ from pretrain.masking import Masker, MaskingConfig
 class DataConfig:
     """How batches are read, ordered and delivered."""
 
-    num_workers: int = 2  # DataLoader worker processes per rank (0: build batches in the main process)
+    num_workers: int = (
+        2  # DataLoader worker processes per rank (0: build batches in the main process)
+    )
     prefetch_factor: int = 4  # batches each worker prepares ahead (ignored without workers)
     pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (only with CUDA)
     pad_to_multiple_of: int = 8  # pad each batch's length up to a multiple of this
@@ -48,7 +51,9 @@ class DataConfig:
         if self.num_workers < 0:
             raise ValueError(f"DataConfig.num_workers={self.num_workers}: must be >= 0")
         if self.pad_to_multiple_of < 1:
-            raise ValueError(f"DataConfig.pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1")
+            raise ValueError(
+                f"DataConfig.pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1"
+            )
         if self.verify not in ("size", "full", "none"):
             raise ValueError(f"DataConfig.verify={self.verify!r}: choose size, full or none")
 
@@ -70,15 +75,27 @@ class GlobalSampler:
     evenly as possible (a rank with nothing left yields one batch fewer).
     """
 
-    def __init__(self, num_samples: int, micro_batch_size: int, rank: int = 0, world_size: int = 1,
-                 consumed_samples: int = 0, seed: int = 1234, shuffle: bool = True,
-                 train: bool = True):
+    def __init__(
+        self,
+        num_samples: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        consumed_samples: int = 0,
+        seed: int = 1234,
+        shuffle: bool = True,
+        train: bool = True,
+    ):
         if num_samples <= 0:
-            raise ValueError("the split has no sequences: nothing to sample (rebuild the shards "
-                             "with more text or a smaller --validation_fraction)")
+            raise ValueError(
+                "the split has no sequences: nothing to sample (rebuild the shards "
+                "with more text or a smaller --validation_fraction)"
+            )
         if micro_batch_size <= 0 or world_size <= 0 or not 0 <= rank < world_size:
-            raise ValueError(f"bad sampler layout: micro_batch_size={micro_batch_size}, "
-                             f"rank={rank}, world_size={world_size}")
+            raise ValueError(
+                f"bad sampler layout: micro_batch_size={micro_batch_size}, "
+                f"rank={rank}, world_size={world_size}"
+            )
         if consumed_samples < 0:
             raise ValueError(f"consumed_samples={consumed_samples} must be >= 0")
         self.num_samples = int(num_samples)
@@ -115,8 +132,9 @@ class GlobalSampler:
 
     def rank_positions(self, block_start: int, block_size: int) -> np.ndarray:
         """This rank's global positions in the block [block_start, block_start + block_size)."""
-        parts = np.array_split(np.arange(block_start, block_start + block_size, dtype=np.int64),
-                               self.world_size)
+        parts = np.array_split(
+            np.arange(block_start, block_start + block_size, dtype=np.int64), self.world_size
+        )
         return parts[self.rank]
 
     def __iter__(self) -> Iterator[BatchPlan]:
@@ -147,8 +165,13 @@ class GlobalSampler:
 class MaskedBatches(Dataset):
     """Builds a whole masked, padded batch from a BatchPlan (see module doc)."""
 
-    def __init__(self, reader, masking_cfg: MaskingConfig, pad_to_multiple_of: int = 8,
-                 schedule_position: int | None = None):
+    def __init__(
+        self,
+        reader,
+        masking_cfg: MaskingConfig,
+        pad_to_multiple_of: int = 8,
+        schedule_position: int | None = None,
+    ):
         """schedule_position: evaluate the mask_prob schedule there for every sample (validation
         masks at one fixed rate) instead of at each sample's stream position."""
         self.reader = reader
@@ -168,14 +191,17 @@ class MaskedBatches(Dataset):
         return self.__getitems__(BatchPlan(one, np.zeros(1, dtype=np.int64), one))
 
     def _where(self, index: int) -> str:
-        return f"sequence {index} of {getattr(self.reader, 'root', '?')} " \
-               f"(split {getattr(self.reader, 'split', '?')!r})"
+        return (
+            f"sequence {index} of {getattr(self.reader, 'root', '?')} "
+            f"(split {getattr(self.reader, 'split', '?')!r})"
+        )
 
     def read(self, plan: BatchPlan) -> SampleBatch:
         """The plan's sequences, padded to [B, T] int64 (T: a multiple of pad_to_multiple_of), in
         one batched read (`ShardReader.get_batch`: a few numpy gathers per shard touched)."""
-        return self.reader.get_batch(plan.indices, pad_to_multiple_of=self.multiple,
-                                     word_start=self.masker.cfg.whole_word)
+        return self.reader.get_batch(
+            plan.indices, pad_to_multiple_of=self.multiple, word_start=self.masker.cfg.whole_word
+        )
 
     def __getitems__(self, plan: BatchPlan) -> dict:
         got = self.read(plan)
@@ -183,19 +209,26 @@ class MaskedBatches(Dataset):
         B, T = ids.shape
         if B == 0 or lengths.min() == 0:
             bad = int(plan.indices[int(np.argmin(lengths))]) if B else -1
-            raise ValueError(f"{self._where(bad)} is empty; the shard is corrupt: rebuild it "
-                             "(`python -m data_prep build`) or check it (`python -m data_prep verify`)")
+            raise ValueError(
+                f"{self._where(bad)} is empty; the shard is corrupt: rebuild it "
+                "(`python -m data_prep build`) or check it (`python -m data_prep verify`)"
+            )
         if ids.max() >= self.vocab_size:  # padding is a special id, always < vocab_size
             row = int(np.argmax(ids.max(axis=1)))
             raise ValueError(
                 f"{self._where(int(plan.indices[row]))} holds token id {int(ids[row].max())} >= "
                 f"the manifest's vocab_size {self.vocab_size}: the shard is corrupt or was built "
-                "with another tokenizer. Run `python -m data_prep verify` and rebuild the shards.")
+                "with another tokenizer. Run `python -m data_prep verify` and rebuild the shards."
+            )
         in_seq = np.arange(T)[None, :] < lengths[:, None]
-        positions = plan.positions if self.schedule_position is None else \
-            np.full(B, self.schedule_position, dtype=np.int64)
-        masked, labels, stats = self.masker(ids, lengths, got.word_start, plan.indices,
-                                            plan.epochs, positions, got.mask_prob)
+        positions = (
+            plan.positions
+            if self.schedule_position is None
+            else np.full(B, self.schedule_position, dtype=np.int64)
+        )
+        masked, labels, stats = self.masker(
+            ids, lengths, got.word_start, plan.indices, plan.epochs, positions, got.mask_prob
+        )
         batch = {
             "input_ids": torch.from_numpy(masked),
             "attention_mask": torch.from_numpy(in_seq.astype(np.int64)),
@@ -217,9 +250,17 @@ def _whole_batch(batch: dict) -> dict:
     return batch
 
 
-def build_loader(reader, data_cfg: DataConfig, masking_cfg: MaskingConfig, *, rank: int = 0,
-                 world_size: int = 1, micro_batch_size: int = 32, consumed_samples: int = 0,
-                 train: bool = True) -> DataLoader:
+def build_loader(
+    reader,
+    data_cfg: DataConfig,
+    masking_cfg: MaskingConfig,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    micro_batch_size: int = 32,
+    consumed_samples: int = 0,
+    train: bool = True,
+) -> DataLoader:
     """DataLoader of masked micro-batches for one rank (see module doc and docs/design.md s.3).
 
     train=True yields forever, starting at global position `consumed_samples`; train=False makes
@@ -230,19 +271,37 @@ def build_loader(reader, data_cfg: DataConfig, masking_cfg: MaskingConfig, *, ra
     if reader.max_seq_len <= 0 or len(reader) == 0:
         raise ValueError(f"{getattr(reader, 'root', reader)}: the split has no sequences")
     if train and hasattr(reader, "sampler"):  # a mixture (pretrain.mixture) orders its sources
-        sampler = reader.sampler(micro_batch_size, rank, world_size, consumed_samples,
-                                 seed=data_cfg.seed, shuffle=data_cfg.shuffle)
+        sampler = reader.sampler(
+            micro_batch_size,
+            rank,
+            world_size,
+            consumed_samples,
+            seed=data_cfg.seed,
+            shuffle=data_cfg.shuffle,
+        )
     else:
-        sampler = GlobalSampler(len(reader), micro_batch_size, rank, world_size,
-                                consumed_samples, seed=data_cfg.seed, shuffle=data_cfg.shuffle,
-                                train=train)
+        sampler = GlobalSampler(
+            len(reader),
+            micro_batch_size,
+            rank,
+            world_size,
+            consumed_samples,
+            seed=data_cfg.seed,
+            shuffle=data_cfg.shuffle,
+            train=train,
+        )
     # Validation masks every sample at the schedule's final rate, so evaluations stay comparable.
     final = masking_cfg.schedule_samples if masking_cfg.mask_prob_end is not None else 0
-    dataset = MaskedBatches(reader, masking_cfg, data_cfg.pad_to_multiple_of,
-                            schedule_position=None if train else final)
+    dataset = MaskedBatches(
+        reader, masking_cfg, data_cfg.pad_to_multiple_of, schedule_position=None if train else final
+    )
     workers = data_cfg.num_workers
     return DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=_whole_batch, num_workers=workers,
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=_whole_batch,
+        num_workers=workers,
         pin_memory=data_cfg.pin_memory and torch.cuda.is_available(),
         prefetch_factor=data_cfg.prefetch_factor if workers > 0 else None,
-        persistent_workers=False)
+        persistent_workers=False,
+    )

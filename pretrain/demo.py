@@ -355,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--output_dir", default="runs/demo", help="where everything goes")
-    p.add_argument("--steps", type=int, default=1200, help="optimizer steps in total (stop at half)")
+    p.add_argument(
+        "--steps", type=int, default=1200, help="optimizer steps in total (stop at half)"
+    )
     p.add_argument("--ranks", type=int, default=2, help="local DeepSpeed ranks")
     p.add_argument("--model", default="tiny", help="model preset")
     p.add_argument(

@@ -27,8 +27,17 @@ _REPO = Path(__file__).resolve().parents[1]
 class DownstreamJobs:
     """Starts, watches and collects the background evaluations of one run (rank 0 only)."""
 
-    def __init__(self, run_dir: str | os.PathLike, tasks: str, interval: int, *,
-                 max_examples: int, device: str, rank: int, metrics) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        tasks: str,
+        interval: int,
+        *,
+        max_examples: int,
+        device: str,
+        rank: int,
+        metrics,
+    ) -> None:
         self.root = Path(run_dir) / "downstream"
         self.run_dir, self.tasks, self.interval = Path(run_dir), tasks, interval
         self.max_examples, self.device, self.metrics = max_examples, device, metrics
@@ -44,9 +53,15 @@ class DownstreamJobs:
     def for_run(cls, cfg, rank: int, metrics) -> DownstreamJobs:
         """The jobs of a run from its TrainConfig (inactive without --downstream_eval)."""
         log = cfg.log
-        return cls(cfg.run.output_dir, log.downstream_eval, log.downstream_interval, rank=rank,
-                   metrics=metrics, max_examples=log.downstream_max_examples,
-                   device=log.downstream_device)
+        return cls(
+            cfg.run.output_dir,
+            log.downstream_eval,
+            log.downstream_interval,
+            rank=rank,
+            metrics=metrics,
+            max_examples=log.downstream_max_examples,
+            device=log.downstream_device,
+        )
 
     def after_save(self, step: int) -> None:
         """Start the evaluation of the checkpoint just saved at ``step`` when it is due."""
@@ -54,17 +69,35 @@ class DownstreamJobs:
             return
         out = self.root / f"step_{step:08d}.jsonl"
         out.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "pretrain.evaluate.downstream", f"{self.run_dir}@{step}",
-               "--tasks", self.tasks, "--out", str(out), "--max_examples",
-               str(self.max_examples), "--device", self.device]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pretrain.evaluate.downstream",
+            f"{self.run_dir}@{step}",
+            "--tasks",
+            self.tasks,
+            "--out",
+            str(out),
+            "--max_examples",
+            str(self.max_examples),
+            "--device",
+            self.device,
+        ]
         log = open(self.root / f"step_{step:08d}.log", "w", encoding="utf-8")  # noqa: SIM115
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(_REPO), os.environ.get("PYTHONPATH")) if p)}
-        self.running[step] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, cwd=_REPO, env=env)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(_REPO), os.environ.get("PYTHONPATH")) if p
+            ),
+        }
+        self.running[step] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_REPO, env=env
+        )
         log.close()  # the child holds its own descriptor
-        self.metrics.print(f"[pretrain] downstream evaluation of step {step} started "
-                           f"(log: {self.root / f'step_{step:08d}.log'})")
+        self.metrics.print(
+            f"[pretrain] downstream evaluation of step {step} started "
+            f"(log: {self.root / f'step_{step:08d}.log'})"
+        )
 
     def poll(self) -> None:
         """Copy the records of every finished job into the metrics (cheap: no waiting)."""
@@ -89,8 +122,10 @@ class DownstreamJobs:
         out, log = self.root / f"step_{step:08d}.jsonl", self.root / f"step_{step:08d}.log"
         if returncode != 0 or not out.is_file():
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
-            self.metrics.print(f"[pretrain] WARNING: downstream evaluation of step {step} failed "
-                               f"(exit {returncode}); see {log}: {' | '.join(tail)}")
+            self.metrics.print(
+                f"[pretrain] WARNING: downstream evaluation of step {step} failed "
+                f"(exit {returncode}); see {log}: {' | '.join(tail)}"
+            )
             return
         for line in out.read_text(encoding="utf-8").splitlines():
             if line.strip():

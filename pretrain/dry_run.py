@@ -6,6 +6,7 @@ batches and reports the resolved configuration, the parameter count, FLOPs per t
 summary and the realised masking statistics (so a wrong mask_prob, a missing whole-word setting or
 a mismatched vocabulary shows before any GPU time is spent).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,18 +30,57 @@ def shards_summary(reader) -> dict[str, Any]:
         "tokenizer_fingerprint": m["tokenizer"].get("fingerprint"),
         "lowercase": m["tokenizer"].get("lowercase"),
         "special_tokens": dict(reader.special_tokens),
-        "splits": {name: {"sequences": s.get("sequences"), "tokens": s.get("tokens"),
-                          "documents": s.get("documents"), "shards": len(s.get("shards", []))}
-                   for name, s in m["splits"].items()},
+        "splits": {
+            name: {
+                "sequences": s.get("sequences"),
+                "tokens": s.get("tokens"),
+                "documents": s.get("documents"),
+                "shards": len(s.get("shards", [])),
+            }
+            for name, s in m["splits"].items()
+        },
         "dropped": m.get("dropped", {}),
     }
 
 
-def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: MaskingConfig,
-                data_cfg: DataConfig, num_batches: int = 8, as_json: bool = False, *,
-                micro_batch_size: int = 32, extra_config: dict | None = None,
-                stream=None, show_masks: int = 0) -> dict[str, Any]:
-    """Build reader, model and loader; draw `num_batches` training batches; print and return the report.
+def realised_masking(
+    loader, num_batches: int, masking_cfg: MaskingConfig, micro_batch_size: int
+) -> dict[str, Any]:
+    """The masking statistics of the loader's first ``num_batches`` batches, merged from counts,
+    with the batch shapes and the schedule's start and end rates."""
+    stats, lengths = [], []
+    for _, batch in zip(range(num_batches), loader):
+        stats.append(batch["masking_stats"])
+        lengths.append(int(batch["input_ids"].shape[1]))
+    masking = merge_stats(stats)
+    masking.update(
+        {
+            "batches": len(stats),
+            "micro_batch_size": micro_batch_size,
+            "padded_lengths": sorted(set(lengths)),
+            "mask_prob_start": mask_prob_at(masking_cfg, 0),
+        }
+    )
+    if masking_cfg.mask_prob_end is not None:
+        masking["mask_prob_end"] = mask_prob_at(masking_cfg, masking_cfg.schedule_samples)
+    return masking
+
+
+def run_dry_run(
+    data: str | list[str],
+    model_cfg: ModelConfig,
+    masking_cfg: MaskingConfig,
+    data_cfg: DataConfig,
+    num_batches: int = 8,
+    as_json: bool = False,
+    *,
+    micro_batch_size: int = 32,
+    extra_config: dict | None = None,
+    stream=None,
+    show_masks: int = 0,
+) -> dict[str, Any]:
+    """Build reader, model and loader; draw `num_batches` training batches; print and return
+    the report.
 
     extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
@@ -52,25 +92,27 @@ def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: Mask
     stream = stream or sys.stdout
     reader = open_training(parse_mixture(data), verify=data_cfg.verify)
     resolved = resolve_config(model_cfg, reader.vocab_size)
-    model = build_model(resolved, reader.vocab_size, nsp=reader.format == "nsp",
-                        max_seq_len=reader.max_seq_len)
+    model = build_model(
+        resolved, reader.vocab_size, nsp=reader.format == "nsp", max_seq_len=reader.max_seq_len
+    )
     seq_len = reader.max_seq_len
     # Batches come from the main process here: the report needs no worker processes.
-    loader = build_loader(reader, dataclasses.replace(data_cfg, num_workers=0), masking_cfg,
-                          micro_batch_size=micro_batch_size, consumed_samples=0, train=True)
-    stats, lengths = [], []
-    for _, batch in zip(range(num_batches), loader):
-        stats.append(batch["masking_stats"])
-        lengths.append(int(batch["input_ids"].shape[1]))
-    masking = merge_stats(stats)
-    masking.update({"batches": len(stats), "micro_batch_size": micro_batch_size,
-                    "padded_lengths": sorted(set(lengths)),
-                    "mask_prob_start": mask_prob_at(masking_cfg, 0)})
-    if masking_cfg.mask_prob_end is not None:
-        masking["mask_prob_end"] = mask_prob_at(masking_cfg, masking_cfg.schedule_samples)
+    loader = build_loader(
+        reader,
+        dataclasses.replace(data_cfg, num_workers=0),
+        masking_cfg,
+        micro_batch_size=micro_batch_size,
+        consumed_samples=0,
+        train=True,
+    )
+    masking = realised_masking(loader, num_batches, masking_cfg, micro_batch_size)
     report = {
-        "config": {"model": dataclasses.asdict(resolved), "masking": dataclasses.asdict(masking_cfg),
-                   "data": dataclasses.asdict(data_cfg), **(extra_config or {})},
+        "config": {
+            "model": dataclasses.asdict(resolved),
+            "masking": dataclasses.asdict(masking_cfg),
+            "data": dataclasses.asdict(data_cfg),
+            **(extra_config or {}),
+        },
         "model": {
             "architecture": model.hf_architecture,
             # Distinct parameters: weights shared between layers (--share_layers) count once.
@@ -86,8 +128,9 @@ def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: Mask
     if show_masks > 0:
         from pretrain.show_masks import show_masks as shown
 
-        report["show_masks"] = shown(loader, show_masks, str(reader.tokenizer_path /
-                                                             "tokenizer.json"))
+        report["show_masks"] = shown(
+            loader, show_masks, str(reader.tokenizer_path / "tokenizer.json")
+        )
     if as_json:
         stream.write(json.dumps(report, indent=1, default=str) + "\n")
     else:
@@ -97,7 +140,7 @@ def run_dry_run(data: str | list[str], model_cfg: ModelConfig, masking_cfg: Mask
 
 
 def _sharing(model_cfg: dict[str, Any]) -> str:
-    """" (weights shared: all)" for a model with --share_layers, else ""."""
+    """ " (weights shared: all)" for a model with --share_layers, else ""."""
     spec = model_cfg.get("share_layers", "none")
     return "" if spec == "none" else f" (weights shared: {spec})"
 
@@ -108,29 +151,44 @@ def format_report(r: dict[str, Any]) -> str:
     cm = r["config"]["model"]
     lines = [
         "== dry run: nothing is trained ==",
-        (f"model   {cm['name']}: {m['architecture']}, hidden {cm['hidden_size']}, layers "
-         f"{cm['num_hidden_layers']}{_sharing(cm)}, heads {cm['num_attention_heads']}, "
-         f"ffn {cm['intermediate_size']}"),
-        (f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "
-         f"token (train, seq {m['seq_len']}); vocab {m['vocab_size']} padded to "
-         f"{m['padded_vocab_size']}"),
-        (f"shards  {s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, "
-         f"tokenizer {str(s['tokenizer_fingerprint'])[:12]}"),
+        (
+            f"model   {cm['name']}: {m['architecture']}, hidden {cm['hidden_size']}, layers "
+            f"{cm['num_hidden_layers']}{_sharing(cm)}, heads {cm['num_attention_heads']}, "
+            f"ffn {cm['intermediate_size']}"
+        ),
+        (
+            f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "
+            f"token (train, seq {m['seq_len']}); vocab {m['vocab_size']} padded to "
+            f"{m['padded_vocab_size']}"
+        ),
+        (
+            f"shards  {s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, "
+            f"tokenizer {str(s['tokenizer_fingerprint'])[:12]}"
+        ),
     ]
     for name, sp in s["splits"].items():
-        lines.append(f"        {name}: {sp['sequences']:,} sequences, {sp['tokens']:,} tokens, "
-                     f"{sp['shards']} shards")
+        lines.append(
+            f"        {name}: {sp['sequences']:,} sequences, {sp['tokens']:,} tokens, "
+            f"{sp['shards']} shards"
+        )
     mc = r["config"]["masking"]
     lines += [
-        (f"masking mask_prob {k['mask_prob']:.4f} "
-         f"({'whole words' if mc['whole_word'] else 'tokens'}, cap {mc['max_predictions']}), "
-         f"over {k['batches']} batches of {k['micro_batch_size']}:"),
-        (f"        selected {k['selected_fraction']:.4f} of {k['maskable_tokens']:,} maskable "
-         f"tokens; of the selected: [MASK] {k['mask_token_fraction']:.4f}, random "
-         f"{k['random_fraction']:.4f}, kept {k['kept_fraction']:.4f}; "
-         f"{k['whole_word_units']:,} units"),
-        "config  " + json.dumps({key: v for key, v in r["config"].items()
-                                 if key not in ("model", "masking")}, default=str),
+        (
+            f"masking mask_prob {k['mask_prob']:.4f} "
+            f"({'whole words' if mc['whole_word'] else 'tokens'}, cap {mc['max_predictions']}), "
+            f"over {k['batches']} batches of {k['micro_batch_size']}:"
+        ),
+        (
+            f"        selected {k['selected_fraction']:.4f} of {k['maskable_tokens']:,} maskable "
+            f"tokens; of the selected: [MASK] {k['mask_token_fraction']:.4f}, random "
+            f"{k['random_fraction']:.4f}, kept {k['kept_fraction']:.4f}; "
+            f"{k['whole_word_units']:,} units"
+        ),
+        "config  "
+        + json.dumps(
+            {key: v for key, v in r["config"].items() if key not in ("model", "masking")},
+            default=str,
+        ),
     ]
     if "show_masks" in r:
         from pretrain.show_masks import format_shown
@@ -145,7 +203,9 @@ def main(cfg) -> int:
         from data_prep.reader import ShardError
     except ImportError:  # pragma: no cover
         ShardError = ValueError
-    extra = {k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")}
+    extra = {
+        k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")
+    }
     try:
         if cfg.run.init_from:  # report the checkpoint's architecture, as the run will build it
             from pretrain.init_from import init_architecture
@@ -153,9 +213,16 @@ def main(cfg) -> int:
 
             seq_len = open_training(parse_mixture(cfg.run.data_sources), "none").max_seq_len
             cfg.model_cfg = init_architecture(cfg, seq_len)
-        run_dry_run(cfg.run.data_sources, cfg.model_cfg, cfg.masking, cfg.data_cfg,
-                    as_json=cfg.run.json, micro_batch_size=cfg.batch.micro_batch_size or 32,
-                    extra_config=extra, show_masks=cfg.run.show_masks)
+        run_dry_run(
+            cfg.run.data_sources,
+            cfg.model_cfg,
+            cfg.masking,
+            cfg.data_cfg,
+            as_json=cfg.run.json,
+            micro_batch_size=cfg.batch.micro_batch_size or 32,
+            extra_config=extra,
+            show_masks=cfg.run.show_masks,
+        )
     except (ShardError, ValueError) as e:  # CheckpointError (--init_from) is a ValueError
         print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
         return 2

@@ -70,25 +70,41 @@ def resolve_deepspeed_config(
     src = cfg.run.ds_config
     ds = load_user_config(src)
     if "scheduler" in ds and cfg.optim.schedule_clock == "time":
-        raise ConfigError(f"{src}: a \"scheduler\" block steps the lr by itself; remove it to use "
-                          "--schedule_clock time")
-    plan = resolve_batch(ds, world_size, global_batch=cfg.batch.global_batch_size,
-                         micro_batch=cfg.batch.micro_batch_size, grad_accum=cfg.batch.grad_accum,
-                         source=src)
+        raise ConfigError(
+            f'{src}: a "scheduler" block steps the lr by itself; remove it to use '
+            "--schedule_clock time"
+        )
+    plan = resolve_batch(
+        ds,
+        world_size,
+        global_batch=cfg.batch.global_batch_size,
+        micro_batch=cfg.batch.micro_batch_size,
+        grad_accum=cfg.batch.grad_accum,
+        source=src,
+    )
     ds = apply_batch(ds, plan)
     ds, precision, note = resolve_precision(ds, cfg.precision, source=src)
     ds = configure_optimizer(ds, cfg.optim, device, source=src)
     ds["steps_per_print"] = ds.get("steps_per_print", _QUIET_STEPS_PER_PRINT)
     if ds.get("tensorboard", {}).get("enabled"):
-        ds["tensorboard"] = {**ds["tensorboard"],
-                             "output_path": str(Path(cfg.run.output_dir, "tensorboard"))}
+        ds["tensorboard"] = {
+            **ds["tensorboard"],
+            "output_path": str(Path(cfg.run.output_dir, "tensorboard")),
+        }
     csv = ds.get("csv_monitor", {})
     if csv.get("enabled") and not Path(csv.get("output_path") or "").is_absolute():
         # DeepSpeed would write relative to the launch directory: keep it in the run folder.
-        ds["csv_monitor"] = {**csv, "output_path": str(Path(cfg.run.output_dir,
-                                                            csv.get("output_path") or "csv"))}
+        ds["csv_monitor"] = {
+            **csv,
+            "output_path": str(Path(cfg.run.output_dir, csv.get("output_path") or "csv")),
+        }
     if load_universal:
         ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
     mode = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
-    return DeepSpeedSetup(config=ds, batch=plan, precision=precision, precision_note=note,
-                          activation_checkpointing=mode)
+    return DeepSpeedSetup(
+        config=ds,
+        batch=plan,
+        precision=precision,
+        precision_note=note,
+        activation_checkpointing=mode,
+    )

@@ -14,6 +14,7 @@ standard BERT class with the shared weights copied into every layer that uses th
 loads anywhere ``BertForMaskedLM`` does and computes exactly what the trained model computes; it is
 as large on disk as an unshared model of the same depth.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,11 @@ def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[s
 
     auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM
     model, info = auto.from_pretrained(str(out), output_loading_info=True)
-    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
-                                                   "mismatched_keys") and v}
+    bad = {
+        k: v
+        for k, v in info.items()
+        if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
+    }
     if bad:
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
     fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
@@ -63,9 +67,15 @@ def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[s
     return {"architecture": type(model).__name__, "fill_mask": preds}
 
 
-def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | None = None,
-           verify: bool = True, *, language: list[str] | None = None,
-           datasets: list[str] | None = None) -> dict[str, Any]:
+def export(
+    run: str | os.PathLike,
+    output: str | os.PathLike,
+    checkpoint: str | None = None,
+    verify: bool = True,
+    *,
+    language: list[str] | None = None,
+    datasets: list[str] | None = None,
+) -> dict[str, Any]:
     """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``),
     with a model card (README.md; ``language`` and ``datasets`` go into its YAML header)."""
     import torch
@@ -84,19 +94,26 @@ def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | 
     sd = consolidated_state_dict(ckpt)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     # The tied decoder weight may be absent from some DeepSpeed versions' consolidated dict.
-    missing = [k for k in missing if k not in ("cls.predictions.decoder.weight",
-                                               "cls.predictions.decoder.bias")]
+    missing = [
+        k
+        for k in missing
+        if k not in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    ]
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint {ckpt} does not match the model it was trained with: "
-                              f"missing {missing}, unexpected {unexpected}")
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not match the model it was trained with: "
+            f"missing {missing}, unexpected {unexpected}"
+        )
     hf_cls = getattr(transformers, model.hf_architecture)
     conf = model.hf_config(unpad_vocab=True)
     hf_model = hf_cls(conf)
     hf_sd = model.hf_state_dict(unpad_vocab=True)
     missing, unexpected = hf_model.load_state_dict(hf_sd, strict=False)
     if missing or unexpected:
-        raise CheckpointError(f"name mapping to {model.hf_architecture} failed: missing {missing}, "
-                              f"unexpected {unexpected}")
+        raise CheckpointError(
+            f"name mapping to {model.hf_architecture} failed: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
     hf_model.tie_weights()
     output = Path(output)
     tmp = output.with_name(output.name + ".tmp")
@@ -105,12 +122,23 @@ def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | 
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
     tok.save_pretrained(str(tmp))
-    write_model_card(tmp, run, state, architecture=model.hf_architecture, tokenizer=tok,
-                     parameters=sum(p.numel() for p in hf_model.parameters()),
-                     language=language, datasets=datasets)
-    result: dict[str, Any] = {"checkpoint": str(ckpt), "step": state["step"], "output": str(output),
-                              "architecture": model.hf_architecture,
-                              "share_layers": model.share_layers}
+    write_model_card(
+        tmp,
+        run,
+        state,
+        architecture=model.hf_architecture,
+        tokenizer=tok,
+        parameters=sum(p.numel() for p in hf_model.parameters()),
+        language=language,
+        datasets=datasets,
+    )
+    result: dict[str, Any] = {
+        "checkpoint": str(ckpt),
+        "step": state["step"],
+        "output": str(output),
+        "architecture": model.hf_architecture,
+        "share_layers": model.share_layers,
+    }
     if verify:
         result.update(verify_export(tmp, nsp))
     shutil.rmtree(output, ignore_errors=True)
@@ -120,27 +148,44 @@ def export(run: str | os.PathLike, output: str | os.PathLike, checkpoint: str | 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = argparse.ArgumentParser(prog="python -m pretrain.export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run", help="run folder (its newest complete checkpoint is exported)")
     p.add_argument("--output", required=True, help="HF folder to write")
     p.add_argument("--checkpoint", default=None, help="a specific checkpoint folder instead")
     p.add_argument("--no_verify", action="store_true", help="skip the transformers reload check")
     p.add_argument("--language", nargs="+", default=[], help="model card: language codes (en zh)")
-    p.add_argument("--dataset", action="append", default=[],
-                   help="model card: a dataset name for its header (repeat for several)")
+    p.add_argument(
+        "--dataset",
+        action="append",
+        default=[],
+        help="model card: a dataset name for its header (repeat for several)",
+    )
     args = p.parse_args(argv)
     try:
-        res = export(args.run, args.output, args.checkpoint, verify=not args.no_verify,
-                     language=args.language, datasets=args.dataset)
+        res = export(
+            args.run,
+            args.output,
+            args.checkpoint,
+            verify=not args.no_verify,
+            language=args.language,
+            datasets=args.dataset,
+        )
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
-          f"to {res['output']}")
+    print(
+        f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
+        f"to {res['output']}"
+    )
     if res["share_layers"] != "none":
-        print(f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "
-              "into every layer of the exported model")
+        print(
+            f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "
+            "into every layer of the exported model"
+        )
     for pred in res.get("fill_mask", []):
         print(f"  fill-mask: {pred['token_str']!r} {pred['score']:.3f}")
     return 0

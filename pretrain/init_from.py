@@ -548,5 +548,6 @@ def init_architecture(cfg: Any, max_seq_len: int | None) -> Any:
     resume = resolve_resume(cfg.run.resume, cfg.run.output_dir)
     if resume is not None:
         return ModelConfig(**read_state(resume)["config"]["model_cfg"])
-    return init_model_config(cfg.run.init_from, cfg.model_cfg, cfg.explicit_model,
-                             max_seq_len=max_seq_len)
+    return init_model_config(
+        cfg.run.init_from, cfg.model_cfg, cfg.explicit_model, max_seq_len=max_seq_len
+    )

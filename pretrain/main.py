@@ -12,13 +12,16 @@ The entry point reads parse -> resolve -> build -> run: flags into a TrainConfig
 data, model, engine and the resume point (:mod:`pretrain.checkpoint`), then the loop
 (:class:`pretrain.trainer.Trainer`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `pretrain`, `kernels`, `data_prep` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,8 +39,7 @@ def open_shards(cfg: TrainConfig):
     return open_training(sources, verify=verify), validation_readers(sources, verify=verify)
 
 
-def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict, *,
-                init_from: str | None = None):
+def build_model(cfg: TrainConfig, reader, setup, *, init_from: str | None = None):
     """(model, --init_from report or None): the model, identical on every rank (seeded or
     loaded from ``init_from`` before DeepSpeed partitions it), ready for deepspeed.initialize."""
     import deepspeed
@@ -47,33 +49,53 @@ def build_model(cfg: TrainConfig, reader, checkpointing: str, ds_config: dict, *
     from pretrain.model import build_model as build
 
     torch.manual_seed(cfg.run.seed)
-    model = build(cfg.model_cfg, vocab_size=reader.vocab_size, nsp=reader.format == "nsp",
-                  max_seq_len=reader.max_seq_len)
+    model = build(
+        cfg.model_cfg,
+        vocab_size=reader.vocab_size,
+        nsp=reader.format == "nsp",
+        max_seq_len=reader.max_seq_len,
+    )
     report = None
     if init_from:
-        report = load_initial_weights(model, init_from, tokenizer_dir_of_shards=reader.tokenizer_path,
-                                      max_seq_len=reader.max_seq_len)
+        report = load_initial_weights(
+            model,
+            init_from,
+            tokenizer_dir_of_shards=reader.tokenizer_path,
+            max_seq_len=reader.max_seq_len,
+        )
     model.register_zero3_external_parameters()
-    if checkpointing == "deepspeed":
-        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
-    model.set_activation_checkpointing(checkpointing)
+    if setup.activation_checkpointing == "deepspeed":
+        deepspeed.checkpointing.configure(None, deepspeed_config=setup.config)
+    model.set_activation_checkpointing(setup.activation_checkpointing)
     return model, report
 
 
 def run_state(cfg: TrainConfig, reader, setup, init_report: dict | None) -> dict:
     """What every checkpoint of this run records besides the step and data position."""
-    return {"config": cfg.to_dict(), "vocab_size": reader.vocab_size,
-            "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
-            "precision": setup.precision, "nsp": reader.format == "nsp",
-            "init_from": init_report, "data_mixture": describe_data(reader)}
+    return {
+        "config": cfg.to_dict(),
+        "vocab_size": reader.vocab_size,
+        "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+        "precision": setup.precision,
+        "nsp": reader.format == "nsp",
+        "init_from": init_report,
+        "data_mixture": describe_data(reader),
+    }
 
 
 def describe_data(reader) -> list[dict]:
     """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
     if hasattr(reader, "describe"):
         return reader.describe()
-    return [{"name": Path(reader.root).name, "path": str(reader.root), "weight": 1.0,
-             "mask_prob": None, "sequences": len(reader)}]
+    return [
+        {
+            "name": Path(reader.root).name,
+            "path": str(reader.root),
+            "weight": 1.0,
+            "mask_prob": None,
+            "sequences": len(reader),
+        }
+    ]
 
 
 def warn_if_data_changed(point, reader, main_rank: bool) -> None:
@@ -83,8 +105,11 @@ def warn_if_data_changed(point, reader, main_rank: bool) -> None:
     saved = [{k: s.get(k) for k in keys} for s in point.state.get("data_mixture") or []]
     now = [{k: s.get(k) for k in keys} for s in describe_data(reader)]
     if main_rank and saved and saved != now:
-        print(f"[pretrain] WARNING: --data differs from the checkpoint's ({saved} -> {now}); the "
-              "resumed run continues at the same sample count of the new stream", flush=True)
+        print(
+            f"[pretrain] WARNING: --data differs from the checkpoint's ({saved} -> {now}); the "
+            "resumed run continues at the same sample count of the new stream",
+            flush=True,
+        )
 
 
 def build_engine(cfg: TrainConfig, model, ds_config: dict):
@@ -98,8 +123,11 @@ def build_engine(cfg: TrainConfig, model, ds_config: dict):
     by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, wd), config=ds_config,
-        lr_scheduler=lr_scheduler_factory(schedule) if by_steps else None)
+        model=model,
+        model_parameters=param_groups(model, wd),
+        config=ds_config,
+        lr_scheduler=lr_scheduler_factory(schedule) if by_steps else None,
+    )
     return engine, schedule
 
 
@@ -107,24 +135,37 @@ def announce_init(cfg: TrainConfig, init, point, main_rank: bool) -> dict | None
     """Print what --init_from did (or that a resume took precedence); the report for config.json
     and the checkpoints (a resumed run keeps the one its first launch made)."""
     if main_rank and cfg.run.init_from:
-        print(init.summary() if init else f"[pretrain] --init_from {cfg.run.init_from} not "
-              f"applied: resuming from {point.path}", flush=True)
+        print(
+            init.summary()
+            if init
+            else f"[pretrain] --init_from {cfg.run.init_from} not "
+            f"applied: resuming from {point.path}",
+            flush=True,
+        )
     if init is not None:
         return init.to_dict()
     return point.state.get("init_from") if point is not None else None
 
 
-def open_metrics(cfg: TrainConfig, rank: int, world: int, start_step: int, model, reader, setup,
-                 engine):
+def open_metrics(
+    cfg: TrainConfig, rank: int, world: int, start_step: int, model, reader, setup, engine
+):
     """The metrics writer of this rank (rank 0 writes; DeepSpeed's monitor gets the records)."""
     from pretrain.metrics import MetricsWriter, device_peak_tflops
 
-    return MetricsWriter(cfg.run.output_dir, rank=rank, max_steps=cfg.run.max_steps,
-                         start_step=start_step, log_interval=cfg.log.log_interval,
-                         flops_per_token=model.flops_per_token(reader.max_seq_len),
-                         peak_tflops=device_peak_tflops(setup.precision), world_size=world,
-                         monitor=engine.monitor if rank == 0 else None, progress=cfg.log.progress,
-                         progress_interval_s=cfg.log.progress_interval_s)
+    return MetricsWriter(
+        cfg.run.output_dir,
+        rank=rank,
+        max_steps=cfg.run.max_steps,
+        start_step=start_step,
+        log_interval=cfg.log.log_interval,
+        flops_per_token=model.flops_per_token(reader.max_seq_len),
+        peak_tflops=device_peak_tflops(setup.precision),
+        world_size=world,
+        monitor=engine.monitor if rank == 0 else None,
+        progress=cfg.log.progress,
+        progress_interval_s=cfg.log.progress_interval_s,
+    )
 
 
 def write_run_files(cfg: TrainConfig, setup, reader, world: int, init_report: dict | None) -> None:
@@ -140,74 +181,133 @@ def write_run_files(cfg: TrainConfig, setup, reader, world: int, init_report: di
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(reader.tokenizer_path, tmp)
         os.replace(tmp, run / "tokenizer")
-    write_json_atomic(run / "config.json", {
-        **cfg.to_dict(), "deepspeed": setup.config, "batch_plan": setup.batch.as_dict(),
-        "precision_resolved": setup.precision,
-        "activation_checkpointing": setup.activation_checkpointing, "world_size": world,
-        "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
-        "precision_note": setup.precision_note,
-        "argv": list(sys.argv),  # the exact command (the model card quotes it)
-        **({"init_from": init_report} if init_report else {})}, indent=2, sort_keys=True)
+    write_json_atomic(
+        run / "config.json",
+        {
+            **cfg.to_dict(),
+            "deepspeed": setup.config,
+            "batch_plan": setup.batch.as_dict(),
+            "precision_resolved": setup.precision,
+            "activation_checkpointing": setup.activation_checkpointing,
+            "world_size": world,
+            "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+            "precision_note": setup.precision_note,
+            "argv": list(sys.argv),  # the exact command (the model card quotes it)
+            **({"init_from": init_report} if init_report else {}),
+        },
+        indent=2,
+        sort_keys=True,
+    )
+
+
+@dataclass
+class Resolved:
+    """A run's inputs, all checked before any rendezvous: shards, resume point, DeepSpeed dict."""
+
+    train_reader: Any  # ShardReader, or MixtureReader for a weighted mixture
+    val_readers: list  # [(source name, validation reader)]
+    point: Any  # checkpoint.ResumePoint, or None for a fresh start
+    setup: Any  # ds_config.DeepSpeedSetup: final dict, batch plan, precision, checkpointing
+    accel: str  # DeepSpeed's accelerator name ("cuda", "cpu", ...)
+
+
+def resolve_run(cfg: TrainConfig) -> Resolved:
+    """Everything that can fail on the user's input fails here, before any rendezvous."""
+    from deepspeed.accelerator import get_accelerator
+
+    from pretrain import checkpoint as ck
+    from pretrain.ds_config import resolve_deepspeed_config
+    from pretrain.init_from import init_architecture
+
+    world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
+    train_reader, val_readers = open_shards(cfg)
+    if cfg.run.init_from:  # the architecture is the checkpoint's
+        cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
+    fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
+    point = ck.find_resume(
+        cfg.run.resume,
+        cfg.run.output_dir,
+        vocab_size=train_reader.vocab_size,
+        tokenizer_fingerprint=fingerprint,
+        model_config=dataclasses.asdict(cfg.model_cfg),
+    )
+    changed = point is not None and point.world_size_changed(world)
+    setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
+    return Resolved(train_reader, val_readers, point, setup, accel)
+
+
+def start_position(
+    cfg: TrainConfig, run: Resolved, engine, ckpts, schedule, main_rank: bool
+) -> tuple[int, int]:
+    """(step, consumed samples) to start from: the resume point restored into the engine, or 0."""
+    if run.point is not None:
+        start = ckpts.restore(engine, run.point, schedule=schedule, seed=cfg.run.seed)
+        warn_if_data_changed(run.point, run.train_reader, main_rank)
+        return start
+    if main_rank and cfg.run.resume == "auto":
+        print(
+            f"[pretrain] no complete checkpoint in {cfg.run.output_dir}: starting fresh", flush=True
+        )
+    return 0, 0
 
 
 def train(cfg: TrainConfig) -> int:
     """Resolve, build data, model and engine, resume, run the loop; returns the exit status."""
     import torch
-    from deepspeed.accelerator import get_accelerator
 
     from pretrain import checkpoint as ck
     from pretrain.budget import TimeBudget, TimeClockLR
     from pretrain.data import build_loader
     from pretrain.distributed import init_distributed
-    from pretrain.ds_config import resolve_deepspeed_config
-    from pretrain.init_from import init_architecture
     from pretrain.downstream_jobs import DownstreamJobs
     from pretrain.trainer import Trainer
 
     launched = time.monotonic()  # a time budget counts start-up too
-    # Everything that can fail on the user's input fails here, before any rendezvous.
-    world_env, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
-    train_reader, val_readers = open_shards(cfg)
-    if cfg.run.init_from:  # the architecture is the checkpoint's
-        cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
-    fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
-    point = ck.find_resume(cfg.run.resume, cfg.run.output_dir, vocab_size=train_reader.vocab_size,
-                           tokenizer_fingerprint=fingerprint,
-                           model_config=dataclasses.asdict(cfg.model_cfg))
-    setup = resolve_deepspeed_config(cfg, world_env, accel, load_universal=point is not None
-                                     and point.world_size_changed(world_env))
-    dist_info = init_distributed(cfg.run.dist_timeout_s)
-    rank, world, main_rank = dist_info.rank, dist_info.world_size, dist_info.rank == 0
-    device = torch.device(accel, dist_info.local_rank) if accel != "cpu" else torch.device("cpu")
-    if setup.precision_note and main_rank:
-        print(f"[pretrain] WARNING: {setup.precision_note}", flush=True)
+    run = resolve_run(cfg)
+    info = init_distributed(cfg.run.dist_timeout_s)
+    rank, world, main_rank = info.rank, info.world_size, info.rank == 0
+    device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
+    if run.setup.precision_note and main_rank:
+        print(f"[pretrain] WARNING: {run.setup.precision_note}", flush=True)
 
-    model, init = build_model(cfg, train_reader, setup.activation_checkpointing, setup.config,
-                              init_from=cfg.run.init_from if point is None else None)
-    init_report = announce_init(cfg, init, point, main_rank)
-    engine, schedule = build_engine(cfg, model, setup.config)
+    init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
+    model, init = build_model(cfg, run.train_reader, run.setup, init_from=init_from)
+    init_report = announce_init(cfg, init, run.point, main_rank)
+    engine, schedule = build_engine(cfg, model, run.setup.config)
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, rank, world, device)
-    start_step, consumed = 0, 0
-    if point is not None:
-        start_step, consumed = ckpts.restore(engine, point, schedule=schedule, seed=cfg.run.seed)
-        warn_if_data_changed(point, train_reader, main_rank)
-    elif main_rank and cfg.run.resume == "auto":
-        print(f"[pretrain] no complete checkpoint in {cfg.run.output_dir}: starting fresh",
-              flush=True)
+    start_step, consumed = start_position(cfg, run, engine, ckpts, schedule, main_rank)
     if main_rank:
-        write_run_files(cfg, setup, train_reader, world, init_report)
-    budget = TimeBudget(cfg.run.max_time_hours, point.state.get("elapsed_s", 0.0) if point else 0.0,
-                        start=launched)
-    lr_clock = TimeClockLR.for_run(cfg.optim, schedule, setup.config, budget)
+        write_run_files(cfg, run.setup, run.train_reader, world, init_report)
+    elapsed = run.point.state.get("elapsed_s", 0.0) if run.point else 0.0
+    budget = TimeBudget(cfg.run.max_time_hours, elapsed, start=launched)
 
-    loader = build_loader(train_reader, cfg.data_cfg, cfg.masking, rank=rank, world_size=world,
-                          micro_batch_size=setup.batch.micro_batch, consumed_samples=consumed,
-                          train=True)
-    metrics = open_metrics(cfg, rank, world, start_step, model, train_reader, setup, engine)
-    trainer = Trainer(cfg, engine, setup.batch, loader, val_readers, device, metrics, ckpts,
-                      base_state=run_state(cfg, train_reader, setup, init_report), rank=rank,
-                      world=world, budget=budget, lr_clock=lr_clock,
-                      downstream=DownstreamJobs.for_run(cfg, rank, metrics))
+    loader = build_loader(
+        run.train_reader,
+        cfg.data_cfg,
+        cfg.masking,
+        rank=rank,
+        world_size=world,
+        micro_batch_size=run.setup.batch.micro_batch,
+        consumed_samples=consumed,
+        train=True,
+    )
+    metrics = open_metrics(cfg, rank, world, start_step, model, run.train_reader, run.setup, engine)
+    trainer = Trainer(
+        cfg,
+        engine,
+        run.setup.batch,
+        loader,
+        run.val_readers,
+        device,
+        metrics,
+        ckpts,
+        base_state=run_state(cfg, run.train_reader, run.setup, init_report),
+        rank=rank,
+        world=world,
+        budget=budget,
+        lr_clock=TimeClockLR.for_run(cfg.optim, schedule, run.setup.config, budget),
+        downstream=DownstreamJobs.for_run(cfg, rank, metrics),
+    )
     try:
         return trainer.run(start_step, consumed)
     finally:
@@ -237,13 +337,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.run.dry_run:
         from pretrain.dry_run import main as dry_run_main
+
         return dry_run_main(cfg)
     try:
         status = train(cfg)
         _shutdown()
         return status
-    except (ConfigError, BatchSizeError, PrecisionError, OptimizerConfigError, CheckpointError,
-            ShardError, MixtureError) as e:
+    except (
+        ConfigError,
+        BatchSizeError,
+        PrecisionError,
+        OptimizerConfigError,
+        CheckpointError,
+        ShardError,
+        MixtureError,
+    ) as e:
         print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
         return 2
 

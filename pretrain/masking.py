@@ -12,6 +12,7 @@ with the smallest hash values; 80% of the selected tokens become [MASK], 10% a r
 token, 10% stay. In whole-word mode a unit is a run of tokens starting at a word-start bit (a word,
 a Chinese word, a protected term), and a unit is selected or left as a whole.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels import IGNORE_INDEX  # re-exported: tests and callers import it from here too
-
 
 _U = np.uint64
 _GOLDEN = _U(0x9E3779B97F4A7C15)
@@ -33,7 +33,9 @@ class MaskingConfig:
     """How tokens are selected and replaced for the masked-LM objective."""
 
     mask_prob: float = 0.15  # fraction of maskable tokens selected (the start value of a schedule)
-    mask_prob_end: float | None = None  # end value of a linear schedule; None keeps mask_prob constant
+    mask_prob_end: float | None = (
+        None  # end value of a linear schedule; None keeps mask_prob constant
+    )
     schedule_samples: int = 0  # global samples over which mask_prob goes linearly to mask_prob_end
     mask_token_frac: float = 0.8  # fraction of the selected tokens replaced by [MASK]
     random_token_frac: float = 0.1  # fraction of the selected tokens replaced by a random token
@@ -47,15 +49,23 @@ class MaskingConfig:
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"MaskingConfig.{name}={v}: must be within [0, 1]")
         if self.mask_prob_end is not None and not 0.0 <= self.mask_prob_end <= 1.0:
-            raise ValueError(f"MaskingConfig.mask_prob_end={self.mask_prob_end}: must be within [0, 1]")
+            raise ValueError(
+                f"MaskingConfig.mask_prob_end={self.mask_prob_end}: must be within [0, 1]"
+            )
         if self.mask_token_frac + self.random_token_frac > 1.0 + 1e-9:
-            raise ValueError("MaskingConfig: mask_token_frac + random_token_frac must be <= 1 "
-                             f"(got {self.mask_token_frac} + {self.random_token_frac})")
+            raise ValueError(
+                "MaskingConfig: mask_token_frac + random_token_frac must be <= 1 "
+                f"(got {self.mask_token_frac} + {self.random_token_frac})"
+            )
         if self.mask_prob_end is not None and self.schedule_samples <= 0:
-            raise ValueError("MaskingConfig: a linear schedule (mask_prob_end set) needs "
-                             "schedule_samples > 0 (the number of global samples it spans)")
+            raise ValueError(
+                "MaskingConfig: a linear schedule (mask_prob_end set) needs "
+                "schedule_samples > 0 (the number of global samples it spans)"
+            )
         if self.max_predictions is not None and self.max_predictions < 1:
-            raise ValueError(f"MaskingConfig.max_predictions={self.max_predictions}: must be >= 1 or None")
+            raise ValueError(
+                f"MaskingConfig.max_predictions={self.max_predictions}: must be >= 1 or None"
+            )
 
 
 def mask_prob_at(cfg: MaskingConfig, consumed_samples: int | np.ndarray) -> float | np.ndarray:
@@ -83,7 +93,9 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> _U(31))
 
 
-def token_hashes(seed: int, epochs: np.ndarray, sample_index: np.ndarray, length: int) -> np.ndarray:
+def token_hashes(
+    seed: int, epochs: np.ndarray, sample_index: np.ndarray, length: int
+) -> np.ndarray:
     """uint64 hash [B, length] that depends only on (seed, epoch, sample index, position)."""
     with np.errstate(over="ignore"):
         base = _mix(np.full(len(sample_index), seed, dtype=_U) ^ _GOLDEN)
@@ -106,14 +118,18 @@ class Masker:
         selected (or drawn as a random replacement)."""
         missing = {"cls", "sep", "pad", "mask"} - set(special_ids)
         if missing:
-            raise ValueError(f"special tokens {sorted(missing)} missing from the shards' manifest "
-                             "(special_tokens); rebuild the shards with `python -m data_prep build`")
+            raise ValueError(
+                f"special tokens {sorted(missing)} missing from the shards' manifest "
+                "(special_tokens); rebuild the shards with `python -m data_prep build`"
+            )
         self.cfg = cfg
         self.vocab_size = int(vocab_size)
         self.mask_id = int(special_ids["mask"])
         self.special = np.array(sorted({int(v) for v in special_ids.values()}), dtype=np.int64)
         if self.special.max() >= self.vocab_size:
-            raise ValueError(f"special token id {self.special.max()} >= vocab_size {self.vocab_size}")
+            raise ValueError(
+                f"special token id {self.special.max()} >= vocab_size {self.vocab_size}"
+            )
         self.n_random = self.vocab_size - len(self.special)
         # Lookup table: is this id special? (ids are < vocab_size, checked per batch)
         self._is_special = np.zeros(self.vocab_size, dtype=bool)
@@ -126,9 +142,16 @@ class Masker:
             r += r >= s
         return r
 
-    def __call__(self, input_ids: np.ndarray, lengths: np.ndarray, word_start: np.ndarray | None,
-                 sample_index: np.ndarray, epochs: np.ndarray, positions: np.ndarray,
-                 mask_prob: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+    def __call__(
+        self,
+        input_ids: np.ndarray,
+        lengths: np.ndarray,
+        word_start: np.ndarray | None,
+        sample_index: np.ndarray,
+        epochs: np.ndarray,
+        positions: np.ndarray,
+        mask_prob: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, dict]:
         """Mask a batch.
 
         input_ids: [B, T] int64, padded (anything past `lengths` is ignored);
@@ -172,37 +195,53 @@ class Masker:
             last = np.ones((B, T), dtype=bool)
             last[:, :-1] = first[:, 1:]
             a = np.maximum.accumulate(np.where(first, arange_t, pos_dtype(0)), axis=1)
-            b = np.minimum.accumulate(np.where(last, arange_t, pos_dtype(T - 1))[:, ::-1],
-                                      axis=1)[:, ::-1]
-            take = ((a.astype(np.int64) + b + 1 <= 2 * target[:, None]) & (b < cap)
-                    & (j < n_maskable[:, None]))
+            b = np.minimum.accumulate(np.where(last, arange_t, pos_dtype(T - 1))[:, ::-1], axis=1)[
+                :, ::-1
+            ]
+            take = (
+                (a.astype(np.int64) + b + 1 <= 2 * target[:, None])
+                & (b < cap)
+                & (j < n_maskable[:, None])
+            )
         else:  # single-token units (a == b == j): the same rule reduces to the first `target`
             take = j < np.minimum(np.minimum(target, cap), n_maskable)[:, None]
         selected = np.zeros((B, T), dtype=bool)
         np.put_along_axis(selected, order, take, axis=1)
 
-        # 80/10/10 per selected token, from two further hash streams of the same key.
+        out, labels, n_mask, n_rand = self._replace(ids, selected, h)
+        n_sel = int(selected.sum())
+        stats = {
+            "sequences": B,
+            "tokens": int(lengths.sum()),
+            "maskable_tokens": int(n_maskable.sum()),
+            "selected_tokens": n_sel,
+            "mask_tokens": n_mask,
+            "random_tokens": n_rand,
+            "kept_tokens": n_sel - n_mask - n_rand,
+            "whole_word_units": int((selected & starts).sum()),
+            "mask_prob": float(p.mean()) if B else float(cfg.mask_prob),
+        }
+        return out, labels, {**stats, **fractions(stats)}
+
+    def _replace(
+        self, ids: np.ndarray, selected: np.ndarray, h: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """80/10/10 per selected token, from two further hash streams of the same key:
+        (masked ids, labels, how many became [MASK], how many a random token)."""
+        cfg = self.cfg
         rows, cols = np.nonzero(selected)
         hs = h[rows, cols]
         u = _uniform(_mix(hs ^ _SALT_SPLIT))
         to_mask = u < cfg.mask_token_frac
         to_random = ~to_mask & (u < cfg.mask_token_frac + cfg.random_token_frac)
-        labels = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
+        labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
         labels[rows, cols] = ids[rows, cols]
         out = ids.copy()
         out[rows[to_mask], cols[to_mask]] = self.mask_id
         if to_random.any():
             rnd = self.random_ids(_uniform(_mix(hs[to_random] ^ _SALT_RANDOM)))
             out[rows[to_random], cols[to_random]] = rnd
-
-        n_sel, n_mask, n_rand = len(rows), int(to_mask.sum()), int(to_random.sum())
-        stats = {"sequences": B, "tokens": int(lengths.sum()),
-                 "maskable_tokens": int(n_maskable.sum()), "selected_tokens": n_sel,
-                 "mask_tokens": n_mask, "random_tokens": n_rand,
-                 "kept_tokens": n_sel - n_mask - n_rand,
-                 "whole_word_units": int((selected & starts).sum()),
-                 "mask_prob": float(p.mean()) if B else float(cfg.mask_prob)}
-        return out, labels, {**stats, **fractions(stats)}
+        return out, labels, int(to_mask.sum()), int(to_random.sum())
 
     def _unit_starts(self, maskable: np.ndarray, word_start: np.ndarray | None) -> np.ndarray:
         """Where this masker's units start (whole words only with ``whole_word``)."""
@@ -212,8 +251,9 @@ class Masker:
             raise ValueError("whole-word masking needs the shards' word-start bits")
         return unit_starts(maskable, word_start)
 
-    def _targets(self, positions: np.ndarray, mask_prob: np.ndarray | None,
-                 n_maskable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _targets(
+        self, positions: np.ndarray, mask_prob: np.ndarray | None, n_maskable: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(rate [B], exact number of tokens to select [B]) per sequence: the scheduled
         mask_prob at each sample's position, or its own rate where ``mask_prob`` gives one; at
         least one token where anything is maskable and the rate is positive."""
@@ -249,8 +289,16 @@ def fractions(counts: dict) -> dict:
     }
 
 
-COUNT_KEYS = ("sequences", "tokens", "maskable_tokens", "selected_tokens", "mask_tokens",
-              "random_tokens", "kept_tokens", "whole_word_units")
+COUNT_KEYS = (
+    "sequences",
+    "tokens",
+    "maskable_tokens",
+    "selected_tokens",
+    "mask_tokens",
+    "random_tokens",
+    "kept_tokens",
+    "whole_word_units",
+)
 
 
 def merge_stats(stats: list[dict]) -> dict:

@@ -8,6 +8,7 @@ seconds) otherwise (see :mod:`data_prep.progress`). The monitor gets ``Train/<ke
 numeric key of the step record, masking statistics ``mask_*`` included) by samples,
 ``Validation/[<source>/]<metric>`` by samples and ``Downstream/<task>/<metric>`` by step.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,21 @@ from data_prep.progress import Progress
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.
-_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "H100": 989.0,
-                "A100": 312.0, "A10G": 125.0, "L40S": 362.0, "L40": 181.0, "L4": 121.0,
-                "V100": 125.0, "T4": 65.0, "A6000": 155.0, "4090": 165.0}
+_PEAK_TFLOPS = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "A10G": 125.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "V100": 125.0,
+    "T4": 65.0,
+    "A6000": 155.0,
+    "4090": 165.0,
+}
 
 
 def peak_tflops_for(device_name: str, precision: str) -> float | None:
@@ -47,10 +60,13 @@ def device_peak_tflops(precision: str) -> float | None:
 def memory_stats() -> dict[str, float]:
     """Accelerator memory in GiB (allocated, peak) or the process RSS on CPU."""
     if torch.cuda.is_available():
-        return {"mem_alloc_gib": torch.cuda.memory_allocated() / 2**30,
-                "mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        return {
+            "mem_alloc_gib": torch.cuda.memory_allocated() / 2**30,
+            "mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
     try:
         import psutil
+
         return {"mem_rss_gib": psutil.Process(os.getpid()).memory_info().rss / 2**30}
     except ImportError:  # psutil is a dependency; keep metrics working without it anyway
         return {}
@@ -77,10 +93,21 @@ class StepTimer:
 class MetricsWriter:
     """Writes one JSON object per optimizer step; console and TensorBoard every ``log_interval``."""
 
-    def __init__(self, output_dir: str | os.PathLike, *, rank: int, max_steps: int, start_step: int,
-                 log_interval: int, flops_per_token: float | None, peak_tflops: float | None,
-                 world_size: int, monitor: Any = None, progress: str | bool = "auto",
-                 progress_interval_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        *,
+        rank: int,
+        max_steps: int,
+        start_step: int,
+        log_interval: int,
+        flops_per_token: float | None,
+        peak_tflops: float | None,
+        world_size: int,
+        monitor: Any = None,
+        progress: str | bool = "auto",
+        progress_interval_s: float = 0.0,
+    ) -> None:
         self.rank = rank
         self.log_interval = max(1, log_interval)
         self.flops_per_token = flops_per_token
@@ -94,13 +121,21 @@ class MetricsWriter:
         path = Path(output_dir) / "metrics.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         if start_step > 0 and path.exists():
-            _truncate_after(path, start_step)  # a resumed run rewrites the steps after its checkpoint
+            _truncate_after(
+                path, start_step
+            )  # a resumed run rewrites the steps after its checkpoint
         elif start_step == 0 and path.exists():
             path.unlink()
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
-        self._bar = Progress(max_steps, desc="train", unit="step", mode=progress,
-                             initial=start_step, every_steps=self.log_interval,
-                             every_s=progress_interval_s)
+        self._bar = Progress(
+            max_steps,
+            desc="train",
+            unit="step",
+            mode=progress,
+            initial=start_step,
+            every_steps=self.log_interval,
+            every_s=progress_interval_s,
+        )
 
     def step(self, record: dict[str, Any], seconds: float, global_samples: int) -> dict[str, Any]:
         """Add rates to ``record`` (needs tokens, masked, samples), write it, return it."""
@@ -122,13 +157,26 @@ class MetricsWriter:
         self._file.flush()
         step = record["step"]
         if self._bar is not None:
-            self._bar.update(1, loss=record["loss"], lr=record["lr"],
-                             tok_s=round(record["tokens_per_s"]), scale=record.get("loss_scale"))
-        if self.monitor is not None and getattr(self.monitor, "enabled", False) and \
-                step % self.log_interval == 0:
-            events = [(f"Train/{k}", float(v), global_samples) for k, v in record.items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
-                      and math.isfinite(float(v))]
+            self._bar.update(
+                1,
+                loss=record["loss"],
+                lr=record["lr"],
+                tok_s=round(record["tokens_per_s"]),
+                scale=record.get("loss_scale"),
+            )
+        if (
+            self.monitor is not None
+            and getattr(self.monitor, "enabled", False)
+            and step % self.log_interval == 0
+        ):
+            events = [
+                (f"Train/{k}", float(v), global_samples)
+                for k, v in record.items()
+                if isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and k != "step"
+                and math.isfinite(float(v))
+            ]
             self.monitor.write_events(events)
         return record
 
@@ -141,14 +189,20 @@ class MetricsWriter:
         self._file.flush()
         source = record.get("source")
         where = f" [{source}]" if source else ""
-        self.print(f"validation step {record['step']}{where}: loss {record['val_loss']:.4f} "
-                   f"accuracy {record['val_accuracy']:.4f} "
-                   f"perplexity {record['val_perplexity']:.2f}")
+        self.print(
+            f"validation step {record['step']}{where}: loss {record['val_loss']:.4f} "
+            f"accuracy {record['val_accuracy']:.4f} "
+            f"perplexity {record['val_perplexity']:.2f}"
+        )
         if self.monitor is not None and getattr(self.monitor, "enabled", False):
             prefix = f"Validation/{source}" if source else "Validation"
-            self.monitor.write_events([(f"{prefix}/{k.removeprefix('val_')}", float(v),
-                                        global_samples) for k, v in record.items()
-                                       if k.startswith("val_") and math.isfinite(float(v))])
+            self.monitor.write_events(
+                [
+                    (f"{prefix}/{k.removeprefix('val_')}", float(v), global_samples)
+                    for k, v in record.items()
+                    if k.startswith("val_") and math.isfinite(float(v))
+                ]
+            )
 
     def downstream(self, record: dict[str, Any]) -> None:
         """Write a ``"split": "downstream"`` record (task, metric, value at a checkpoint's step)
@@ -157,11 +211,20 @@ class MetricsWriter:
             return
         self._file.write(json.dumps(_finite(record)) + "\n")
         self._file.flush()
-        self.print(f"downstream step {record['step']}: {record['task']} {record['metric']} "
-                   f"{record['value']:.4f}")
+        self.print(
+            f"downstream step {record['step']}: {record['task']} {record['metric']} "
+            f"{record['value']:.4f}"
+        )
         if self.monitor is not None and getattr(self.monitor, "enabled", False):
-            self.monitor.write_events([(f"Downstream/{record['task']}/{record['metric']}",
-                                        float(record["value"]), int(record["step"]))])
+            self.monitor.write_events(
+                [
+                    (
+                        f"Downstream/{record['task']}/{record['metric']}",
+                        float(record["value"]),
+                        int(record["step"]),
+                    )
+                ]
+            )
 
     def print(self, msg: str) -> None:
         """A line on rank 0's console that does not break the progress bar."""
@@ -181,8 +244,10 @@ class MetricsWriter:
 
 def _finite(record: dict[str, Any]) -> dict[str, Any]:
     """JSON has no inf/NaN: write them as strings so every line stays valid JSON."""
-    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in record.items()}
+    return {
+        k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in record.items()
+    }
 
 
 def _truncate_after(path: Path, step: int) -> None:

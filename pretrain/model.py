@@ -1,4 +1,4 @@
-"""BERT for pretraining: transformers' BertModel (SDPA attention) + heads that run on masked rows only.
+"""BERT for pretraining: transformers' BertModel (SDPA attention) + heads on masked rows only.
 
 Parameter names are exactly those of `transformers.BertForPreTraining` (with NSP) or
 `BertForMaskedLM` (MLM only: no pooler, no NSP head), so `model.state_dict()` loads into them with
@@ -14,6 +14,7 @@ sums a shared weight's gradient over the layers that use it; ``parameters()`` (h
 optimizer, ZeRO partitioning and parameter counts) sees it once; ``torch.save`` and DeepSpeed's
 ``shared_params`` store it once while ``state_dict()`` still lists every layer's name.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,29 +64,59 @@ class ModelConfig:
 
 
 PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(name="tiny", hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=512),
-    "small": ModelConfig(name="small", hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
-                         intermediate_size=2048),
-    "base": ModelConfig(name="base", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                        intermediate_size=3072),
-    "large": ModelConfig(name="large", hidden_size=1024, num_hidden_layers=24,
-                         num_attention_heads=16, intermediate_size=4096),
+    "tiny": ModelConfig(
+        name="tiny",
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+    ),
+    "small": ModelConfig(
+        name="small",
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        intermediate_size=2048,
+    ),
+    "base": ModelConfig(
+        name="base",
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+    ),
+    "large": ModelConfig(
+        name="large",
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+    ),
 }
-
 
 
 def preset(name: str) -> ModelConfig:
     """The preset called ``name``; an unknown name is a ValueError that lists the choices."""
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset --model {name!r}: choose one of "
-                         f"{', '.join(PRESETS)}")
+        raise ValueError(
+            f"unknown model preset --model {name!r}: choose one of {', '.join(PRESETS)}"
+        )
     return PRESETS[name]
 
 
-_ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
-                "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
+_ARCH_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "layer_norm_eps",
+    "initializer_range",
+)
 
 
 def layer_groups(share_layers: str, num_layers: int) -> list[int]:
@@ -108,8 +139,10 @@ def layer_groups(share_layers: str, num_layers: int) -> list[int]:
     if groups is None or groups < 1:
         raise ValueError(f"--share_layers {share_layers!r}: choose {SHARE_LAYERS_HELP}")
     if num_layers % groups:
-        raise ValueError(f"--share_layers {share_layers!r}: {num_layers} layers do not split into "
-                         f"{groups} equal groups; choose {SHARE_LAYERS_HELP}")
+        raise ValueError(
+            f"--share_layers {share_layers!r}: {num_layers} layers do not split into "
+            f"{groups} equal groups; choose {SHARE_LAYERS_HELP}"
+        )
     size = num_layers // groups
     return [(i // size) * size for i in range(num_layers)]
 
@@ -128,7 +161,8 @@ def padded_vocab(vocab_size: int, multiple: int) -> int:
 
 
 def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
-    """Fill the architecture from `cfg.config_json` when given; check it against the shards' vocab."""
+    """Fill the architecture from `cfg.config_json` when given; check it against the shards'
+    vocabulary."""
     if not cfg.config_json:
         return cfg
     path = Path(cfg.config_json)
@@ -142,11 +176,14 @@ def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
         msg = f"model config JSON {path}: expected an object of BERT config keys"
         raise ValueError(msg)  # noqa: TRY004 (bad file content: a ValueError like the others)
     if "vocab_size" in data and data["vocab_size"] not in (
-            vocab_size, padded_vocab(vocab_size, cfg.vocab_multiple)):
+        vocab_size,
+        padded_vocab(vocab_size, cfg.vocab_multiple),
+    ):
         raise ValueError(
             f"model config JSON {path}: vocab_size {data['vocab_size']} does not match the shards' "
             f"tokenizer ({vocab_size} in manifest.json). The vocabulary always comes from the "
-            "shards: delete the vocab_size key, or rebuild the shards with the matching tokenizer.")
+            "shards: delete the vocab_size key, or rebuild the shards with the matching tokenizer."
+        )
     updates = {k: data[k] for k in _ARCH_FIELDS if k in data}
     return dataclasses.replace(cfg, **updates)
 
@@ -154,8 +191,10 @@ def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
 def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
     """transformers.BertConfig for `cfg` with the vocabulary padded to cfg.vocab_multiple."""
     if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
-                         f"{cfg.num_attention_heads}")
+        raise ValueError(
+            f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
+            f"{cfg.num_attention_heads}"
+        )
     arch = {k: getattr(cfg, k) for k in _ARCH_FIELDS}
     conf = BertConfig(vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple), **arch)
     conf._attn_implementation = "sdpa"
@@ -170,8 +209,14 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     }
 
-    def __init__(self, config: BertConfig, true_vocab_size: int, nsp: bool, loss_impl: str = "auto",
-                 share_layers: str = "none"):
+    def __init__(
+        self,
+        config: BertConfig,
+        true_vocab_size: int,
+        nsp: bool,
+        loss_impl: str = "auto",
+        share_layers: str = "none",
+    ):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=nsp)
         self.cls = BertPreTrainingHeads(config) if nsp else BertOnlyMLMHead(config)
@@ -201,21 +246,28 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         if problem:
             raise ValueError(problem)
 
-    def shared_copies_disagree(self, state_dict: dict[str, torch.Tensor], prefix: str = ""
-                               ) -> str | None:
+    def shared_copies_disagree(
+        self, state_dict: dict[str, torch.Tensor], prefix: str = ""
+    ) -> str | None:
         """Why `state_dict` cannot load into this model's shared layers (the first key whose
         value differs from its group's first layer), or None when every shared copy agrees."""
         head = f"{prefix}bert.encoder.layer."
         for i, src in enumerate(self.layer_groups):
             for key in [k for k in state_dict if k.startswith(f"{head}{i}.")] if src != i else ():
-                ref = state_dict.get(f"{head}{src}." + key[len(f"{head}{i}."):])
+                ref = state_dict.get(f"{head}{src}." + key[len(f"{head}{i}.") :])
                 val = state_dict[key]
-                if ref is not None and ref.shape == val.shape and val.numel() and not torch.equal(
-                        ref.to(val.device, val.dtype), val):
-                    return (f"state dict key {key} differs from {head}{src}.*, but this model "
-                            f"shares layer {i}'s weights with layer {src} (share_layers="
-                            f"{self.share_layers!r}); load a checkpoint trained with the same "
-                            "--share_layers, or build the model with --share_layers none")
+                if (
+                    ref is not None
+                    and ref.shape == val.shape
+                    and val.numel()
+                    and not torch.equal(ref.to(val.device, val.dtype), val)
+                ):
+                    return (
+                        f"state dict key {key} differs from {head}{src}.*, but this model "
+                        f"shares layer {i}'s weights with layer {src} (share_layers="
+                        f"{self.share_layers!r}); load a checkpoint trained with the same "
+                        "--share_layers, or build the model with --share_layers none"
+                    )
         return None
 
     def register_zero3_external_parameters(self) -> None:
@@ -244,39 +296,59 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
-    def _masked_rows(self, sequence_output: torch.Tensor, labels: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _masked_rows(
+        self, sequence_output: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Transformed hidden states [N_m, H] and labels [N_m] of the predicted positions."""
         flat_labels = labels.reshape(-1)
         idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
         rows = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, idx)
         return self.cls.predictions.transform(rows), flat_labels.index_select(0, idx)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                next_sentence_label: torch.Tensor | None = None,
-                mlm_normalizer: torch.Tensor | float | None = None,
-                nsp_normalizer: torch.Tensor | float | None = None) -> dict:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        mlm_normalizer: torch.Tensor | float | None = None,
+        nsp_normalizer: torch.Tensor | float | None = None,
+    ) -> dict:
         """Pretraining losses and counts.
 
-        labels: [B, T] with IGNORE_INDEX where not predicted. mlm_normalizer: masked tokens of the whole
-        global batch (the MLM loss is sum / mlm_normalizer; default: this batch's count).
+        labels: [B, T] with IGNORE_INDEX where not predicted. mlm_normalizer: masked tokens of the
+        whole global batch (the MLM loss is sum / mlm_normalizer; default: this batch's count).
         nsp_normalizer: sequences of the global batch (NSP loss is sum / nsp_normalizer; default
         this batch's size). Returns {loss, mlm_loss, nsp_loss (None without NSP), num_masked,
         num_correct, nsp_correct, nsp_count}.
         """
         if labels is None:
             raise ValueError("labels are required: the model computes the MLM loss on masked rows")
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                        token_type_ids=token_type_ids, return_dict=True)
+        out = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            return_dict=True,
+        )
         hidden, row_labels = self._masked_rows(out.last_hidden_state, labels)
-        mlm = kernels.masked_lm_loss_rows(hidden, self.cls.predictions.decoder.weight,
-                                          self.cls.predictions.bias, row_labels,
-                                          ignore_index=IGNORE_INDEX,
-                                          vocab_size=self.true_vocab_size,
-                                          normalizer=mlm_normalizer, impl=self.loss_impl)
-        result = {"loss": mlm.loss, "mlm_loss": mlm.loss, "nsp_loss": None,
-                  "num_masked": mlm.num_masked, "num_correct": mlm.num_correct}
+        mlm = kernels.masked_lm_loss_rows(
+            hidden,
+            self.cls.predictions.decoder.weight,
+            self.cls.predictions.bias,
+            row_labels,
+            ignore_index=IGNORE_INDEX,
+            vocab_size=self.true_vocab_size,
+            normalizer=mlm_normalizer,
+            impl=self.loss_impl,
+        )
+        result = {
+            "loss": mlm.loss,
+            "mlm_loss": mlm.loss,
+            "nsp_loss": None,
+            "num_masked": mlm.num_masked,
+            "num_correct": mlm.num_correct,
+        }
         zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
         if self.nsp and next_sentence_label is not None:
             logits = self.cls.seq_relationship(out.pooler_output).float()
@@ -292,26 +364,40 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         return result
 
     @torch.no_grad()
-    def predict_masked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                       token_type_ids: torch.Tensor | None, labels: torch.Tensor) -> torch.Tensor:
-        """MLM logits [N_m, true_vocab_size] at the positions where labels != IGNORE_INDEX (row-major)."""
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                        token_type_ids=token_type_ids, return_dict=True)
+    def predict_masked(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        labels: torch.Tensor,
+    ) -> torch.Tensor:
+        """MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX (row-major order)."""
+        out = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            return_dict=True,
+        )
         hidden, _ = self._masked_rows(out.last_hidden_state, labels)
         v = self.true_vocab_size
-        return F.linear(hidden, self.cls.predictions.decoder.weight[:v], self.cls.predictions.bias[:v])
+        return F.linear(
+            hidden, self.cls.predictions.decoder.weight[:v], self.cls.predictions.bias[:v]
+        )
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute encoder layers in backward: "none", "torch" (non-reentrant torch checkpoint)
         or "deepspeed" (deepspeed.checkpointing.checkpoint: the trainer must have called
         `deepspeed.checkpointing.configure(None, deepspeed_config=...)` after init_distributed)."""
         if mode not in CHECKPOINTING_MODES:
-            raise ValueError(f"activation checkpointing {mode!r}: choose one of {CHECKPOINTING_MODES}")
+            raise ValueError(
+                f"activation checkpointing {mode!r}: choose one of {CHECKPOINTING_MODES}"
+            )
         if mode == "none":
             self._set_gradient_checkpointing(enable=False)
         elif mode == "torch":
             self.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False})
+                activation_checkpointing_kwargs={"use_reentrant": False}
+            )
         else:
             import deepspeed
 
@@ -319,8 +405,11 @@ class BertForPretrainingMasked(BertPreTrainedModel):
             # weight would receive (and ZeRO reduce) one gradient per layer that uses it, which
             # ZeRO refuses; the non-reentrant variant keeps one backward graph (one gradient,
             # summed by autograd) and honours the same activation-checkpointing config.
-            func = (deepspeed.checkpointing.non_reentrant_checkpoint if self.shares_layers
-                    else deepspeed.checkpointing.checkpoint)
+            func = (
+                deepspeed.checkpointing.non_reentrant_checkpoint
+                if self.shares_layers
+                else deepspeed.checkpointing.checkpoint
+            )
             self._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
         self.checkpointing = mode
 
@@ -356,14 +445,19 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         sd = {k: v.detach() for k, v in self.state_dict().items()}
         if unpad_vocab:
             v = self.true_vocab_size
-            for k in ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight",
-                      "cls.predictions.decoder.bias", "cls.predictions.bias"):
+            for k in (
+                "bert.embeddings.word_embeddings.weight",
+                "cls.predictions.decoder.weight",
+                "cls.predictions.decoder.bias",
+                "cls.predictions.bias",
+            ):
                 sd[k] = sd[k][:v]
         return sd
 
 
-def build_model(model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *,
-                max_seq_len: int | None = None) -> BertForPretrainingMasked:
+def build_model(
+    model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *, max_seq_len: int | None = None
+) -> BertForPretrainingMasked:
     """Build the pretraining model for a tokenizer of `vocab_size` entries (from the manifest).
 
     max_seq_len (the shards'): checked against max_position_embeddings.
@@ -372,8 +466,10 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *,
         raise ValueError(f"vocab_size {vocab_size} is too small for a BERT tokenizer")
     cfg = resolve_config(model_cfg, vocab_size)
     if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:
-        raise ValueError(f"the shards' max_seq_len {max_seq_len} exceeds the model's "
-                         f"max_position_embeddings {cfg.max_position_embeddings}")
+        raise ValueError(
+            f"the shards' max_seq_len {max_seq_len} exceeds the model's "
+            f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
     if cfg.loss_impl not in ("auto", "triton", "torch"):
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
     conf = bert_config(cfg, vocab_size)

@@ -119,8 +119,10 @@ def _sharing(model: dict[str, Any]) -> list[str]:
     share = model.get("share_layers", "none")
     if share in (None, "none"):
         return []
-    return [f"- trained with shared layer weights (`--share_layers {share}`); this folder holds a "
-            "copy in every layer, so the parameter count above counts each copy"]
+    return [
+        f"- trained with shared layer weights (`--share_layers {share}`); this folder holds a "
+        "copy in every layer, so the parameter count above counts each copy"
+    ]
 
 
 def render_card(

@@ -5,6 +5,7 @@ GPUs, torch AdamW with ``torch_adam``, FusedLamb on GPUs); this module fills tha
 flags, rejects what cannot run here, and builds the schedule as a ``LambdaLR`` whose state
 DeepSpeed saves and restores with the checkpoint.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,9 @@ class OptimizerConfigError(ValueError):
     """An optimizer block that cannot run on this machine or has unset values."""
 
 
-def configure_optimizer(ds_config: dict[str, Any], cfg: OptimConfig, device: str,
-                        source: str = "DeepSpeed config") -> dict[str, Any]:
+def configure_optimizer(
+    ds_config: dict[str, Any], cfg: OptimConfig, device: str, source: str = "DeepSpeed config"
+) -> dict[str, Any]:
     """Return a copy of ``ds_config`` whose optimizer block reflects the flags and has no "auto".
 
     ``device`` is the accelerator name ("cpu", "cuda", ...): LAMB exists only as a CUDA kernel.
@@ -39,13 +41,15 @@ def configure_optimizer(ds_config: dict[str, Any], cfg: OptimConfig, device: str
         params.pop("torch_adam", None)
     kind = str(opt.get("type", "")).lower()
     if kind not in ("adam", "adamw", "lamb"):
-        raise OptimizerConfigError(f"{source}: optimizer.type {opt.get('type')!r} is not supported; "
-                                   "use AdamW or Lamb")
+        raise OptimizerConfigError(
+            f"{source}: optimizer.type {opt.get('type')!r} is not supported; use AdamW or Lamb"
+        )
     if kind == "lamb":
         if device != "cuda":
             raise OptimizerConfigError(
                 f"{source}: optimizer Lamb is DeepSpeed's FusedLamb, a CUDA kernel; this machine's "
-                f"accelerator is {device!r}. Use --optimizer adamw.")
+                f"accelerator is {device!r}. Use --optimizer adamw."
+            )
         if out.get("zero_optimization", {}).get("stage", 0) > 0:
             out["zero_allow_untested_optimizer"] = True  # FusedLamb under ZeRO needs this opt-in
     if cfg.lr is not None:
@@ -56,8 +60,10 @@ def configure_optimizer(ds_config: dict[str, Any], cfg: OptimConfig, device: str
     params.setdefault("weight_decay", 0.01)
     for k, v in params.items():
         if v == "auto":  # DeepSpeed raises a TypeError deep inside on "auto" in optimizer params
-            raise OptimizerConfigError(f"{source}: optimizer.params.{k} is \"auto\"; only the HF "
-                                       "Trainer fills that. Give a number or the matching flag.")
+            raise OptimizerConfigError(
+                f'{source}: optimizer.params.{k} is "auto"; only the HF '
+                "Trainer fills that. Give a number or the matching flag."
+            )
     if cfg.gradient_clipping is not None:
         out["gradient_clipping"] = cfg.gradient_clipping
     elif out.get("gradient_clipping") == "auto":
@@ -72,8 +78,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or any(k in name for k in _NO_DECAY) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 @dataclass
@@ -106,18 +114,29 @@ def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay:
     if cfg.schedule_clock == "time":
         from pretrain.budget import TICKS_PER_BUDGET
 
-        return WarmupDecay(warmup_steps=int(cfg.warmup_ratio * TICKS_PER_BUDGET),
-                           total_steps=TICKS_PER_BUDGET, decay=cfg.decay, power=cfg.poly_power,
-                           min_ratio=cfg.min_lr_ratio)
+        return WarmupDecay(
+            warmup_steps=int(cfg.warmup_ratio * TICKS_PER_BUDGET),
+            total_steps=TICKS_PER_BUDGET,
+            decay=cfg.decay,
+            power=cfg.poly_power,
+            min_ratio=cfg.min_lr_ratio,
+        )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * max_steps)
-    return WarmupDecay(warmup_steps=warmup, total_steps=max_steps, decay=cfg.decay,
-                       power=cfg.poly_power, min_ratio=cfg.min_lr_ratio)
+    return WarmupDecay(
+        warmup_steps=warmup,
+        total_steps=max_steps,
+        decay=cfg.decay,
+        power=cfg.poly_power,
+        min_ratio=cfg.min_lr_ratio,
+    )
 
 
 def lr_scheduler_factory(schedule: WarmupDecay):
     """A callable DeepSpeed gives the optimizer it built: ``optimizer -> LambdaLR``."""
+
     def make(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
     return make
 
 

@@ -1,4 +1,5 @@
 """PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,7 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write one PNG per panel (and overview.png); returns the paths written."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -40,9 +42,10 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{metrics_path}: no such metrics file (RUN/metrics.jsonl)")
     # A mixture's per-source validation records have "source"; the overall one has none.
-    data = {"train": read_metrics(metrics_path, "train"),
-            "validation": [r for r in read_metrics(metrics_path, "validation")
-                           if "source" not in r]}
+    data = {
+        "train": read_metrics(metrics_path, "train"),
+        "validation": [r for r in read_metrics(metrics_path, "validation") if "source" not in r],
+    }
     if not data["train"]:
         raise ValueError(f"{metrics_path}: no training records")
     out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
@@ -81,10 +84,12 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     return written
 
 
-def plot_downstream(metrics_path: str | os.PathLike,
-                    out_dir: str | os.PathLike | None = None) -> list[Path]:
+def plot_downstream(
+    metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None
+) -> list[Path]:
     """downstream.png: each ``split: "downstream"`` task metric against the step (none: [])."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -113,11 +118,13 @@ def plot_downstream(metrics_path: str | os.PathLike,
     return [path]
 
 
-def plot_sources(metrics_path: str | os.PathLike,
-                 out_dir: str | os.PathLike | None = None) -> list[Path]:
+def plot_sources(
+    metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None
+) -> list[Path]:
     """sources.png for a mixture: validation loss per source, and each source's share of the
     training samples so far, against the step (no mixture: [])."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -142,8 +149,10 @@ def plot_sources(metrics_path: str | os.PathLike,
                 xs.append(r["step"])
                 shares.append(seen[n] / total)
         ax_share.plot(xs, shares, "-", label=n)
-    for ax, title in ((ax_val, "validation loss per source"),
-                      (ax_share, "share of the training samples so far")):
+    for ax, title in (
+        (ax_val, "validation loss per source"),
+        (ax_share, "share of the training samples so far"),
+    ):
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -165,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     args = p.parse_args(argv)
     try:
-        paths = (plot(args.metrics, args.out) + plot_downstream(args.metrics, args.out)
-                 + plot_sources(args.metrics, args.out))
+        paths = (
+            plot(args.metrics, args.out)
+            + plot_downstream(args.metrics, args.out)
+            + plot_sources(args.metrics, args.out)
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

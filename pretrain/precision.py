@@ -4,6 +4,7 @@ DeepSpeed fails deep inside ``initialize`` ("Type fp16 is not supported on your 
 config asks for a precision the accelerator lacks; this module says so up front, and falls back
 to fp32 only when the user passed ``--allow_precision_fallback``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -11,8 +12,14 @@ from typing import Any
 
 from pretrain.config import PrecisionConfig
 
-DEFAULT_FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
-                "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+DEFAULT_FP16 = {
+    "enabled": True,
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 
 
 class PrecisionError(RuntimeError):
@@ -25,8 +32,9 @@ def requested_precision(ds_config: dict[str, Any], cfg: PrecisionConfig) -> str:
         return cfg.precision
     if ds_config.get("fp16", {}).get("enabled", False):
         return "fp16"
-    if ds_config.get("bf16", {}).get("enabled", False) or \
-            ds_config.get("bfloat16", {}).get("enabled", False):
+    if ds_config.get("bf16", {}).get("enabled", False) or ds_config.get("bfloat16", {}).get(
+        "enabled", False
+    ):
         return "bf16"
     return "fp32"
 
@@ -36,12 +44,16 @@ def supported_precisions() -> dict[str, bool]:
     from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()
-    return {"fp32": True, "fp16": bool(accel.is_fp16_supported()),
-            "bf16": bool(accel.is_bf16_supported())}
+    return {
+        "fp32": True,
+        "fp16": bool(accel.is_fp16_supported()),
+        "bf16": bool(accel.is_bf16_supported()),
+    }
 
 
-def resolve_precision(ds_config: dict[str, Any], cfg: PrecisionConfig,
-                      source: str = "DeepSpeed config") -> tuple[dict[str, Any], str, str | None]:
+def resolve_precision(
+    ds_config: dict[str, Any], cfg: PrecisionConfig, source: str = "DeepSpeed config"
+) -> tuple[dict[str, Any], str, str | None]:
     """Return (config copy with exactly one precision enabled, precision, fallback note or None)."""
     from deepspeed.accelerator import get_accelerator
 
@@ -49,12 +61,15 @@ def resolve_precision(ds_config: dict[str, Any], cfg: PrecisionConfig,
     note = None
     if not supported_precisions()[want]:
         device = get_accelerator().device_name()
-        msg = (f"{want} is not supported on this {device} device (asked for by "
-               f"{'--precision' if cfg.precision else source}).")
+        msg = (
+            f"{want} is not supported on this {device} device (asked for by "
+            f"{'--precision' if cfg.precision else source})."
+        )
         if not cfg.allow_precision_fallback:
             raise PrecisionError(
                 f"{msg} Pass --allow_precision_fallback to train in fp32 instead, or choose "
-                f"--precision fp32 / bf16, or use a config without '{want}' enabled.")
+                f"--precision fp32 / bf16, or use a config without '{want}' enabled."
+            )
         note = f"{msg} Falling back to fp32 (--allow_precision_fallback)."
         want = "fp32"
     out = copy.deepcopy(ds_config)

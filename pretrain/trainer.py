@@ -42,27 +42,36 @@ def fp16_gave_up(error: BaseException) -> bool:
 
 def fp16_give_up_message(loss_scale: float, step: int) -> str:
     """What to tell the user when fp16 gave up (see :func:`fp16_gave_up`)."""
-    return (f"[pretrain] ERROR: fp16 gradients kept overflowing at the minimum loss scale "
-            f"({loss_scale}) at step {step}; training stopped and nothing was saved after the last "
-            "checkpoint. Lower the learning rate, use bf16, or raise min_loss_scale.")
+    return (
+        f"[pretrain] ERROR: fp16 gradients kept overflowing at the minimum loss scale "
+        f"({loss_scale}) at step {step}; training stopped and nothing was saved after the last "
+        "checkpoint. Lower the learning rate, use bf16, or raise min_loss_scale."
+    )
 
 
 def engine_record(engine, consumed: int, timer: StepTimer, budget: TimeBudget) -> dict[str, Any]:
     """The optimizer's side of a step record (lr, loss scale, grad norm, skipped steps) and where
     the run stands (samples consumed, training time over all launches)."""
     norm = engine.get_global_grad_norm()
-    return {"lr": current_lr(engine.optimizer), "skipped": not engine.was_step_applied(),
-            "skipped_total": int(engine.skipped_steps),
-            "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
-            "grad_norm": float(norm) if norm is not None else None,
-            "data_wait_s": timer.data_wait, "consumed_samples": consumed,
-            "elapsed_s": budget.elapsed_s()}
+    return {
+        "lr": current_lr(engine.optimizer),
+        "skipped": not engine.was_step_applied(),
+        "skipped_total": int(engine.skipped_steps),
+        "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
+        "grad_norm": float(norm) if norm is not None else None,
+        "data_wait_s": timer.data_wait,
+        "consumed_samples": consumed,
+        "elapsed_s": budget.elapsed_s(),
+    }
 
 
 def loss_record(sums: dict[str, float], n_masked: float, world: int) -> dict[str, Any]:
     """Loss and accuracy of a step from the all-reduced :data:`STEP_SUMS`."""
-    rec = {"loss": sums["mlm_loss"], "mlm_loss": sums["mlm_loss"],
-           "mlm_accuracy": sums["mlm_correct"] / max(n_masked, 1.0)}
+    rec = {
+        "loss": sums["mlm_loss"],
+        "mlm_loss": sums["mlm_loss"],
+        "mlm_accuracy": sums["mlm_correct"] / max(n_masked, 1.0),
+    }
     if sums["nsp_count"] > 0:
         rec["nsp_loss"] = sums["nsp_loss"] / world
         rec["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
@@ -75,9 +84,14 @@ def validation_record(step: int, loss_sum: float, correct: float, masked: float)
     if masked == 0:  # nothing was predicted (e.g. a source of [UNK]s): no score, not zero
         loss_sum = correct = float("nan")
     loss = loss_sum / max(masked, 1.0)
-    return {"step": step, "split": "validation", "val_loss": loss,
-            "val_accuracy": correct / max(masked, 1.0),
-            "val_perplexity": math.exp(min(loss, 50.0)), "val_masked_tokens": masked}
+    return {
+        "step": step,
+        "split": "validation",
+        "val_loss": loss,
+        "val_accuracy": correct / max(masked, 1.0),
+        "val_perplexity": math.exp(min(loss, 50.0)),
+        "val_masked_tokens": masked,
+    }
 
 
 def _iterate(loader):
@@ -90,11 +104,24 @@ def _iterate(loader):
 class Trainer:
     """The optimizer-step loop with validation, metrics, checkpoints and preemption."""
 
-    def __init__(self, cfg: TrainConfig, engine, plan, loader, val_readers: list,
-                 device: torch.device,
-                 metrics: MetricsWriter, ckpts: CheckpointManager, *, base_state: dict[str, Any],
-                 rank: int, world: int, budget: TimeBudget | None = None,
-                 lr_clock: TimeClockLR | None = None, downstream: DownstreamJobs | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        engine,
+        plan,
+        loader,
+        val_readers: list,
+        device: torch.device,
+        metrics: MetricsWriter,
+        ckpts: CheckpointManager,
+        *,
+        base_state: dict[str, Any],
+        rank: int,
+        world: int,
+        budget: TimeBudget | None = None,
+        lr_clock: TimeClockLR | None = None,
+        downstream: DownstreamJobs | None = None,
+    ):
         self.cfg, self.engine, self.plan, self.device = cfg, engine, plan, device
         self.loader, self.val_readers = loader, val_readers  # [(source name, reader)]
         self.metrics, self.ckpts, self.base_state = metrics, ckpts, base_state
@@ -130,14 +157,18 @@ class Trainer:
                     self.evaluate(step)
                 reason = self.ckpts.save_due(step, preempt, self.budget)
                 if reason == "budget":
-                    self.metrics.print(f"[pretrain] time budget of {self.cfg.run.max_time_hours} "
-                                       f"h used up after step {step}: final validation and save")
+                    self.metrics.print(
+                        f"[pretrain] time budget of {self.cfg.run.max_time_hours} "
+                        f"h used up after step {step}: final validation and save"
+                    )
                     break
                 if reason:
                     self.save(step, consumed, reason)
                 if reason == "signal":
-                    self.metrics.print(f"[pretrain] stopped by a signal after step {step}; "
-                                       "continue with --resume auto")
+                    self.metrics.print(
+                        f"[pretrain] stopped by a signal after step {step}; "
+                        "continue with --resume auto"
+                    )
                     self._finish_downstream(timeout_s=30.0)  # a preempted job cannot wait long
                     return 0
             self.evaluate(step)
@@ -157,17 +188,22 @@ class Trainer:
         if self.lr_clock is not None:  # a time-clock schedule: the lr of this step from the clock
             self.lr_clock.apply(eng.optimizer)
         t0 = time.perf_counter()
-        micro = [next(batches) for _ in range(accum)]  # the whole window, to count its masked tokens
+        micro = [
+            next(batches) for _ in range(accum)
+        ]  # the whole window, to count its masked tokens
         timer.waited(time.perf_counter() - t0)
         masking = [s for mb in micro if (s := mb.pop("masking_stats", None))]
         sources = [src for mb in micro if (src := mb.pop("source", None)) is not None]
         n_src = len(self.source_names)
-        per_source = torch.bincount(torch.cat(sources), minlength=n_src).tolist() if sources \
-            else []
+        per_source = torch.bincount(torch.cat(sources), minlength=n_src).tolist() if sources else []
         n_masked, n_tokens, *per_source = sum_across_ranks(
-            [float(sum(int((mb["labels"] != IGNORE_INDEX).sum()) for mb in micro)),
-             float(sum(int(mb["attention_mask"].sum()) for mb in micro)), *per_source],
-            self.device)
+            [
+                float(sum(int((mb["labels"] != IGNORE_INDEX).sum()) for mb in micro)),
+                float(sum(int(mb["attention_mask"].sum()) for mb in micro)),
+                *per_source,
+            ],
+            self.device,
+        )
         # Each masked token of the global batch weighs 1/n_masked. DeepSpeed divides by the
         # accumulation steps (backward) and the world size (gradient averaging): undo both.
         scale = float(accum * self.world)
@@ -187,13 +223,18 @@ class Trainer:
         stacked = torch.stack([sums[k] for k in STEP_SUMS])
         if self.world > 1:
             dist.all_reduce(stacked)
-        rec = {"step": eng.global_steps, **loss_record(dict(zip(STEP_SUMS, stacked.tolist())),
-                                                       n_masked, self.world),
-               "tokens": n_tokens, "masked": n_masked, "samples": self.plan.global_batch}
+        rec = {
+            "step": eng.global_steps,
+            **loss_record(dict(zip(STEP_SUMS, stacked.tolist())), n_masked, self.world),
+            "tokens": n_tokens,
+            "masked": n_masked,
+            "samples": self.plan.global_batch,
+        }
         if per_source:  # the realised share of each source of a mixture in this step
             total = max(sum(per_source), 1.0)
-            rec.update({f"share_{name}": n / total for name, n in zip(self.source_names,
-                                                                       per_source)})
+            rec.update(
+                {f"share_{name}": n / total for name, n in zip(self.source_names, per_source)}
+            )
         if masking:  # realised masking of this rank's micro-batches, fractions from the counts
             rec.update({f"mask_{k}": v for k, v in merge_stats(masking).items()})
         return rec
@@ -215,9 +256,16 @@ class Trainer:
     def _validation_sums(self, reader) -> tuple[float, float, float]:
         """(summed token loss, correct, masked) over the first eval_batches of ``reader``,
         all ranks together (the masks are the same at every evaluation)."""
-        loader = build_loader(reader, self.cfg.data_cfg, self.cfg.masking, rank=self.rank,
-                              world_size=self.world, micro_batch_size=self.plan.micro_batch,
-                              consumed_samples=0, train=False)
+        loader = build_loader(
+            reader,
+            self.cfg.data_cfg,
+            self.cfg.masking,
+            rank=self.rank,
+            world_size=self.world,
+            micro_batch_size=self.plan.micro_batch,
+            consumed_samples=0,
+            train=False,
+        )
         batches = _iterate(loader)
         loss_sum = correct = masked = 0.0
         self.engine.eval()
@@ -238,8 +286,12 @@ class Trainer:
 
     def save(self, step: int, consumed: int, reason: str) -> None:
         """A checkpoint after ``step`` (all ranks), with the data position and the run's state."""
-        state = {**self.base_state, "consumed_samples": consumed, "reason": reason,
-                 "elapsed_s": self.budget.elapsed_s()}
+        state = {
+            **self.base_state,
+            "consumed_samples": consumed,
+            "reason": reason,
+            "elapsed_s": self.budget.elapsed_s(),
+        }
         path = self.ckpts.save(self.engine, step, state)
         self.metrics.print(f"checkpoint ({reason}) step {step}: {path}")
         if self.downstream:

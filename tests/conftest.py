@@ -1,4 +1,5 @@
 """Shared fixtures: real text that ships with the project or with CPython (never ../shared)."""
+
 from __future__ import annotations
 
 import os
@@ -59,14 +60,23 @@ def chinese_corpus() -> Path:
     return DATA / "zh_hongloumeng_sample.txt"
 
 
-def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: int = 600,
-            cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, check: bool = True, env: dict | None = None, timeout: int = 600, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """Run `python -m ...` the way a user would; returns the completed process (text output)."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -74,27 +84,72 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: in
 def english_shards(tmp_path_factory, english_corpus) -> Path:
     """Packed shards of the pydoc corpus with a small trained WordPiece vocabulary."""
     out = tmp_path_factory.mktemp("shards_en") / "shards"
-    run_cli("-m", "data_prep", "build", "--input", str(english_corpus), "--output", str(out),
-            "--vocab_size", "2000", "--max_seq_len", "128", "--validation_fraction", "0.05",
-            "--workers", "2")
+    run_cli(
+        "-m",
+        "data_prep",
+        "build",
+        "--input",
+        str(english_corpus),
+        "--output",
+        str(out),
+        "--vocab_size",
+        "2000",
+        "--max_seq_len",
+        "128",
+        "--validation_fraction",
+        "0.05",
+        "--workers",
+        "2",
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def english_nsp_shards(tmp_path_factory, english_corpus) -> Path:
     out = tmp_path_factory.mktemp("shards_en_nsp") / "shards"
-    run_cli("-m", "data_prep", "build", "--input", str(english_corpus), "--output", str(out),
-            "--vocab_size", "2000", "--max_seq_len", "128", "--validation_fraction", "0.05",
-            "--format", "nsp", "--workers", "2")
+    run_cli(
+        "-m",
+        "data_prep",
+        "build",
+        "--input",
+        str(english_corpus),
+        "--output",
+        str(out),
+        "--vocab_size",
+        "2000",
+        "--max_seq_len",
+        "128",
+        "--validation_fraction",
+        "0.05",
+        "--format",
+        "nsp",
+        "--workers",
+        "2",
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def chinese_shards(tmp_path_factory, chinese_corpus) -> Path:
     out = tmp_path_factory.mktemp("shards_zh") / "shards"
-    run_cli("-m", "data_prep", "build", "--input", str(chinese_corpus), "--output", str(out),
-            "--one_doc_per_line", "--vocab_size", "3000", "--max_seq_len", "128",
-            "--validation_fraction", "0.05", "--workers", "2")
+    run_cli(
+        "-m",
+        "data_prep",
+        "build",
+        "--input",
+        str(chinese_corpus),
+        "--output",
+        str(out),
+        "--one_doc_per_line",
+        "--vocab_size",
+        "3000",
+        "--max_seq_len",
+        "128",
+        "--validation_fraction",
+        "0.05",
+        "--workers",
+        "2",
+    )
     return out
 
 
@@ -113,6 +168,7 @@ def one_rank_group(monkeypatch):
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         monkeypatch.setenv(key, value)  # deepspeed.initialize reads them
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
     deepspeed.init_distributed(dist_backend="gloo")

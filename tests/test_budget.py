@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from pretrain.budget import TICKS_PER_BUDGET, TimeBudget, TimeClockLR
 from pretrain.config import OptimConfig
 from pretrain.metrics import read_metrics
@@ -65,21 +65,47 @@ def test_time_clock_schedule_warms_up_then_decays_over_the_budget(monkeypatch):
 def test_time_clock_needs_a_budget_and_no_step_warmup(english_shards, tmp_path, capsys):
     from pretrain.config import parse_args
 
-    base = ["--data", str(english_shards), "--output_dir", str(tmp_path / "run"),
-            "--schedule_clock", "time"]
-    for extra, message in (([], "--schedule_clock time needs a budget"),
-                           (["--max_time_hours", "1", "--warmup_steps", "5"], "--warmup_ratio")):
+    base = [
+        "--data",
+        str(english_shards),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--schedule_clock",
+        "time",
+    ]
+    for extra, message in (
+        ([], "--schedule_clock time needs a budget"),
+        (["--max_time_hours", "1", "--warmup_steps", "5"], "--warmup_ratio"),
+    ):
         with pytest.raises(SystemExit) as e:
             parse_args(base + extra)
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def _train(shards: Path, run: Path, *extra: str):
-    return run_cli(str(REPO / "pretrain" / "main.py"), "--ds_config",
-                   str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards), "--output_dir",
-                   str(run), "--model", "tiny", "--global_batch_size", "8", "--micro_batch_size",
-                   "8", "--eval_batches", "2", "--progress", "false", "--num_workers", "0",
-                   *extra, env={"PYTHONUNBUFFERED": "1"})
+    return run_cli(
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--data",
+        str(shards),
+        "--output_dir",
+        str(run),
+        "--model",
+        "tiny",
+        "--global_batch_size",
+        "8",
+        "--micro_batch_size",
+        "8",
+        "--eval_batches",
+        "2",
+        "--progress",
+        "false",
+        "--num_workers",
+        "0",
+        *extra,
+        env={"PYTHONUNBUFFERED": "1"},
+    )
 
 
 @pytest.mark.slow
@@ -92,9 +118,22 @@ def test_run_stops_at_its_budget_and_a_resume_spends_only_the_rest(english_shard
 
     # Resume with a budget 12 s beyond what was spent and far more steps than it allows.
     hours = (spent + 12.0) / 3600
-    proc = _train(english_shards, run, "--max_steps", "100000", "--resume", "auto",
-                  "--max_time_hours", f"{hours:.8f}", "--schedule_clock", "time",
-                  "--warmup_ratio", "0.0", "--lr", "1e-3")
+    proc = _train(
+        english_shards,
+        run,
+        "--max_steps",
+        "100000",
+        "--resume",
+        "auto",
+        "--max_time_hours",
+        f"{hours:.8f}",
+        "--schedule_clock",
+        "time",
+        "--warmup_ratio",
+        "0.0",
+        "--lr",
+        "1e-3",
+    )
     assert "time budget" in proc.stdout + proc.stderr
     train = read_metrics(run / "metrics.jsonl")
     resumed = [r for r in train if r["step"] > 3]
@@ -109,4 +148,3 @@ def test_run_stops_at_its_budget_and_a_resume_spends_only_the_rest(english_shard
     assert val[-1]["step"] == last  # a final validation at the budget
     lrs = [r["lr"] for r in resumed]  # the time clock: lr falls with the elapsed fraction
     assert lrs == sorted(lrs, reverse=True) and lrs[0] < 1e-3 * (1 - spent / (hours * 3600)) + 1e-6
-

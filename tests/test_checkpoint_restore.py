@@ -21,10 +21,29 @@ pytestmark = pytest.mark.slow
 def _config(shards, run, *extra: str):
     from pretrain.config import parse_args
 
-    return parse_args(["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards),
-                       "--output_dir", str(run), "--model", "tiny", "--global_batch_size", "4",
-                       "--micro_batch_size", "4", "--lr", "1e-3", "--warmup_steps", "1",
-                       "--progress", "false", *extra])
+    return parse_args(
+        [
+            "--ds_config",
+            str(REPO / "ds_configs" / "cpu.json"),
+            "--data",
+            str(shards),
+            "--output_dir",
+            str(run),
+            "--model",
+            "tiny",
+            "--global_batch_size",
+            "4",
+            "--micro_batch_size",
+            "4",
+            "--lr",
+            "1e-3",
+            "--warmup_steps",
+            "1",
+            "--progress",
+            "false",
+            *extra,
+        ]
+    )
 
 
 def _engine(cfg, seed: int, *, load_universal: bool = False):
@@ -35,8 +54,9 @@ def _engine(cfg, seed: int, *, load_universal: bool = False):
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
     reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_model(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)),
-                           reader, "none", setup.config)
+    model, _ = build_model(
+        dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)), reader, setup
+    )
     engine, schedule = build_engine(cfg, model, setup.config)
     return engine, schedule, setup, reader
 
@@ -50,13 +70,37 @@ def _train_two_steps(cfg):
 
     engine, _, setup, reader = _engine(cfg, cfg.run.seed)
     loader = build_loader(reader, cfg.data_cfg, cfg.masking, micro_batch_size=4, train=True)
-    metrics = MetricsWriter(cfg.run.output_dir, rank=0, max_steps=2, start_step=0, log_interval=1,
-                            flops_per_token=None, peak_tflops=None, world_size=1, progress=False)
+    metrics = MetricsWriter(
+        cfg.run.output_dir,
+        rank=0,
+        max_steps=2,
+        start_step=0,
+        log_interval=1,
+        flops_per_token=None,
+        peak_tflops=None,
+        world_size=1,
+        progress=False,
+    )
     ckpts = CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
-    state = {"config": cfg.to_dict(), "vocab_size": reader.vocab_size, "nsp": False,
-             "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"]}
-    trainer = Trainer(cfg, engine, setup.batch, loader, [], torch.device("cpu"), metrics, ckpts,
-                      base_state=state, rank=0, world=1)
+    state = {
+        "config": cfg.to_dict(),
+        "vocab_size": reader.vocab_size,
+        "nsp": False,
+        "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+    }
+    trainer = Trainer(
+        cfg,
+        engine,
+        setup.batch,
+        loader,
+        [],
+        torch.device("cpu"),
+        metrics,
+        ckpts,
+        base_state=state,
+        rank=0,
+        world=1,
+    )
     assert trainer.run(0, 0) == 0
     metrics.close()
     return engine, reader
@@ -65,17 +109,22 @@ def _train_two_steps(cfg):
 def _resume_point(cfg, reader):
     from pretrain.checkpoint import find_resume
 
-    return find_resume("auto", cfg.run.output_dir, vocab_size=reader.vocab_size,
-                       tokenizer_fingerprint=reader.manifest["tokenizer"]["fingerprint"],
-                       model_config=dataclasses.asdict(cfg.model_cfg))
+    return find_resume(
+        "auto",
+        cfg.run.output_dir,
+        vocab_size=reader.vocab_size,
+        tokenizer_fingerprint=reader.manifest["tokenizer"]["fingerprint"],
+        model_config=dataclasses.asdict(cfg.model_cfg),
+    )
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
-def test_restore_puts_back_weights_counters_and_the_schedule(english_shards, tmp_path,
-                                                            one_rank_group, capsys):
+def test_restore_puts_back_weights_counters_and_the_schedule(
+    english_shards, tmp_path, one_rank_group, capsys
+):
     from pretrain.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
@@ -86,8 +135,9 @@ def test_restore_puts_back_weights_counters_and_the_schedule(english_shards, tmp
     # A longer run continues from it: new max_steps, hence a new schedule object.
     cfg10 = _config(english_shards, tmp_path / "run", "--max_steps", "10")
     engine, schedule, _, _ = _engine(cfg10, seed=999)  # other initial weights
-    assert any(not torch.equal(a, b) for a, b in
-               zip(_weights(engine).values(), _weights(saved).values()))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(_weights(engine).values(), _weights(saved).values())
+    )
     ckpts = CheckpointManager(cfg10.run.output_dir, cfg10.checkpoint, 0, 1)
     step, consumed = ckpts.restore(engine, point, schedule=schedule, seed=cfg10.run.seed)
 
@@ -107,7 +157,8 @@ def test_restore_puts_back_weights_counters_and_the_schedule(english_shards, tmp
 
 
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
-        english_shards, tmp_path, one_rank_group):
+    english_shards, tmp_path, one_rank_group
+):
     from pretrain.checkpoint import CheckpointManager, ResumePoint
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")

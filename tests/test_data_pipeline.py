@@ -1,4 +1,5 @@
 """The data pipeline (pretrain.data) on real shards: order, determinism, collation, errors."""
+
 from __future__ import annotations
 
 import io
@@ -31,8 +32,9 @@ def rows_by_position(loader, n_batches: int) -> dict[int, tuple]:
     for plan, batch in zip(plans, take(loader, n_batches)):
         for r, pos in enumerate(plan.positions):
             L = int(batch["attention_mask"][r].sum())
-            out[int(pos)] = tuple(batch[k][r, :L].numpy().copy()
-                                  for k in ("input_ids", "labels", "token_type_ids"))
+            out[int(pos)] = tuple(
+                batch[k][r, :L].numpy().copy() for k in ("input_ids", "labels", "token_type_ids")
+            )
     return out
 
 
@@ -44,8 +46,12 @@ def test_ranks_partition_the_global_order_every_epoch(world):
     per_rank = [list(itertools.islice(iter(s), steps)) for s in samplers]
     positions = np.sort(np.concatenate([p.positions for plans in per_rank for p in plans]))
     np.testing.assert_array_equal(positions, np.arange(steps * micro * world))  # no gap, no repeat
-    by_pos = {int(q): (int(e), int(i)) for plans in per_rank for p in plans
-              for q, e, i in zip(p.positions, p.epochs, p.indices)}
+    by_pos = {
+        int(q): (int(e), int(i))
+        for plans in per_rank
+        for p in plans
+        for q, e, i in zip(p.positions, p.epochs, p.indices)
+    }
     for epoch in range(3):  # every epoch is a permutation of the dataset, and a different one
         idx = [by_pos[q][1] for q in range(epoch * n, (epoch + 1) * n)]
         assert sorted(idx) == list(range(n))
@@ -53,17 +59,24 @@ def test_ranks_partition_the_global_order_every_epoch(world):
     assert [by_pos[q][1] for q in range(n)] != [by_pos[q][1] for q in range(n, 2 * n)]
     # The order is the one of a single rank (world size 1): independent of the world size.
     single = list(itertools.islice(iter(GlobalSampler(n, micro * world, 0, 1, seed=5)), steps))
-    assert by_pos == {int(q): (int(e), int(i)) for p in single
-                      for q, e, i in zip(p.positions, p.epochs, p.indices)}
+    assert by_pos == {
+        int(q): (int(e), int(i))
+        for p in single
+        for q, e, i in zip(p.positions, p.epochs, p.indices)
+    }
 
 
 def test_resume_on_another_world_size_continues_the_global_order():
     n, consumed = 50, 36  # saved after 3 steps of global batch 12
     ref = GlobalSampler(n, 12, 0, 1, seed=9)
     expected = np.concatenate([p.indices for p in itertools.islice(iter(ref), 6)])[consumed:]
-    resumed = [list(itertools.islice(iter(GlobalSampler(n, 3, r, 4, consumed, seed=9)), 3))
-               for r in range(4)]
-    got = {int(q): int(i) for plans in resumed for p in plans for q, i in zip(p.positions, p.indices)}
+    resumed = [
+        list(itertools.islice(iter(GlobalSampler(n, 3, r, 4, consumed, seed=9)), 3))
+        for r in range(4)
+    ]
+    got = {
+        int(q): int(i) for plans in resumed for p in plans for q, i in zip(p.positions, p.indices)
+    }
     assert [got[q] for q in range(consumed, consumed + 36)] == expected.tolist()
 
 
@@ -83,15 +96,37 @@ def test_validation_pass_covers_every_sample_once():
 def test_masks_identical_across_worker_counts_world_sizes_and_resume(english_shards):
     reader = ShardReader(english_shards)
     masking = MaskingConfig(whole_word=True)
-    ref = rows_by_position(build_loader(reader, DataConfig(num_workers=0), masking,
-                                        micro_batch_size=8), 6)
+    ref = rows_by_position(
+        build_loader(reader, DataConfig(num_workers=0), masking, micro_batch_size=8), 6
+    )
     assert sorted(ref) == list(range(48))
     got = {}
     for rank in range(2):  # two ranks, two workers each, micro-batch 4: same global batches
-        got.update(rows_by_position(build_loader(reader, DataConfig(num_workers=2), masking,
-                                                 rank=rank, world_size=2, micro_batch_size=4), 6))
-    resumed = rows_by_position(build_loader(reader, DataConfig(num_workers=1), masking, rank=1,
-                                            world_size=3, micro_batch_size=2, consumed_samples=24), 4)
+        got.update(
+            rows_by_position(
+                build_loader(
+                    reader,
+                    DataConfig(num_workers=2),
+                    masking,
+                    rank=rank,
+                    world_size=2,
+                    micro_batch_size=4,
+                ),
+                6,
+            )
+        )
+    resumed = rows_by_position(
+        build_loader(
+            reader,
+            DataConfig(num_workers=1),
+            masking,
+            rank=1,
+            world_size=3,
+            micro_batch_size=2,
+            consumed_samples=24,
+        ),
+        4,
+    )
     assert sorted(got) == sorted(ref) and set(resumed) <= set(ref) and len(resumed) == 8
     for pos, (ids, labels, _types) in itertools.chain(got.items(), resumed.items()):
         np.testing.assert_array_equal(ids, ref[pos][0])
@@ -99,11 +134,18 @@ def test_masks_identical_across_worker_counts_world_sizes_and_resume(english_sha
     # And the masks really are dynamic: the same sample in the next epoch is masked differently.
     sampler = GlobalSampler(len(reader), 8, seed=DataConfig().seed)
     idx0 = int(sampler.plan(np.array([0])).indices[0])
-    later = next(p for p in range(len(reader), 2 * len(reader))
-                 if int(sampler.plan(np.array([p])).indices[0]) == idx0)
-    b = take(build_loader(reader, DataConfig(num_workers=0), masking, micro_batch_size=1,
-                          consumed_samples=later), 1)[0]
-    assert not np.array_equal(b["labels"][0, :len(ref[0][1])].numpy(), ref[0][1])
+    later = next(
+        p
+        for p in range(len(reader), 2 * len(reader))
+        if int(sampler.plan(np.array([p])).indices[0]) == idx0
+    )
+    b = take(
+        build_loader(
+            reader, DataConfig(num_workers=0), masking, micro_batch_size=1, consumed_samples=later
+        ),
+        1,
+    )[0]
+    assert not np.array_equal(b["labels"][0, : len(ref[0][1])].numpy(), ref[0][1])
 
 
 def test_collation_padding_segments_and_nsp_labels(english_nsp_shards):
@@ -120,14 +162,16 @@ def test_collation_padding_segments_and_nsp_labels(english_nsp_shards):
         for r, s in enumerate(samples):
             L = lengths[r]
             types = batch["token_type_ids"][r].numpy()
-            assert (types[:s.segment_a_len] == 0).all() and (types[s.segment_a_len:L] == 1).all()
+            assert (types[: s.segment_a_len] == 0).all() and (types[s.segment_a_len : L] == 1).all()
             assert (types[L:] == 0).all()
             assert (batch["input_ids"][r, L:] == reader.special_tokens["pad"]).all()
             labels = batch["labels"][r].numpy()
             sel = labels != IGNORE_INDEX
             np.testing.assert_array_equal(labels[sel], s.input_ids[sel[:L].nonzero()[0]])
             keep = ~sel[:L]
-            np.testing.assert_array_equal(batch["input_ids"][r, :L].numpy()[keep], s.input_ids[keep])
+            np.testing.assert_array_equal(
+                batch["input_ids"][r, :L].numpy()[keep], s.input_ids[keep]
+            )
         for k in ("input_ids", "attention_mask", "token_type_ids", "labels"):
             assert str(batch[k].dtype) == "torch.int64"
 
@@ -136,14 +180,19 @@ def test_collation_padding_segments_and_nsp_labels(english_nsp_shards):
 def test_whole_word_units_of_real_shards_masked_together(shards, request):
     reader = ShardReader(request.getfixturevalue(shards))
     special = set(reader.special_tokens.values())
-    loader = build_loader(reader, DataConfig(num_workers=0), MaskingConfig(whole_word=True),
-                          micro_batch_size=32, train=False)
+    loader = build_loader(
+        reader,
+        DataConfig(num_workers=0),
+        MaskingConfig(whole_word=True),
+        micro_batch_size=32,
+        train=False,
+    )
     plans = list(loader.batch_sampler)
     multi_piece_units = selected = maskable = 0
     for plan, batch in zip(plans, loader):
         for r, i in enumerate(plan.indices):
             s = reader[int(i)]
-            sel = batch["labels"][r, :len(s.input_ids)].numpy() != IGNORE_INDEX
+            sel = batch["labels"][r, : len(s.input_ids)].numpy() != IGNORE_INDEX
             unit = -1
             unit_of = np.empty(len(s.input_ids), dtype=np.int64)
             for t, (tok, ws) in enumerate(zip(s.input_ids, s.word_start)):
@@ -162,8 +211,9 @@ def test_whole_word_units_of_real_shards_masked_together(shards, request):
 
 def test_statistics_over_the_corpus_are_tight(english_shards):
     reader = ShardReader(english_shards)
-    loader = build_loader(reader, DataConfig(num_workers=0), MaskingConfig(), micro_batch_size=128,
-                          train=False)
+    loader = build_loader(
+        reader, DataConfig(num_workers=0), MaskingConfig(), micro_batch_size=128, train=False
+    )
     stats = [b["masking_stats"] for b in loader]
     sel = sum(s["selected_tokens"] for s in stats)
     maskable = sum(s["maskable_tokens"] for s in stats)
@@ -182,9 +232,16 @@ def test_corrupt_or_foreign_shards_give_a_clear_error(english_shards, tmp_path, 
     data = np.fromfile(tokens, dtype="<u2")
     data[5] = 60000
     data.tofile(tokens)
-    loader = build_loader(ShardReader(bad), DataConfig(num_workers=0), MaskingConfig(),
-                          micro_batch_size=len(ShardReader(bad)), train=False)
-    with pytest.raises(ValueError, match=r"token id 60000 >= the manifest's vocab_size 2000.*rebuild"):
+    loader = build_loader(
+        ShardReader(bad),
+        DataConfig(num_workers=0),
+        MaskingConfig(),
+        micro_batch_size=len(ShardReader(bad)),
+        train=False,
+    )
+    with pytest.raises(
+        ValueError, match=r"token id 60000 >= the manifest's vocab_size 2000.*rebuild"
+    ):
         next(iter(loader))
     # A truncated file: the reader names it, and the dry run exits with that message.
     with open(tokens, "r+b") as f:
@@ -196,8 +253,15 @@ def test_corrupt_or_foreign_shards_give_a_clear_error(english_shards, tmp_path, 
 
 
 def test_dry_run_reports_model_shards_and_masking(english_nsp_shards):
-    proc = run_cli("pretrain/main.py", "--data", str(english_nsp_shards), "--dry-run", "--json",
-                   "--mask_prob", "0.2")
+    proc = run_cli(
+        "pretrain/main.py",
+        "--data",
+        str(english_nsp_shards),
+        "--dry-run",
+        "--json",
+        "--mask_prob",
+        "0.2",
+    )
     report = json.loads(proc.stdout)
     m = report["masking"]
     assert abs(m["selected_fraction"] - 0.2) < 0.01
@@ -208,8 +272,13 @@ def test_dry_run_reports_model_shards_and_masking(english_nsp_shards):
     assert report["shards"]["format"] == "nsp" and report["shards"]["vocab_size"] == 2000
     assert report["config"]["masking"]["mask_prob"] == 0.2
     out = io.StringIO()
-    again = run_dry_run(str(english_nsp_shards), PRESETS["tiny"], MaskingConfig(mask_prob=0.2),
-                        DataConfig(), stream=out)
+    again = run_dry_run(
+        str(english_nsp_shards),
+        PRESETS["tiny"],
+        MaskingConfig(mask_prob=0.2),
+        DataConfig(),
+        stream=out,
+    )
     assert again["masking"] == m  # the same batches and masks in another process
     human = out.getvalue()
     assert "parameters" in human and "selected" in human and "[MASK]" in human
@@ -217,13 +286,19 @@ def test_dry_run_reports_model_shards_and_masking(english_nsp_shards):
 
 def test_schedule_in_training_and_fixed_masks_in_validation(english_shards):
     cfg = MaskingConfig(mask_prob=0.3, mask_prob_end=0.15, schedule_samples=10**6)
-    train = take(build_loader(ShardReader(english_shards), DataConfig(num_workers=0), cfg,
-                              micro_batch_size=64), 1)[0]["masking_stats"]
+    train = take(
+        build_loader(
+            ShardReader(english_shards), DataConfig(num_workers=0), cfg, micro_batch_size=64
+        ),
+        1,
+    )[0]["masking_stats"]
     assert train["mask_prob"] == pytest.approx(0.3, abs=1e-4)
     assert abs(train["selected_fraction"] - 0.3) < 0.01
     val = ShardReader(english_shards, split="validation")
-    passes = [list(build_loader(val, DataConfig(num_workers=0), cfg, micro_batch_size=32,
-                                train=False)) for _ in range(2)]
+    passes = [
+        list(build_loader(val, DataConfig(num_workers=0), cfg, micro_batch_size=32, train=False))
+        for _ in range(2)
+    ]
     for a, b in zip(*passes):
         assert a["labels"].equal(b["labels"]) and a["input_ids"].equal(b["input_ids"])
         assert a["masking_stats"]["mask_prob"] == pytest.approx(0.15)
@@ -239,8 +314,13 @@ def test_batched_read_gives_the_batches_of_per_sequence_reads(english_shards, wh
 
     reader = ShardReader(english_shards)
     cfg = MaskingConfig(whole_word=whole_word)
-    loader = build_loader(reader, DataConfig(num_workers=0), cfg, micro_batch_size=24,
-                          consumed_samples=len(reader) - 5)  # a batch across two epochs
+    loader = build_loader(
+        reader,
+        DataConfig(num_workers=0),
+        cfg,
+        micro_batch_size=24,
+        consumed_samples=len(reader) - 5,
+    )  # a batch across two epochs
     masker = Masker(cfg, reader.vocab_size, reader.special_tokens)
     for plan, batch in zip(itertools.islice(iter(loader.batch_sampler), 3), take(loader, 3)):
         samples = [reader[int(i)] for i in plan.indices]
@@ -249,12 +329,14 @@ def test_batched_read_gives_the_batches_of_per_sequence_reads(english_shards, wh
         ids = np.full((len(samples), T), reader.special_tokens["pad"], dtype=np.int64)
         ws = np.zeros((len(samples), T), dtype=bool)
         for r, s in enumerate(samples):
-            ids[r, :len(s.input_ids)] = s.input_ids
-            ws[r, :len(s.input_ids)] = s.word_start
+            ids[r, : len(s.input_ids)] = s.input_ids
+            ws[r, : len(s.input_ids)] = s.word_start
         masked, labels, stats = masker(ids, lengths, ws, plan.indices, plan.epochs, plan.positions)
         np.testing.assert_array_equal(batch["input_ids"].numpy(), masked)
         np.testing.assert_array_equal(batch["labels"].numpy(), labels)
-        np.testing.assert_array_equal(batch["attention_mask"].numpy(),
-                                      (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64))
+        np.testing.assert_array_equal(
+            batch["attention_mask"].numpy(),
+            (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64),
+        )
         assert batch["masking_stats"] == stats
     assert len(set(plan.epochs.tolist())) == 1 and plan.epochs[0] == 1

@@ -1,4 +1,5 @@
 """data_prep shards: round trip, word-start bits, split, nsp structure, reader, inspect, verify."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,7 @@ def assign_documents(doc_ids: list[list[int]], train: np.ndarray, val: np.ndarra
     streams = {"train": train, "validation": val}
     sides = []
     for k, ids in enumerate(doc_ids):
-        hits = [s for s in streams
-                if streams[s][pos[s]:pos[s] + len(ids)].tolist() == ids]
+        hits = [s for s in streams if streams[s][pos[s] : pos[s] + len(ids)].tolist() == ids]
         assert hits, f"document {k} is in neither split at the expected position"
         side = hits[0]  # an identical document would be in both places only if duplicated
         pos[side] += len(ids)
@@ -59,7 +59,8 @@ def test_packed_round_trip_every_token_in_order(english_shards, english_corpus):
     assert m["splits"]["train"]["documents"] == sides.count("train")
     assert m["splits"]["validation"]["documents"] == sides.count("validation") > 0
     assert m["splits"]["train"]["corpus_tokens"] == sum(
-        len(i) for i, s in zip(doc_ids, sides) if s == "train")
+        len(i) for i, s in zip(doc_ids, sides) if s == "train"
+    )
     # Sequence structure: [CLS] ... [SEP], never longer than max_seq_len, and nearly all full.
     lengths = train.sequence_lengths()
     assert lengths.max() <= 128 and (lengths >= 126).mean() > 0.99
@@ -76,13 +77,33 @@ def test_split_is_by_document_and_deterministic(tmp_path, english_shards):
     corpus = tmp_path / "dup.txt"
     corpus.write_text("\n\n".join(docs + docs[:50]) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    assert main(["build", "--input", str(corpus), "--output", str(out), "--tokenizer",
-                 str(english_shards / "tokenizer"), "--validation_fraction", "0.2",
-                 "--shard_docs", "17", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(corpus),
+                "--output",
+                str(out),
+                "--tokenizer",
+                str(english_shards / "tokenizer"),
+                "--validation_fraction",
+                "0.2",
+                "--shard_docs",
+                "17",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     hf = AutoTokenizer.from_pretrained(out / "tokenizer")
     doc_ids = [hf(d, add_special_tokens=False)["input_ids"] for d in docs + docs[:50]]
-    sides = assign_documents(doc_ids, content_stream(ShardReader(out, "train")),
-                             content_stream(ShardReader(out, "validation")))
+    sides = assign_documents(
+        doc_ids,
+        content_stream(ShardReader(out, "train")),
+        content_stream(ShardReader(out, "validation")),
+    )
     assert sides[:50] == sides[200:], "a duplicated document landed on both sides"
     assert 0.1 < sides.count("validation") / len(sides) < 0.3
 
@@ -104,8 +125,11 @@ def test_english_word_start_follows_wordpiece_continuations(english_shards):
 def test_chinese_word_start_from_segmenter(chinese_shards, chinese_corpus):
     import rjieba
 
-    docs = [line.strip() for line in chinese_corpus.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    docs = [
+        line.strip()
+        for line in chinese_corpus.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     hf = AutoTokenizer.from_pretrained(chinese_shards / "tokenizer")
     expected_by_doc = []
     for d in docs:
@@ -115,14 +139,22 @@ def test_chinese_word_start_from_segmenter(chinese_shards, chinese_corpus):
             pos += len(w)
         enc = hf(d, add_special_tokens=False, return_offsets_mapping=True)
         toks = hf.convert_ids_to_tokens(enc["input_ids"])
-        expected_by_doc.append([
-            (tid, (s in word_starts) if CJK.match(d[s:e]) and e - s == 1
-             else not t.startswith("##"))
-            for tid, t, (s, e) in zip(enc["input_ids"], toks, enc["offset_mapping"])])
+        expected_by_doc.append(
+            [
+                (
+                    tid,
+                    (s in word_starts)
+                    if CJK.match(d[s:e]) and e - s == 1
+                    else not t.startswith("##"),
+                )
+                for tid, t, (s, e) in zip(enc["input_ids"], toks, enc["offset_mapping"])
+            ]
+        )
     # Order the reference documents as the shards hold them, then compare bit by bit.
     train, val = ShardReader(chinese_shards, "train"), ShardReader(chinese_shards, "validation")
-    sides = assign_documents([[t for t, _ in e] for e in expected_by_doc], content_stream(train),
-                             content_stream(val))
+    sides = assign_documents(
+        [[t for t, _ in e] for e in expected_by_doc], content_stream(train), content_stream(val)
+    )
     for split, reader in (("train", train), ("validation", val)):
         want = [b for e, s in zip(expected_by_doc, sides) if s == split for _, b in e]
         got, first = [], []
@@ -152,8 +184,10 @@ def test_nsp_labels_balanced_and_segments_structured(english_nsp_shards, english
     reader = ShardReader(english_nsp_shards, "train")
     assert reader.format == "nsp"
     hf = AutoTokenizer.from_pretrained(english_nsp_shards / "tokenizer")
-    docs = [np.array(hf(d, add_special_tokens=False)["input_ids"], dtype=np.uint32).tobytes()
-            for d in blank_line_documents(english_corpus)]
+    docs = [
+        np.array(hf(d, add_special_tokens=False)["input_ids"], dtype=np.uint32).tobytes()
+        for d in blank_line_documents(english_corpus)
+    ]
     cls, sep = reader.special_tokens["cls"], reader.special_tokens["sep"]
     labels, follows, random_elsewhere, n_actual, n_random = [], 0, 0, 0, 0
     for i in range(len(reader)):
@@ -166,7 +200,7 @@ def test_nsp_labels_balanced_and_segments_structured(english_nsp_shards, english
         labels.append(s.is_random_next)
         if i >= 300:
             continue
-        a = ids[1:a_len - 1].astype(np.uint32).tobytes()
+        a = ids[1 : a_len - 1].astype(np.uint32).tobytes()
         b = ids[a_len:-1].astype(np.uint32).tobytes()
         home = [d for d in docs if find_aligned(d, a) >= 0]
         assert home, "segment A is not a contiguous piece of any document"
@@ -197,7 +231,12 @@ def test_reader_api_zero_copy_and_errors(english_shards, tmp_path):
     np.testing.assert_array_equal(clone[3].input_ids, s.input_ids)
     assert reader.tokenizer_path == english_shards / "tokenizer" and reader.max_seq_len == 128
     assert reader.vocab_size == 2000 and set(reader.special_tokens) == {
-        "cls", "sep", "pad", "mask", "unk"}
+        "cls",
+        "sep",
+        "pad",
+        "mask",
+        "unk",
+    }
     assert sum(reader.sequence_lengths()) == reader.num_tokens
     small = ShardReader(english_shards, max_open_shards=1)
     assert len(small[0].input_ids) > 0
@@ -264,20 +303,40 @@ def test_inspect_json_and_text(english_nsp_shards):
 
 def test_sliding_window_covers_each_document(tmp_path, english_shards, english_corpus):
     out = tmp_path / "win"
-    assert main(["build", "--input", str(english_corpus), "--output", str(out), "--tokenizer",
-                 str(english_shards / "tokenizer"), "--max_seq_len", "64", "--stride", "40",
-                 "--validation_fraction", "0", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(english_corpus),
+                "--output",
+                str(out),
+                "--tokenizer",
+                str(english_shards / "tokenizer"),
+                "--max_seq_len",
+                "64",
+                "--stride",
+                "40",
+                "--validation_fraction",
+                "0",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     reader = ShardReader(out)
     hf = AutoTokenizer.from_pretrained(out / "tokenizer")
-    docs = [hf(d, add_special_tokens=False)["input_ids"]
-            for d in blank_line_documents(english_corpus)]
+    docs = [
+        hf(d, add_special_tokens=False)["input_ids"] for d in blank_line_documents(english_corpus)
+    ]
     i = 0
     for ids in docs:  # windows of 62 tokens every 40, the last one flush with the end
         starts = list(range(0, max(len(ids) - 62, 0) + 1, 40))
         if starts[-1] + 62 < len(ids):
             starts.append(len(ids) - 62)
         for st in starts:
-            assert reader[i].input_ids[1:-1].tolist() == ids[st:st + 62]
+            assert reader[i].input_ids[1:-1].tolist() == ids[st : st + 62]
             i += 1
     assert i == len(reader)
 
@@ -292,8 +351,24 @@ def test_large_vocabulary_uses_uint32(tmp_path, english_shards):
     corpus = tmp_path / "c.txt"
     corpus.write_text("zzfiller67000 is a rare word.\n\nPlain words here.\n", encoding="utf-8")
     out = tmp_path / "out"
-    assert main(["build", "--input", str(corpus), "--output", str(out), "--tokenizer",
-                 str(tmp_path / "vocab.txt"), "--validation_fraction", "0", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(corpus),
+                "--output",
+                str(out),
+                "--tokenizer",
+                str(tmp_path / "vocab.txt"),
+                "--validation_fraction",
+                "0",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     reader = ShardReader(out)
     assert reader.manifest["token_dtype"] == "uint32" and reader.vocab_size == 70000
     assert reader[0].input_ids.dtype == np.uint32
@@ -302,9 +377,28 @@ def test_large_vocabulary_uses_uint32(tmp_path, english_shards):
 
 def _many_shards(tmp_path: Path, english_corpus: Path, english_shards: Path, fmt: str) -> Path:
     out = tmp_path / f"many_{fmt}"
-    assert main(["build", "--input", str(english_corpus), "--output", str(out), "--tokenizer",
-                 str(english_shards / "tokenizer"), "--format", fmt, "--shard_docs", "3",
-                 "--validation_fraction", "0", "--workers", "2"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(english_corpus),
+                "--output",
+                str(out),
+                "--tokenizer",
+                str(english_shards / "tokenizer"),
+                "--format",
+                fmt,
+                "--shard_docs",
+                "3",
+                "--validation_fraction",
+                "0",
+                "--workers",
+                "2",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -330,8 +424,9 @@ def assert_batch_matches_items(reader: ShardReader, idx: np.ndarray, multiple: i
 
 
 @pytest.mark.parametrize("fmt", ["packed", "nsp"])
-def test_get_batch_equals_per_sequence_reads(fmt, tmp_path, english_corpus, english_shards,
-                                             english_nsp_shards, monkeypatch):
+def test_get_batch_equals_per_sequence_reads(
+    fmt, tmp_path, english_corpus, english_shards, english_nsp_shards, monkeypatch
+):
     import data_prep.reader as reader_mod
 
     one = english_shards if fmt == "packed" else english_nsp_shards
@@ -344,8 +439,9 @@ def test_get_batch_equals_per_sequence_reads(fmt, tmp_path, english_corpus, engl
         for min_group in (1, 10**9):
             monkeypatch.setattr(reader_mod, "_MIN_GROUP", min_group)
             for B in (1, 5, 64, 300):  # random order, repeats, negative indices
-                assert_batch_matches_items(reader, rng.integers(-len(reader), len(reader), B),
-                                           multiple=8 if B % 2 else 1)
+                assert_batch_matches_items(
+                    reader, rng.integers(-len(reader), len(reader), B), multiple=8 if B % 2 else 1
+                )
             assert_batch_matches_items(reader, np.arange(len(reader)), multiple=8)
     empty = reader.get_batch([])
     assert empty.input_ids.shape == (0, 0) and len(empty.lengths) == 0
@@ -384,8 +480,10 @@ def test_offsets_uint32_in_version_2_and_version_1_still_read(english_shards, tm
             path = old / split / f"{shard['name']}.offsets"
             data = np.fromfile(path, dtype="<u4").astype("<u8").tobytes()
             path.write_bytes(data)
-            shard["files"][path.name] = {"bytes": len(data),
-                                         "sha256": hashlib.sha256(data).hexdigest()}
+            shard["files"][path.name] = {
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
     (old / "manifest.json").write_text(json.dumps(m1))
     assert main(["verify", str(old)]) == 0
     new_r, old_r = ShardReader(english_shards), ShardReader(old, verify="full")

@@ -1,4 +1,5 @@
 """data_prep inputs and build lifecycle: formats, bad input, protected terms, resume, refusals."""
+
 from __future__ import annotations
 
 import gzip
@@ -34,8 +35,18 @@ def docs() -> list[str]:
 
 def build(capsys, inputs, out: Path, *extra: str, tokenizer: str | None = None) -> tuple[int, str]:
     """Run `python -m data_prep build` in-process; returns (exit status, stderr)."""
-    args = ["build", "--input", *map(str, inputs), "--output", str(out), "--workers", "1",
-            "--validation_fraction", "0.1", *extra]
+    args = [
+        "build",
+        "--input",
+        *map(str, inputs),
+        "--output",
+        str(out),
+        "--workers",
+        "1",
+        "--validation_fraction",
+        "0.1",
+        *extra,
+    ]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     rc = main(args)
@@ -63,14 +74,17 @@ def test_every_input_format_gives_the_same_shards(tmp_path, capsys, tok, docs):
     (tmp_path / "b.jsonl").write_bytes(jsonl)
     (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(jsonl))
     half = len(text) // 2  # two zstd frames back to back, as `cat a.zst b.zst` makes
-    (tmp_path / "d.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(text[:half])
-                                         + zstandard.ZstdCompressor().compress(text[half:]))
+    (tmp_path / "d.txt.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(text[:half])
+        + zstandard.ZstdCompressor().compress(text[half:])
+    )
     pq.write_table(pa.table({"text": docs, "n": list(range(len(docs)))}), tmp_path / "e.parquet")
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "f_dataset"))
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "1.txt").write_text("".join(d + "\n\n" for d in docs[:8]))
-    (tmp_path / "g" / "2.txt.gz").write_bytes(gzip.compress("".join(
-        d + "\n\n" for d in docs[8:]).encode()))
+    (tmp_path / "g" / "2.txt.gz").write_bytes(
+        gzip.compress("".join(d + "\n\n" for d in docs[8:]).encode())
+    )
     (tmp_path / "g" / "notes.bin").write_bytes(b"\x00\x01 ignored: unknown extension")
     (tmp_path / "h").mkdir()
     for k, d in enumerate(docs):
@@ -82,9 +96,12 @@ def test_every_input_format_gives_the_same_shards(tmp_path, capsys, tok, docs):
     ref = all_tokens(tmp_path / "ref")
     assert len(ref[0]) > 1000 and len(ref[1]) > 0
     for name, inputs in {
-        "jsonl": [tmp_path / "b.jsonl"], "jsonl_gz": [tmp_path / "c.jsonl.gz"],
-        "zstd": [tmp_path / "d.txt.zst"], "parquet": [tmp_path / "e.parquet"],
-        "hf_dataset": [tmp_path / "f_dataset"], "folder": [tmp_path / "g"],
+        "jsonl": [tmp_path / "b.jsonl"],
+        "jsonl_gz": [tmp_path / "c.jsonl.gz"],
+        "zstd": [tmp_path / "d.txt.zst"],
+        "parquet": [tmp_path / "e.parquet"],
+        "hf_dataset": [tmp_path / "f_dataset"],
+        "folder": [tmp_path / "g"],
         "glob": [str(tmp_path / "h" / "*.jsonl")],
     }.items():
         rc, err = build(capsys, inputs, tmp_path / name, tokenizer=tok)
@@ -92,14 +109,22 @@ def test_every_input_format_gives_the_same_shards(tmp_path, capsys, tok, docs):
         got = all_tokens(tmp_path / name)
         for a, b in zip(ref, got):
             np.testing.assert_array_equal(a, b, err_msg=name)
-        assert manifest(tmp_path / name)["splits"]["train"]["documents"] == manifest(
-            tmp_path / "ref")["splits"]["train"]["documents"]
+        assert (
+            manifest(tmp_path / name)["splits"]["train"]["documents"]
+            == manifest(tmp_path / "ref")["splits"]["train"]["documents"]
+        )
     # One document per line: the same documents (newlines inside became spaces: same tokens).
-    rc, err = build(capsys, [tmp_path / "one_per_line.txt"], tmp_path / "lines",
-                    "--one_doc_per_line", tokenizer=tok)
+    rc, err = build(
+        capsys,
+        [tmp_path / "one_per_line.txt"],
+        tmp_path / "lines",
+        "--one_doc_per_line",
+        tokenizer=tok,
+    )
     assert rc == 0, err
-    assert sum(manifest(tmp_path / "lines")["splits"][s]["documents"]
-               for s in ("train", "validation")) == len(docs)
+    assert sum(
+        manifest(tmp_path / "lines")["splits"][s]["documents"] for s in ("train", "validation")
+    ) == len(docs)
 
 
 def test_bad_files_are_skipped_counted_and_named(tmp_path, capsys, tok, docs):
@@ -110,13 +135,28 @@ def test_bad_files_are_skipped_counted_and_named(tmp_path, capsys, tok, docs):
     (tmp_path / "junk.txt").write_bytes(b"\x00" + rng.integers(0, 256, 5000, np.uint8).tobytes())
     (tmp_path / "bad_utf8.txt").write_bytes(b"A fine first line.\nbroken \xff\xfe bytes\nlast.\n")
     (tmp_path / "long.txt").write_bytes(b"short line\n" + b"word " * 400_000 + b"\nafter it\n")
-    rc, err = build(capsys, [good, tmp_path / "empty.txt", tmp_path / "junk.txt",
-                             tmp_path / "bad_utf8.txt", tmp_path / "long.txt"], tmp_path / "out",
-                    "--max_line_bytes", "100000", tokenizer=tok)
+    rc, err = build(
+        capsys,
+        [
+            good,
+            tmp_path / "empty.txt",
+            tmp_path / "junk.txt",
+            tmp_path / "bad_utf8.txt",
+            tmp_path / "long.txt",
+        ],
+        tmp_path / "out",
+        "--max_line_bytes",
+        "100000",
+        tokenizer=tok,
+    )
     assert rc == 0, err
     m = manifest(tmp_path / "out")
-    assert m["dropped"] == {"binary_file": 1, "empty_file": 1, "invalid_utf8_line": 1,
-                            "line_too_long": 1}
+    assert m["dropped"] == {
+        "binary_file": 1,
+        "empty_file": 1,
+        "invalid_utf8_line": 1,
+        "line_too_long": 1,
+    }
     for where in ("empty.txt", "junk.txt", "bad_utf8.txt:2", "long.txt:2"):
         assert where in err, f"{where} not named in: {err}"
     # 5 good documents, bad_utf8.txt's remaining lines, long.txt's two short lines.
@@ -125,20 +165,29 @@ def test_bad_files_are_skipped_counted_and_named(tmp_path, capsys, tok, docs):
 
 def test_jsonl_bad_lines(tmp_path, capsys, tok):
     path = tmp_path / "x.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"text": "The first good document is here."}),
-        "{not json",
-        json.dumps({"title": "no text field"}),
-        json.dumps({"text": 5}),
-        json.dumps({"text": "   "}),
-        json.dumps(["a", "list"]),
-        json.dumps({"text": "The second good document."}),
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"text": "The first good document is here."}),
+                "{not json",
+                json.dumps({"title": "no text field"}),
+                json.dumps({"text": 5}),
+                json.dumps({"text": "   "}),
+                json.dumps(["a", "list"]),
+                json.dumps({"text": "The second good document."}),
+            ]
+        )
+        + "\n"
+    )
     rc, err = build(capsys, [path], tmp_path / "out", tokenizer=tok)
     assert rc == 0, err
     m = manifest(tmp_path / "out")
-    assert m["dropped"] == {"jsonl_invalid_json": 1, "jsonl_missing_field": 2,
-                            "jsonl_field_not_text": 1, "empty_document": 1}
+    assert m["dropped"] == {
+        "jsonl_invalid_json": 1,
+        "jsonl_missing_field": 2,
+        "jsonl_field_not_text": 1,
+        "empty_document": 1,
+    }
     for where in ("x.jsonl:2", "x.jsonl:3", "x.jsonl:4", "x.jsonl:5", "x.jsonl:6"):
         assert where in err
     assert sum(m["splits"][s]["documents"] for s in ("train", "validation")) == 2
@@ -164,6 +213,7 @@ def test_unusable_inputs_fail_clearly_and_leave_no_manifest(tmp_path, capsys, to
 
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     pq.write_table(pa.table({"content": ["a b c"]}), tmp_path / "p.parquet")
     rc, err = build(capsys, [tmp_path / "p.parquet"], tmp_path / "o3", tokenizer=tok)
     assert rc == 2 and "p.parquet" in err and "content" in err
@@ -174,36 +224,52 @@ def test_unusable_inputs_fail_clearly_and_leave_no_manifest(tmp_path, capsys, to
     assert not (tmp_path / "o4" / "manifest.json").exists()
 
     packed = gzip.compress("\n\n".join(pydoc_documents()[:10]).encode())
-    (tmp_path / "cut.txt.gz").write_bytes(packed[:len(packed) // 2])
+    (tmp_path / "cut.txt.gz").write_bytes(packed[: len(packed) // 2])
     rc, err = build(capsys, [tmp_path / "cut.txt.gz"], tmp_path / "o5", tokenizer=tok)
     assert rc == 2 and "cut.txt.gz" in err and "corrupt or truncated" in err
     import zstandard
+
     packed = zstandard.ZstdCompressor().compress("\n\n".join(pydoc_documents()[:10]).encode())
-    (tmp_path / "cut.txt.zst").write_bytes(packed[:len(packed) // 2])
+    (tmp_path / "cut.txt.zst").write_bytes(packed[: len(packed) // 2])
     rc, err = build(capsys, [tmp_path / "cut.txt.zst"], tmp_path / "o5z", tokenizer=tok)
     assert rc == 2 and "cut.txt.zst" in err and "corrupt or truncated" in err
 
     (tmp_path / "ok.txt").write_text("A good term here.\n")
-    rc, err = build(capsys, [tmp_path / "ok.txt"], tmp_path / "o7", "--no_lowercase",
-                    tokenizer=tok)
+    rc, err = build(capsys, [tmp_path / "ok.txt"], tmp_path / "o7", "--no_lowercase", tokenizer=tok)
     assert rc == 2 and "--no_lowercase conflicts" in err
 
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
     bpe.pre_tokenizer = pre_tokenizers.Whitespace()
-    bpe.train_from_iterator(["a good term here"] * 10, trainers.BpeTrainer(
-        vocab_size=60, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]))
-    PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="[UNK]", cls_token="[CLS]",
-                            sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]"
-                            ).save_pretrained(str(tmp_path / "bpe"))
+    bpe.train_from_iterator(
+        ["a good term here"] * 10,
+        trainers.BpeTrainer(
+            vocab_size=60, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+        ),
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+    ).save_pretrained(str(tmp_path / "bpe"))
     rc, err = build(capsys, [tmp_path / "ok.txt"], tmp_path / "o8", tokenizer=str(tmp_path / "bpe"))
     assert rc == 2 and "BPE tokenizer" in err and "WordPiece" in err
 
     terms = tmp_path / "terms.txt"
     terms.write_bytes(b"good term\n\xff\xfe\n")
-    rc, err = build(capsys, [tmp_path / "ok.txt"], tmp_path / "o6", "--protected_terms",
-                    str(terms), tokenizer=tok)
+    rc, err = build(
+        capsys,
+        [tmp_path / "ok.txt"],
+        tmp_path / "o6",
+        "--protected_terms",
+        str(terms),
+        tokenizer=tok,
+    )
     assert rc == 2 and "terms.txt:2" in err
 
 
@@ -226,8 +292,10 @@ def test_output_folder_guards(tmp_path, capsys, tok, docs):
 
     # Another tokenizer: the same vocabulary plus one word.
     from tokenizers import Tokenizer
-    vocab = sorted(Tokenizer.from_file(f"{tok}/tokenizer.json").get_vocab().items(),
-                   key=lambda kv: kv[1])
+
+    vocab = sorted(
+        Tokenizer.from_file(f"{tok}/tokenizer.json").get_vocab().items(), key=lambda kv: kv[1]
+    )
     (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab) + "zzznewword\n")
     rc, err = build(capsys, [corpus], out, tokenizer=str(tmp_path / "vocab.txt"))
     assert rc == 2 and "another tokenizer" in err and "--overwrite" in err
@@ -252,18 +320,29 @@ def test_output_folder_guards(tmp_path, capsys, tok, docs):
 def test_protected_terms_are_single_units(tmp_path, capsys, tok):
     from transformers import AutoTokenizer
 
-    texts = ["Machine learning is fun, and MACHINE LEARNING pays in New York.",
-             "I love new\nyork; machine-learning is not the term.",
-             "宝玉说通灵宝玉丢了。那通灵宝玉是一块玉。"]
+    texts = [
+        "Machine learning is fun, and MACHINE LEARNING pays in New York.",
+        "I love new\nyork; machine-learning is not the term.",
+        "宝玉说通灵宝玉丢了。那通灵宝玉是一块玉。",
+    ]
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(texts) + "\n")
     terms = tmp_path / "terms.txt"
     terms.write_text("machine learning\nNew York\n\n通灵宝玉\n")
-    rc, err = build(capsys, [corpus], tmp_path / "with", "--protected_terms", str(terms),
-                    "--validation_fraction", "0", tokenizer=tok)
+    rc, err = build(
+        capsys,
+        [corpus],
+        tmp_path / "with",
+        "--protected_terms",
+        str(terms),
+        "--validation_fraction",
+        "0",
+        tokenizer=tok,
+    )
     assert rc == 0, err
-    rc, err = build(capsys, [corpus], tmp_path / "without", "--validation_fraction", "0",
-                    tokenizer=tok)
+    rc, err = build(
+        capsys, [corpus], tmp_path / "without", "--validation_fraction", "0", tokenizer=tok
+    )
     assert rc == 0, err
     hf = AutoTokenizer.from_pretrained(tok)
     with_ws = [ShardReader(tmp_path / "with")[0], ShardReader(tmp_path / "without")[0]]
@@ -273,14 +352,15 @@ def test_protected_terms_are_single_units(tmp_path, capsys, tok):
     for text in texts:
         enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
         starts = [s for s, _ in enc["offset_mapping"]]
-        np.testing.assert_array_equal(with_ws[0].input_ids[pos:pos + len(starts)],
-                                      enc["input_ids"])
+        np.testing.assert_array_equal(
+            with_ws[0].input_ids[pos : pos + len(starts)], enc["input_ids"]
+        )
         for m in re.finditer(r"machine\s+learning|new\s+york|通灵宝玉", text, re.IGNORECASE):
             inside = [k for k, s in enumerate(starts) if m.start() <= s < m.end()]
             assert len(inside) >= 2
-            bits = with_ws[0].word_start[pos + inside[0]: pos + inside[-1] + 1]
+            bits = with_ws[0].word_start[pos + inside[0] : pos + inside[-1] + 1]
             assert bits.tolist() == [True] + [False] * (len(inside) - 1), m.group()
-            plain = with_ws[1].word_start[pos + inside[0]: pos + inside[-1] + 1]
+            plain = with_ws[1].word_start[pos + inside[0] : pos + inside[-1] + 1]
             if m.group()[0].isascii():  # without the terms each English word is its own unit
                 assert plain[1:].any()
             after = inside[-1] + 1
@@ -296,19 +376,36 @@ def test_protected_terms_are_single_units(tmp_path, capsys, tok):
 def test_killed_build_resumes_to_identical_shards(tmp_path, capsys, tok):
     docs = pydoc_documents()
     corpus = tmp_path / "c.txt"
-    corpus.write_text("".join("\n".join(ln for ln in d.splitlines() if ln.strip()) + "\n\n"
-                              for d in docs * 2))
+    corpus.write_text(
+        "".join("\n".join(ln for ln in d.splitlines() if ln.strip()) + "\n\n" for d in docs * 2)
+    )
     args = ["--shard_docs", "3", "--validation_fraction", "0.1", "--tokenizer", tok]
     ref = tmp_path / "ref"
-    assert main(["build", "--input", str(corpus), "--output", str(ref), "--workers", "2",
-                 *args]) == 0
+    assert (
+        main(["build", "--input", str(corpus), "--output", str(ref), "--workers", "2", *args]) == 0
+    )
     capsys.readouterr()
 
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "data_prep", "build", "--input", str(corpus),
-                             "--output", str(out), "--workers", "1", *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "data_prep",
+            "build",
+            "--input",
+            str(corpus),
+            "--output",
+            str(out),
+            "--workers",
+            "1",
+            *args,
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if len(list((out / ".work").glob("unit-*.json"))) >= 5:
@@ -321,8 +418,9 @@ def test_killed_build_resumes_to_identical_shards(tmp_path, capsys, tok):
     with pytest.raises(ShardError, match="not a finished"):
         ShardReader(out)
 
-    assert main(["build", "--input", str(corpus), "--output", str(out), "--workers", "2",
-                 *args]) == 0
+    assert (
+        main(["build", "--input", str(corpus), "--output", str(out), "--workers", "2", *args]) == 0
+    )
     kept = re.search(r"resumed, (\d+) finished shard", capsys.readouterr().err)
     assert kept and int(kept.group(1)) >= 5
     a, b = manifest(ref), manifest(out)

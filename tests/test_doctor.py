@@ -312,6 +312,7 @@ def test_a_trainer_launch_line_pastes_into_the_doctor(english_shards, tmp_path):
         return float(detail.split("activations ")[1].split(" GiB")[0])
 
     assert gib(activations("deepspeed")) < gib(activations("none"))
-    bad = run_cli("-m", "pretrain.doctor", *launch, "--activation_checkpointing", "yes",
-                  check=False)
+    bad = run_cli(
+        "-m", "pretrain.doctor", *launch, "--activation_checkpointing", "yes", check=False
+    )
     assert bad.returncode == 2 and "--activation_checkpointing" in bad.stderr

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from pretrain.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,11 +16,32 @@ pytestmark = pytest.mark.slow
 
 
 def _train(shards: Path, run: Path, *extra: str):
-    return run_cli(str(REPO / "pretrain" / "main.py"), "--ds_config",
-                   str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards), "--output_dir",
-                   str(run), "--model", "tiny", "--global_batch_size", "8", "--micro_batch_size",
-                   "8", "--eval_batches", "2", "--num_workers", "0", "--progress", "false",
-                   "--max_steps", "4", "--save_interval", "2", *extra)
+    return run_cli(
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--data",
+        str(shards),
+        "--output_dir",
+        str(run),
+        "--model",
+        "tiny",
+        "--global_batch_size",
+        "8",
+        "--micro_batch_size",
+        "8",
+        "--eval_batches",
+        "2",
+        "--num_workers",
+        "0",
+        "--progress",
+        "false",
+        "--max_steps",
+        "4",
+        "--save_interval",
+        "2",
+        *extra,
+    )
 
 
 def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_shards, tmp_path):
@@ -32,8 +53,16 @@ def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_s
     tasks.write_text(json.dumps(spec))
 
     with_eval, without = tmp_path / "with", tmp_path / "without"
-    proc = _train(english_shards, with_eval, "--downstream_eval", str(tasks),
-                  "--downstream_interval", "2", "--downstream_max_examples", "40")
+    proc = _train(
+        english_shards,
+        with_eval,
+        "--downstream_eval",
+        str(tasks),
+        "--downstream_interval",
+        "2",
+        "--downstream_max_examples",
+        "40",
+    )
     assert "downstream evaluation of step 2 started" in proc.stdout
     _train(english_shards, without)
 
@@ -52,6 +81,16 @@ def test_downstream_interval_must_fall_on_checkpoints(english_shards, tmp_path, 
     tasks = tmp_path / "tasks.json"
     tasks.write_text("{}")
     with pytest.raises(SystemExit):
-        parse_args(["--data", str(english_shards), "--downstream_eval", str(tasks),
-                    "--downstream_interval", "3", "--save_interval", "2"])
+        parse_args(
+            [
+                "--data",
+                str(english_shards),
+                "--downstream_eval",
+                str(tasks),
+                "--downstream_interval",
+                "3",
+                "--save_interval",
+                "2",
+            ]
+        )
     assert "must be a multiple of --save_interval" in capsys.readouterr().err

@@ -44,7 +44,7 @@ def _engine(shards: Path, run: Path):
     )
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=False)
     reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_model(cfg, reader, "none", setup.config)
+    model, _ = build_model(cfg, reader, setup)
     engine, _ = build_engine(cfg, model, setup.config)
     return cfg, engine
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli
+
 from pretrain.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,19 +23,42 @@ def _hf_folder(shards: Path, out: Path) -> Path:
 
     tok = AutoTokenizer.from_pretrained(str(shards / "tokenizer"))
     torch.manual_seed(7)
-    model = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
-                                       num_attention_heads=2, intermediate_size=128,
-                                       max_position_embeddings=128))
+    model = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+        )
+    )
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
 
 
 def _train(shards: Path, run: Path, *extra: str):
-    return run_cli(str(REPO / "pretrain" / "main.py"), "--ds_config",
-                   str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards), "--output_dir",
-                   str(run), "--global_batch_size", "8", "--micro_batch_size", "8",
-                   "--eval_batches", "2", "--num_workers", "0", "--progress", "false", *extra)
+    return run_cli(
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--data",
+        str(shards),
+        "--output_dir",
+        str(run),
+        "--global_batch_size",
+        "8",
+        "--micro_batch_size",
+        "8",
+        "--eval_batches",
+        "2",
+        "--num_workers",
+        "0",
+        "--progress",
+        "false",
+        *extra,
+    )
 
 
 def _transformers_val_loss(hf: Path, shards: Path, run_config: dict, batches: int) -> float:
@@ -49,17 +72,30 @@ def _transformers_val_loss(hf: Path, shards: Path, run_config: dict, batches: in
     from pretrain.masking import MaskingConfig
 
     model = BertForMaskedLM.from_pretrained(str(hf)).eval()
-    loader = build_loader(ShardReader(shards, "validation"), DataConfig(**run_config["data_cfg"]),
-                          MaskingConfig(**run_config["masking"]), micro_batch_size=8, train=False)
+    loader = build_loader(
+        ShardReader(shards, "validation"),
+        DataConfig(**run_config["data_cfg"]),
+        MaskingConfig(**run_config["masking"]),
+        micro_batch_size=8,
+        train=False,
+    )
     total, count = 0.0, 0
     with torch.no_grad():
         for _, mb in zip(range(batches), loader):
-            logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                           token_type_ids=mb.get("token_type_ids")).logits
+            logits = model(
+                input_ids=mb["input_ids"],
+                attention_mask=mb["attention_mask"],
+                token_type_ids=mb.get("token_type_ids"),
+            ).logits
             labels = mb["labels"]
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
-                                           labels.reshape(-1), ignore_index=IGNORE_INDEX,
-                                           reduction="sum"))
+            total += float(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).double(),
+                    labels.reshape(-1),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="sum",
+                )
+            )
             count += int((labels != IGNORE_INDEX).sum())
     return total / count
 
@@ -79,8 +115,18 @@ def test_init_from_transformers_folder_then_resume_wins(english_shards, tmp_path
     assert val["val_loss"] == pytest.approx(expected, rel=1e-5)
 
     # A relaunch that still says --init_from resumes instead (weights are not re-applied).
-    proc = _train(english_shards, run, "--init_from", str(hf), "--max_steps", "2", "--lr", "1e-3",
-                  "--resume", "auto")
+    proc = _train(
+        english_shards,
+        run,
+        "--init_from",
+        str(hf),
+        "--max_steps",
+        "2",
+        "--lr",
+        "1e-3",
+        "--resume",
+        "auto",
+    )
     assert "--init_from" in proc.stdout and "not applied: resuming" in proc.stdout
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
     assert json.loads((run / "config.json").read_text())["init_from"] == report
@@ -88,9 +134,18 @@ def test_init_from_transformers_folder_then_resume_wins(english_shards, tmp_path
 
 def test_init_from_refuses_flags_that_disagree(english_shards, tmp_path):
     hf = _hf_folder(english_shards, tmp_path / "hf")
-    proc = run_cli(str(REPO / "pretrain" / "main.py"), "--data", str(english_shards),
-                   "--output_dir", str(tmp_path / "run"), "--init_from", str(hf),
-                   "--hidden_size", "256", check=False)
+    proc = run_cli(
+        str(REPO / "pretrain" / "main.py"),
+        "--data",
+        str(english_shards),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--init_from",
+        str(hf),
+        "--hidden_size",
+        "256",
+        check=False,
+    )
     assert proc.returncode == 2
     assert "hidden_size: checkpoint 64, flags 256" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

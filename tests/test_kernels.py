@@ -26,7 +26,13 @@ TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.flo
 
 
 def make_case(
-    n_pos: int, n_masked: int, V: int, H: int = 16, dtype=torch.float32, pad: int = 0, seed: int = 0,
+    n_pos: int,
+    n_masked: int,
+    V: int,
+    H: int = 16,
+    dtype=torch.float32,
+    pad: int = 0,
+    seed: int = 0,
     device: torch.device | str = "cpu",
 ):
     """hidden [n_pos, H], weight [V+pad, H], bias [V+pad]; n_masked labels, incl. 0 and V-1."""
@@ -122,14 +128,15 @@ def test_rows_entry_point_matches_float64_with_ignored_rows(impl, device):
     nothing, padded vocab included, normalizer honoured."""
     V, pad = 4097, 7
     hidden, weight, bias, labels = make_case(40, 12, V, pad=pad, seed=3, device=device)
-    keep = torch.arange(40) % 3 != 0          # a gather that also keeps some ignored rows
+    keep = torch.arange(40) % 3 != 0  # a gather that also keeps some ignored rows
     rows_h, rows_y = hidden[keep], labels[keep]
     assert (rows_y == IGNORE_INDEX).any() and (rows_y != IGNORE_INDEX).any()
     n_valid = int((rows_y != IGNORE_INDEX).sum())
     ref = oracle(rows_h, weight, bias, rows_y, V, normalizer=2 * n_valid)
     h, w, b = (t.detach().clone().requires_grad_() for t in (rows_h, weight, bias))
-    out = kernels.masked_lm_loss_rows(h, w, b, rows_y, vocab_size=V, normalizer=2 * n_valid,
-                                      impl=impl)
+    out = kernels.masked_lm_loss_rows(
+        h, w, b, rows_y, vocab_size=V, normalizer=2 * n_valid, impl=impl
+    )
     out.loss.backward()
     assert int(out.num_masked) == n_valid and int(out.num_correct) == ref[4]
     assert rel_err(out.loss, ref[0]) < 1e-5
@@ -252,7 +259,9 @@ def test_triton_second_backward_is_refused(device):
 
 
 def test_reference_gradcheck_float64(device):
-    hidden, weight, bias, labels = make_case(7, 4, 10, H=5, dtype=torch.float64, pad=3, device=device)
+    hidden, weight, bias, labels = make_case(
+        7, 4, 10, H=5, dtype=torch.float64, pad=3, device=device
+    )
     leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
 
     def f(h, w, b):
@@ -368,8 +377,9 @@ def test_no_rows_by_vocab_buffer_beyond_the_logits_on_gpu(dtype, device):
     """Peak memory of one fwd+bwd with the kernel: the [rows x V] logits (reused for their own
     gradient) plus the parameter gradients; a second [rows x V] buffer would double it."""
     n_pos, n_rows, V, pad, H = 8192, 4096, 30522, 6, 256
-    hidden, weight, bias, labels = make_case(n_pos, n_rows, V, H=H, dtype=dtype, pad=pad,
-                                             device=device)
+    hidden, weight, bias, labels = make_case(
+        n_pos, n_rows, V, H=H, dtype=dtype, pad=pad, device=device
+    )
     h, w, b = (t.detach().clone().requires_grad_() for t in (hidden, weight, bias))
     elt = hidden.element_size()
     logits_bytes = n_rows * (V + pad) * elt

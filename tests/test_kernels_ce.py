@@ -18,8 +18,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}  # loss m
 GRAD_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # grad rounded to dtype
 
 
-def oracle_rows(logits: torch.Tensor, labels: torch.Tensor, V: int,
-                ignore_index: int = IGNORE_INDEX):
+def oracle_rows(
+    logits: torch.Tensor, labels: torch.Tensor, V: int, ignore_index: int = IGNORE_INDEX
+):
     """float64 per-row loss (0 where ignored) and its leaf, from the rounded inputs."""
     x = logits.detach().cpu().double().requires_grad_()
     labels = labels.cpu()
@@ -30,8 +31,9 @@ def oracle_rows(logits: torch.Tensor, labels: torch.Tensor, V: int,
     return (per * valid).reshape(labels.shape), x
 
 
-def reduce(per: torch.Tensor, labels: torch.Tensor, reduction: str,
-           ignore_index: int = IGNORE_INDEX):
+def reduce(
+    per: torch.Tensor, labels: torch.Tensor, reduction: str, ignore_index: int = IGNORE_INDEX
+):
     if reduction == "none":
         return per
     if reduction == "sum":
@@ -73,8 +75,15 @@ def check(logits, labels, V, reduction="mean", grad_scale=1.0, vocab_size=None, 
     return grads, ref_grad
 
 
-def make(rows: int, V: int, dtype, scale: float = 3.0, seed: int = 0, ignore_every: int = 4,
-         device: torch.device | str = "cpu"):
+def make(
+    rows: int,
+    V: int,
+    dtype,
+    scale: float = 3.0,
+    seed: int = 0,
+    ignore_every: int = 4,
+    device: torch.device | str = "cpu",
+):
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(rows, V, generator=g) * scale).to(dtype)
     labels = torch.randint(0, V, (rows,), generator=g)

@@ -34,8 +34,11 @@ for fn, sig in ((T._ce_forward_kernel, fwd), (T._ce_backward_kernel, bwd)):
 
 
 def test_kernels_compile_for_sm90(tmp_path):
-    env = {"TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
-           "TRITON_CACHE_DIR": str(tmp_path)}
+    env = {
+        "TRITON_INTERPRET": "0",
+        "TRITON_DEFAULT_FP_FUSION": "1",
+        "TRITON_CACHE_DIR": str(tmp_path),
+    }
     proc = run_cli("-c", SCRIPT, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count(" ok") == 6

@@ -1,4 +1,5 @@
 """Dynamic masking (pretrain.masking): BERT's statistics, specials, determinism, units, schedule."""
+
 from __future__ import annotations
 
 import math
@@ -28,12 +29,23 @@ def make_batch(n: int, length: int = 128, seed: int = 0, vocab: int = VOCAB, rag
     return ids, lengths, word_start
 
 
-def run(cfg: MaskingConfig, ids, lengths, word_start, index=None, epoch=0, positions=None,
-        vocab=VOCAB, special=SPECIAL):
+def run(
+    cfg: MaskingConfig,
+    ids,
+    lengths,
+    word_start,
+    index=None,
+    epoch=0,
+    positions=None,
+    vocab=VOCAB,
+    special=SPECIAL,
+):
     n = len(ids)
     index = np.arange(n) if index is None else np.asarray(index)
     positions = index if positions is None else np.asarray(positions)
-    return Masker(cfg, vocab, special)(ids, lengths, word_start, index, np.full(n, epoch), positions)
+    return Masker(cfg, vocab, special)(
+        ids, lengths, word_start, index, np.full(n, epoch), positions
+    )
 
 
 def maskable(ids, lengths, special=SPECIAL):
@@ -63,8 +75,9 @@ def test_exact_counts_and_80_10_10_split():
     # A random draw can hit the original token (then it counts as random but looks kept).
     assert abs(stats["random_tokens"] + stats["kept_tokens"] - (rand.sum() + kept.sum())) == 0
     assert abs(stats["selected_fraction"] - 0.15) < 0.005
-    assert stats["mask_token_fraction"] + stats["random_fraction"] + stats["kept_fraction"] == \
-        pytest.approx(1.0)
+    assert stats["mask_token_fraction"] + stats["random_fraction"] + stats[
+        "kept_fraction"
+    ] == pytest.approx(1.0)
 
 
 def test_specials_never_selected_and_random_tokens_never_special():
@@ -113,7 +126,9 @@ def test_same_sample_same_mask_in_any_batch():
     # Another epoch or seed gives another mask.
     _, labels3, _ = run(cfg, ids, lengths, ws, index=index, epoch=4)
     assert (labels3 != labels).any()
-    _, labels4, _ = run(MaskingConfig(whole_word=True, seed=7), ids, lengths, ws, index=index, epoch=3)
+    _, labels4, _ = run(
+        MaskingConfig(whole_word=True, seed=7), ids, lengths, ws, index=index, epoch=3
+    )
     assert (labels4 != labels).any()
 
 
@@ -192,8 +207,15 @@ def test_merge_stats_recomputes_fractions():
     assert merged["selected_fraction"] == pytest.approx(whole["selected_fraction"])
 
 
-@pytest.mark.parametrize("kwargs", [{"mask_prob": 1.5}, {"mask_token_frac": 0.9, "random_token_frac": 0.2},
-                                    {"mask_prob_end": 0.1}, {"max_predictions": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mask_prob": 1.5},
+        {"mask_token_frac": 0.9, "random_token_frac": 0.2},
+        {"mask_prob_end": 0.1},
+        {"max_predictions": 0},
+    ],
+)
 def test_bad_config_is_rejected(kwargs):
     with pytest.raises(ValueError, match="MaskingConfig"):
         MaskingConfig(**kwargs)

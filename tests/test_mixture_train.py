@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from pretrain.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,28 +22,72 @@ def second_source(tmp_path_factory, english_shards) -> Path:
 
     folder = tmp_path_factory.mktemp("second_source")
     text = folder / "pages.txt"
-    text.write_text("".join("\n".join(line for line in d.splitlines() if line.strip()) + "\n\n"
-                            for d in pydoc_documents()[-30:]), encoding="utf-8")
+    text.write_text(
+        "".join(
+            "\n".join(line for line in d.splitlines() if line.strip()) + "\n\n"
+            for d in pydoc_documents()[-30:]
+        ),
+        encoding="utf-8",
+    )
     out = folder / "shards"
-    run_cli("-m", "data_prep", "build", "--input", str(text), "--output", str(out),
-            "--tokenizer", str(english_shards / "tokenizer"), "--max_seq_len", "128",
-            "--validation_fraction", "0.1", "--workers", "1")
+    run_cli(
+        "-m",
+        "data_prep",
+        "build",
+        "--input",
+        str(text),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(english_shards / "tokenizer"),
+        "--max_seq_len",
+        "128",
+        "--validation_fraction",
+        "0.1",
+        "--workers",
+        "1",
+    )
     return out
 
 
 def _train(run: Path, *args: str, check: bool = True):
-    return run_cli(str(REPO / "pretrain" / "main.py"), "--ds_config",
-                   str(REPO / "ds_configs" / "cpu.json"), "--output_dir", str(run), "--model",
-                   "tiny", "--global_batch_size", "10", "--micro_batch_size", "10",
-                   "--eval_batches", "2", "--num_workers", "0", "--progress", "false", *args,
-                   check=check)
+    return run_cli(
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--output_dir",
+        str(run),
+        "--model",
+        "tiny",
+        "--global_batch_size",
+        "10",
+        "--micro_batch_size",
+        "10",
+        "--eval_batches",
+        "2",
+        "--num_workers",
+        "0",
+        "--progress",
+        "false",
+        *args,
+        check=check,
+    )
 
 
-def test_mixture_trains_with_per_source_validation_and_shares(english_shards,
-                                                              second_source, tmp_path):
+def test_mixture_trains_with_per_source_validation_and_shares(
+    english_shards, second_source, tmp_path
+):
     run = tmp_path / "run"
-    _train(run, "--data", f"en={english_shards}:0.7", f"docs={second_source}:0.3:0.25",
-           "--max_steps", "4", "--eval_interval", "2")
+    _train(
+        run,
+        "--data",
+        f"en={english_shards}:0.7",
+        f"docs={second_source}:0.3:0.25",
+        "--max_steps",
+        "4",
+        "--eval_interval",
+        "2",
+    )
     train = read_metrics(run / "metrics.jsonl")
     assert len(train) == 4
     shares = [r["share_en"] for r in train]
@@ -70,8 +114,15 @@ def test_mixture_trains_with_per_source_validation_and_shares(english_shards,
 
 
 def test_mixture_of_other_tokenizers_is_refused(english_shards, chinese_shards, tmp_path):
-    proc = _train(tmp_path / "run", "--data", f"en={english_shards}:0.5",
-                  f"zh={chinese_shards}:0.5", "--max_steps", "1", check=False)
+    proc = _train(
+        tmp_path / "run",
+        "--data",
+        f"en={english_shards}:0.5",
+        f"zh={chinese_shards}:0.5",
+        "--max_steps",
+        "1",
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "tokenizer fingerprint differs" in proc.stderr and str(chinese_shards) in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,4 +1,5 @@
 """The pretraining model (pretrain.model) against transformers' own BERT classes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,12 +28,16 @@ def masked_batch(n: int = 6, length: int = 40, seed: int = 0, nsp: bool = False)
         ids[i, :L] = rng.integers(5, VOCAB, size=L)
         ids[i, 0], ids[i, L - 1], ids[i, seg_a[i] - 1] = 2, 3, 3
     masked, labels, _ = Masker(MaskingConfig(mask_prob=0.2), VOCAB, SPECIAL)(
-        ids, lengths, None, np.arange(n), np.zeros(n, dtype=np.int64), np.arange(n))
+        ids, lengths, None, np.arange(n), np.zeros(n, dtype=np.int64), np.arange(n)
+    )
     attn = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
     types = ((np.arange(length)[None, :] >= seg_a[:, None]) & (attn > 0)).astype(np.int64)
-    batch = {"input_ids": torch.from_numpy(masked), "attention_mask": torch.from_numpy(attn),
-             "token_type_ids": torch.from_numpy(types if nsp else np.zeros_like(types)),
-             "labels": torch.from_numpy(labels)}
+    batch = {
+        "input_ids": torch.from_numpy(masked),
+        "attention_mask": torch.from_numpy(attn),
+        "token_type_ids": torch.from_numpy(types if nsp else np.zeros_like(types)),
+        "labels": torch.from_numpy(labels),
+    }
     if nsp:
         batch["next_sentence_label"] = torch.from_numpy(rng.integers(0, 2, size=n))
     return batch
@@ -93,9 +98,12 @@ def test_state_dict_round_trip_into_bert_for_pretraining_with_identical_logits()
         result = hf.load_state_dict(model.hf_state_dict(unpad_vocab=unpad), strict=True)
         assert not result.missing_keys and not result.unexpected_keys
         ref = hf(**{k: v for k, v in batch.items() if k != "labels"})
-        ours = model.predict_masked(batch["input_ids"], batch["attention_mask"],
-                                    batch["token_type_ids"], batch["labels"])
-        torch.testing.assert_close(ours, ref.prediction_logits[sel][:, :VOCAB], rtol=1e-5, atol=1e-5)
+        ours = model.predict_masked(
+            batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["labels"]
+        )
+        torch.testing.assert_close(
+            ours, ref.prediction_logits[sel][:, :VOCAB], rtol=1e-5, atol=1e-5
+        )
     # Total loss (MLM mean + NSP mean) equals HF's.
     out = model(**batch)
     ref = hf(**batch)
@@ -109,10 +117,17 @@ def test_mlm_only_model_loads_strictly_into_bert_for_masked_lm_not_pretraining()
     model = tiny(nsp=False)
     assert model.hf_architecture == "BertForMaskedLM"
     BertForMaskedLM(model.hf_config()).load_state_dict(model.hf_state_dict(), strict=True)
-    missing = BertForPreTraining(model.hf_config()).load_state_dict(model.hf_state_dict(),
-                                                                     strict=False).missing_keys
-    assert sorted(missing) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight",
-                               "cls.seq_relationship.bias", "cls.seq_relationship.weight"]
+    missing = (
+        BertForPreTraining(model.hf_config())
+        .load_state_dict(model.hf_state_dict(), strict=False)
+        .missing_keys
+    )
+    assert sorted(missing) == [
+        "bert.pooler.dense.bias",
+        "bert.pooler.dense.weight",
+        "cls.seq_relationship.bias",
+        "cls.seq_relationship.weight",
+    ]
 
 
 def test_global_normalizer_and_empty_batch():
@@ -190,8 +205,9 @@ def test_deepspeed_activation_checkpointing_keeps_loss_and_gradients():
 
     tests = Path(__file__).resolve().parent
     code = _DS_SCRIPT.format(repo=str(tests.parent), tests=str(tests))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0 and "SAME" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -203,17 +219,31 @@ def test_flops_per_token_counts_the_encoder_matmuls():
     for T in (128, 512):
         expected = 6 * dense + 12 * c.num_hidden_layers * T * c.hidden_size
         assert model.flops_per_token(T, masked_fraction=0.0) == pytest.approx(expected)
-    head = 6 * (c.hidden_size ** 2 + c.hidden_size * VOCAB)
-    assert model.flops_per_token(128, 0.15) - model.flops_per_token(128, 0.0) == \
-        pytest.approx(0.15 * head)
+    head = 6 * (c.hidden_size**2 + c.hidden_size * VOCAB)
+    assert model.flops_per_token(128, 0.15) - model.flops_per_token(128, 0.0) == pytest.approx(
+        0.15 * head
+    )
 
 
 def test_config_json_sets_the_architecture_and_checks_the_vocab(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-                                "intermediate_size": 96, "vocab_size": VOCAB}))
+    path.write_text(
+        json.dumps(
+            {
+                "hidden_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "intermediate_size": 96,
+                "vocab_size": VOCAB,
+            }
+        )
+    )
     m = build_model(dataclasses.replace(PRESETS["tiny"], config_json=str(path)), VOCAB)
-    assert (m.config.hidden_size, m.config.num_hidden_layers, m.config.intermediate_size) == (64, 1, 96)
+    assert (m.config.hidden_size, m.config.num_hidden_layers, m.config.intermediate_size) == (
+        64,
+        1,
+        96,
+    )
     path.write_text(json.dumps({"hidden_size": 64, "vocab_size": 30522}))
     with pytest.raises(ValueError, match=r"config\.json: vocab_size 30522 .*\(1999"):
         build_model(dataclasses.replace(PRESETS["tiny"], config_json=str(path)), VOCAB)

@@ -1,4 +1,5 @@
 """Fast, in-process tests of the trainer's building blocks (no launcher)."""
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # ---- batch sizes -------------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg,world,flags,expect", [
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8}, 2, {}, (32, 8, 2)),
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8}, 4, {}, (32, 8, 1)),
-    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 2, {}, (32, 8, 2)),
-    ({"train_micro_batch_size_per_gpu": 4}, 3, {}, (12, 4, 1)),
-    # a flag for the micro batch re-derives accumulation from the config's global batch
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
-      "gradient_accumulation_steps": 2}, 2, {"micro_batch": 4}, (32, 4, 4)),
-    ({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 8}, 2,
-     {"global_batch": 64}, (64, 8, 4)),
-])
+@pytest.mark.parametrize(
+    "cfg,world,flags,expect",
+    [
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8}, 2, {}, (32, 8, 2)),
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8}, 4, {}, (32, 8, 1)),
+        ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 2, {}, (32, 8, 2)),
+        ({"train_micro_batch_size_per_gpu": 4}, 3, {}, (12, 4, 1)),
+        # a flag for the micro batch re-derives accumulation from the config's global batch
+        (
+            {
+                "train_batch_size": 32,
+                "train_micro_batch_size_per_gpu": 8,
+                "gradient_accumulation_steps": 2,
+            },
+            2,
+            {"micro_batch": 4},
+            (32, 4, 4),
+        ),
+        (
+            {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 8},
+            2,
+            {"global_batch": 64},
+            (64, 8, 4),
+        ),
+    ],
+)
 def test_resolve_batch(cfg, world, flags, expect):
     plan = resolve_batch(cfg, world, **flags)
     assert (plan.global_batch, plan.micro_batch, plan.grad_accum) == expect
@@ -37,13 +53,23 @@ def test_resolve_batch(cfg, world, flags, expect):
     assert filled["gradient_accumulation_steps"] == expect[2]
 
 
-@pytest.mark.parametrize("cfg,world,match", [
-    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, 2, "not divisible"),
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
-      "gradient_accumulation_steps": 4}, 2, r"!= micro batch 8 x accumulation 4"),
-    ({"train_batch_size": 0, "train_micro_batch_size_per_gpu": 8}, 2, "positive integer"),
-    ({}, 2, "no batch size given"),
-])
+@pytest.mark.parametrize(
+    "cfg,world,match",
+    [
+        ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, 2, "not divisible"),
+        (
+            {
+                "train_batch_size": 32,
+                "train_micro_batch_size_per_gpu": 8,
+                "gradient_accumulation_steps": 4,
+            },
+            2,
+            r"!= micro batch 8 x accumulation 4",
+        ),
+        ({"train_batch_size": 0, "train_micro_batch_size_per_gpu": 8}, 2, "positive integer"),
+        ({}, 2, "no batch size given"),
+    ],
+)
 def test_resolve_batch_errors(cfg, world, match):
     with pytest.raises(BatchSizeError, match=match) as e:
         resolve_batch(cfg, world, source="cfg.json")
@@ -62,8 +88,9 @@ def test_schedule_warmup_then_linear_decay():
 
 def test_optimizer_block_filled_and_checked():
     ds = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
-    out = configure_optimizer(ds, OptimConfig(lr=3e-4, weight_decay=0.05, gradient_clipping=0.5),
-                              "cpu")
+    out = configure_optimizer(
+        ds, OptimConfig(lr=3e-4, weight_decay=0.05, gradient_clipping=0.5), "cpu"
+    )
     assert out["optimizer"]["params"]["lr"] == 3e-4
     assert out["optimizer"]["params"]["weight_decay"] == 0.05
     assert out["gradient_clipping"] == 0.5
@@ -77,6 +104,7 @@ def test_optimizer_block_filled_and_checked():
 # ---- precision ---------------------------------------------------------------------------------
 def test_fp16_unavailable_needs_explicit_fallback(monkeypatch):
     from deepspeed.accelerator import get_accelerator
+
     # As on a CPU without mkldnn fp16 (DeepSpeed would fail deep inside initialize there).
     monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
     ds = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
@@ -105,6 +133,7 @@ def test_find_latest_ignores_incomplete(tmp_path):
 # ---- bad command lines fail before any work ----------------------------------------------------
 def _run_main(args, capsys, monkeypatch, world=1):
     from pretrain.main import main
+
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setenv("RANK", "0")
     try:
@@ -115,10 +144,21 @@ def _run_main(args, capsys, monkeypatch, world=1):
 
 
 def test_bad_config_fails_fast(english_shards, tmp_path, capsys, monkeypatch):
-    base = ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--output_dir",
-            str(tmp_path / "run"), "--model", "tiny"]
-    code, err = _run_main(base + ["--data", str(english_shards), "--global_batch_size", "30",
-                                  "--micro_batch_size", "8"], capsys, monkeypatch, world=2)
+    base = [
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--model",
+        "tiny",
+    ]
+    code, err = _run_main(
+        base
+        + ["--data", str(english_shards), "--global_batch_size", "30", "--micro_batch_size", "8"],
+        capsys,
+        monkeypatch,
+        world=2,
+    )
     assert code == 2 and "not divisible by micro batch 8 x world size 2" in err
     code, err = _run_main(base + ["--data", str(tmp_path / "nowhere")], capsys, monkeypatch)
     assert code == 2 and "no manifest.json" in err and "data_prep build" in err
@@ -126,8 +166,9 @@ def test_bad_config_fails_fast(english_shards, tmp_path, capsys, monkeypatch):
     assert code == 2 and "unknown model preset --model 'huge'" in err and "tiny" in err
     bad = tmp_path / "bad.json"
     bad.write_text('{"train_batch_size": 8,\n "fp16": {"enabled": true,}\n}')
-    code, err = _run_main(["--ds_config", str(bad)] + base[2:] + ["--data", str(english_shards)],
-                          capsys, monkeypatch)
+    code, err = _run_main(
+        ["--ds_config", str(bad)] + base[2:] + ["--data", str(english_shards)], capsys, monkeypatch
+    )
     assert code == 2 and f"{bad}:2:" in err
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing was started
 
@@ -145,14 +186,21 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
     from pretrain.model import PRESETS, build_model
 
     reader = ShardReader(english_shards, "train")
-    batch = next(iter(build_loader(reader, DataConfig(num_workers=0), MaskingConfig(),
-                                   micro_batch_size=4)))
+    batch = next(
+        iter(build_loader(reader, DataConfig(num_workers=0), MaskingConfig(), micro_batch_size=4))
+    )
     batch.pop("masking_stats", None)
     ds = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
     deepspeed.checkpointing.configure(None, deepspeed_config=ds)
     cfg = PRESETS["tiny"]
-    cfg = type(cfg)(**{**cfg.__dict__, "hidden_dropout_prob": 0.0,
-                       "attention_probs_dropout_prob": 0.0, "num_hidden_layers": 3})
+    cfg = type(cfg)(
+        **{
+            **cfg.__dict__,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "num_hidden_layers": 3,
+        }
+    )
 
     def run(mode: str) -> tuple[dict, int]:
         torch.manual_seed(0)
@@ -164,6 +212,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
         def pack(t):
             held[0] += t.numel() * t.element_size()
             return t
+
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = model(**batch)["loss"]
         loss.backward()
@@ -180,14 +229,26 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
 def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
     from pretrain.checkpoint import check_compatible
 
-    state = {"tokenizer_fingerprint": "aaa", "vocab_size": 2000,
-             "config": {"model_cfg": {"name": "tiny", "hidden_size": 128, "num_hidden_layers": 2}}}
-    check_compatible(state, vocab_size=2000, tokenizer_fingerprint="aaa", path=tmp_path,
-                     model_config={"name": "custom", "hidden_size": 128, "num_hidden_layers": 2})
+    state = {
+        "tokenizer_fingerprint": "aaa",
+        "vocab_size": 2000,
+        "config": {"model_cfg": {"name": "tiny", "hidden_size": 128, "num_hidden_layers": 2}},
+    }
+    check_compatible(
+        state,
+        vocab_size=2000,
+        tokenizer_fingerprint="aaa",
+        path=tmp_path,
+        model_config={"name": "custom", "hidden_size": 128, "num_hidden_layers": 2},
+    )
     with pytest.raises(CheckpointError) as e:
-        check_compatible(state, vocab_size=3000, tokenizer_fingerprint="bbb", path=tmp_path,
-                         model_config={"name": "small", "hidden_size": 512,
-                                       "num_hidden_layers": 2})
+        check_compatible(
+            state,
+            vocab_size=3000,
+            tokenizer_fingerprint="bbb",
+            path=tmp_path,
+            model_config={"name": "small", "hidden_size": 512, "num_hidden_layers": 2},
+        )
     msg = str(e.value)
     assert "tokenizer fingerprint aaa (checkpoint) != bbb" in msg
     assert "vocab size 2000 (checkpoint) != 3000" in msg
@@ -213,6 +274,9 @@ def test_mfu_peak_matches_the_exact_card():
     assert peak_tflops_for("NVIDIA H100 PCIe", "bf16") == 756.0
     assert peak_tflops_for("NVIDIA H100 NVL", "fp16") == 835.0
     assert peak_tflops_for("NVIDIA H200", "bf16") == 989.0
-    assert peak_tflops_for("NVIDIA L40", "bf16") == 181.0 and peak_tflops_for("NVIDIA L4", "bf16") == 121.0
+    assert (
+        peak_tflops_for("NVIDIA L40", "bf16") == 181.0
+        and peak_tflops_for("NVIDIA L4", "bf16") == 121.0
+    )
     assert peak_tflops_for("NVIDIA L40S", "bf16") == 362.0
     assert peak_tflops_for("NVIDIA A100-SXM4-80GB", "fp32") is None

@@ -196,22 +196,36 @@ def host_rows(opts: argparse.Namespace) -> tuple[dict[str, int] | None, list[Row
     try:
         hosts = parse_hostfile(Path(opts.hostfile))
     except HostfileError as e:
-        return None, [Row("hostfile", "-", FAIL, str(e), "fix the lines named (see hostfile.example)")]
-    rows = [Row("hostfile", "-", OK,
-                f"{opts.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots")]
+        return None, [
+            Row("hostfile", "-", FAIL, str(e), "fix the lines named (see hostfile.example)")
+        ]
+    rows = [
+        Row(
+            "hostfile", "-", OK, f"{opts.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots"
+        )
+    ]
     if len(hosts) > 1 and not shutil.which("pdsh"):
-        rows.append(Row("pdsh", LOCAL, FAIL, "pdsh not found on the launching node",
-                        "apt-get install pdsh (or use deepspeed --launcher openmpi/slurm)"))
+        rows.append(
+            Row(
+                "pdsh",
+                LOCAL,
+                FAIL,
+                "pdsh not found on the launching node",
+                "apt-get install pdsh (or use deepspeed --launcher openmpi/slurm)",
+            )
+        )
     return hosts, rows
 
 
-def probe_rows(cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int], cwd: Path
-               ) -> tuple[dict[str, dict], list[Row]]:
+def probe_rows(
+    cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int], cwd: Path
+) -> tuple[dict[str, dict], list[Row]]:
     """Run the probe on every host at once; (answers by host, ssh/probe rows)."""
     exports = remote_exports(dict(os.environ), cwd)
     folders = [str(s.path) for s in parse_mixture(cfg.run.data_sources)]
-    command = probe_command(opts.python, cwd, exports,
-                            {"data": folders, "output_dir": cfg.run.output_dir})
+    command = probe_command(
+        opts.python, cwd, exports, {"data": folders, "output_dir": cfg.run.output_dir}
+    )
     ssh_args = shlex.split(opts.ssh_args)
 
     def probe(host: str) -> tuple[dict | None, str]:
@@ -222,12 +236,16 @@ def probe_rows(cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int]
     probes, rows = {}, []
     for host, (pr, err) in results.items():
         if pr is None and err.startswith("ssh failed"):
-            fix = ("make `ssh -o BatchMode=yes HOST` work from this node (keys in "
-                   "authorized_keys, known_hosts, PDSH_SSH_ARGS_APPEND for port/key)")
+            fix = (
+                "make `ssh -o BatchMode=yes HOST` work from this node (keys in "
+                "authorized_keys, known_hosts, PDSH_SSH_ARGS_APPEND for port/key)"
+            )
             rows.append(Row("ssh", host, FAIL, err, fix))
         elif pr is None:  # reached, but the launcher's `cd DIR; PYTHON ...` would fail there too
-            fix = (f"the launcher runs `cd {cwd}; {opts.python} ...` on every node: clone the "
-                   "project there and install the same Python (or pass --workdir/--python)")
+            fix = (
+                f"the launcher runs `cd {cwd}; {opts.python} ...` on every node: clone the "
+                "project there and install the same Python (or pass --workdir/--python)"
+            )
             rows.append(Row("probe", host, FAIL, err, fix))
         else:
             probes[host] = pr
@@ -238,17 +256,33 @@ def probe_rows(cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int]
 
 def batch_rows(cfg: TrainConfig, ds: dict, world: int) -> tuple[BatchPlan | None, list[Row]]:
     """(batch plan or None, the batch row) for this world size, flags as the trainer reads them."""
-    flags = {"global_batch": cfg.batch.global_batch_size, "micro_batch": cfg.batch.micro_batch_size,
-             "grad_accum": cfg.batch.grad_accum}
+    flags = {
+        "global_batch": cfg.batch.global_batch_size,
+        "micro_batch": cfg.batch.micro_batch_size,
+        "grad_accum": cfg.batch.grad_accum,
+    }
     try:
         plan = batch_plan(ds, world, flags)
     except ValueError as e:
-        return None, [Row("batch", "-", FAIL, str(e).split(" (world size")[0],
-                          f"make train_batch_size a multiple of train_micro_batch_size_per_gpu x "
-                          f"{world} in {cfg.run.ds_config}, or change the slots")]
-    return plan, [Row("batch", "-", OK,
-                      f"world size {world}: global {plan.global_batch} = micro {plan.micro_batch} "
-                      f"x accumulation {plan.grad_accum} x {world} ranks")]
+        return None, [
+            Row(
+                "batch",
+                "-",
+                FAIL,
+                str(e).split(" (world size")[0],
+                f"make train_batch_size a multiple of train_micro_batch_size_per_gpu x "
+                f"{world} in {cfg.run.ds_config}, or change the slots",
+            )
+        ]
+    return plan, [
+        Row(
+            "batch",
+            "-",
+            OK,
+            f"world size {world}: global {plan.global_batch} = micro {plan.micro_batch} "
+            f"x accumulation {plan.grad_accum} x {world} ranks",
+        )
+    ]
 
 
 def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
@@ -259,7 +293,9 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     try:
         ds = json.loads(Path(cfg.run.ds_config).read_text())
     except (OSError, ValueError) as e:
-        return [Row("ds_config", "-", FAIL, f"{cfg.run.ds_config}: {e}", "pass a readable JSON file")]
+        return [
+            Row("ds_config", "-", FAIL, f"{cfg.run.ds_config}: {e}", "pass a readable JSON file")
+        ]
     hosts, rows = host_rows(opts)
     if hosts is None:
         return rows
@@ -278,13 +314,14 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     rows += found
     if probes:
         checkpointing = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
-        shape = model_shape(cfg.model_cfg, sources[0].path, opts.seq_len,
-                            checkpointing != "none")
+        shape = model_shape(cfg.model_cfg, sources[0].path, opts.seq_len, checkpointing != "none")
         # Without a valid plan, estimate with the micro batch the user asked for.
-        micro = plan.micro_batch if plan else (
-            cfg.batch.micro_batch_size or ds.get("train_micro_batch_size_per_gpu") or 1)
-        rows += memory_and_disk_rows(probes, hosts, ds, int(micro), shape,
-                                     cfg.checkpoint.keep_last)
+        micro = (
+            plan.micro_batch
+            if plan
+            else (cfg.batch.micro_batch_size or ds.get("train_micro_batch_size_per_gpu") or 1)
+        )
+        rows += memory_and_disk_rows(probes, hosts, ds, int(micro), shape, cfg.checkpoint.keep_last)
     return rows
 
 
@@ -296,16 +333,28 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     g = p.add_argument_group("doctor")
     g.add_argument("--hostfile", help="DeepSpeed hostfile; without it, check this machine only")
     g.add_argument("--slots", type=int, default=1, help="ranks on this machine (no --hostfile)")
-    g.add_argument("--seq_len", type=int, default=None,
-                   help="sequence length for the memory estimate (default: the shards' max_seq_len)")
-    g.add_argument("--ssh_args", default=os.environ.get("PDSH_SSH_ARGS_APPEND", ""),
-                   help="extra ssh options (default: $PDSH_SSH_ARGS_APPEND, as pdsh uses them)")
-    g.add_argument("--ssh_timeout", type=float, default=10.0,
-                   help="ssh connect timeout, seconds")
-    g.add_argument("--python", default=sys.executable,
-                   help="interpreter on the nodes (the launcher uses this node's path)")
-    g.add_argument("--workdir", default=".",
-                   help="project folder on the nodes (the launcher cd's to this node's cwd)")
+    g.add_argument(
+        "--seq_len",
+        type=int,
+        default=None,
+        help="sequence length for the memory estimate (default: the shards' max_seq_len)",
+    )
+    g.add_argument(
+        "--ssh_args",
+        default=os.environ.get("PDSH_SSH_ARGS_APPEND", ""),
+        help="extra ssh options (default: $PDSH_SSH_ARGS_APPEND, as pdsh uses them)",
+    )
+    g.add_argument("--ssh_timeout", type=float, default=10.0, help="ssh connect timeout, seconds")
+    g.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter on the nodes (the launcher uses this node's path)",
+    )
+    g.add_argument(
+        "--workdir",
+        default=".",
+        help="project folder on the nodes (the launcher cd's to this node's cwd)",
+    )
     return p, names
 
 

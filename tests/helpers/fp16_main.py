@@ -5,6 +5,7 @@ ZeRO-2/3 with dynamic loss scaling once the capability check is patched (see
 docs in ../shared/notes/deepspeed.md). ``BERTFORGE_TEST_INF_AT_STEP=N`` multiplies the loss by
 inf in the backward passes of optimizer step N (1-based, once per process) to force an overflow.
 """
+
 from __future__ import annotations
 
 import os
