@@ -6,6 +6,7 @@ The dry run executes the same code as the GPU check, so the script cannot rot be
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -120,10 +121,18 @@ def documented_gpu_check_commands() -> list[list[str]]:
     from test_kernels_bench import documented_commands
 
     argvs = [argv[1:] for _, _, argv in documented_commands(("benchmarks/gpu_check.py",))]
-    make = subprocess.run(
-        ["make", "-n", "gpu-check"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
-    return argvs + [make[make.index("benchmarks/gpu_check.py") + 1 :]]
+    # Under `make test` the parent make's variables would add "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    dry = subprocess.run(
+        ["make", "--no-print-directory", "-n", "gpu-check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    line = next(x for x in dry.splitlines() if "benchmarks/gpu_check.py" in x).split()
+    return argvs + [line[line.index("benchmarks/gpu_check.py") + 1 :]]
 
 
 def test_documented_commands_parse():
