@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from data_prep.layout import (
     token_dtype_for,
     write_json_atomic,
 )
+from data_prep.lock import FolderLock, LockError
 from data_prep.partition import (
     MergeLock,
     PartitionError,
@@ -490,11 +492,32 @@ def _require_prepared(cfg: BuildConfig, key: dict) -> bool:
     return False
 
 
+@contextmanager
+def _output_lock(cfg: BuildConfig) -> Iterator[None]:
+    """Hold the lock of this part of OUT (one job per part; parts run side by side by design).
+    The lock sits next to OUT, since a fresh or --overwrite build may remove OUT itself."""
+    out = cfg.output.resolve()
+    n, k = cfg.num_partitions, cfg.partition
+    lock = FolderLock(
+        out.parent / f".{out.name}.part-{k}-of-{n}.lock",
+        f"data_prep build of {out}" + (f" (part {k} of {n})" if n > 1 else ""),
+    )
+    try:
+        lock.acquire()
+    except LockError as e:
+        raise BuildError(str(e)) from e
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def prepare(cfg: BuildConfig) -> Path:
     """Step 1 of a partitioned build: OUT, its build state, the tokenizer (trained or loaded)
     and the decontamination index, made once before the parts start. Returns OUT."""
     cfg = replace(cfg, num_partitions=1, partition=0)
-    _, _, _, done = _setup(cfg)
+    with _output_lock(cfg):
+        _, _, _, done = _setup(cfg)
     if done:
         print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
     return cfg.output
@@ -535,7 +558,14 @@ def merge(out: Path) -> dict[str, Any]:
 
 def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any] | None:
     """Run (or resume) a build, or one part of it; returns the manifest, or None when this part
-    is done but others are not (merge later). Raises BuildError/InputError on bad input."""
+    is done but others are not (merge later). Raises BuildError/InputError on bad input, and
+    BuildError at once when another job is building the same part of OUT."""
+    with _output_lock(cfg):
+        return _build_locked(cfg, argv)
+
+
+def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | None:
+    """:func:`build` while this part's lock is held."""
     files, terms, key, done = _setup(cfg)
     if done:
         print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)

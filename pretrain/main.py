@@ -29,13 +29,34 @@ if __package__ in (None, ""):  # run as a script: make `pretrain`, `kernels`, `d
 from pretrain.config import TrainConfig, parse_args
 
 
+def launch_rank() -> int:
+    """This process's global rank as the launcher set it (before any rendezvous); 0 alone."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def take_run_lock(cfg: TrainConfig):
+    """Rank 0's lock on --output_dir (one job per run folder), taken before anything is written
+    there; None on the other ranks (they stop at the rendezvous when rank 0 is refused)."""
+    from data_prep.lock import FolderLock
+
+    if launch_rank() != 0:
+        return None
+    run = Path(cfg.run.output_dir).resolve()
+    return FolderLock(run / ".lock", f"run folder {run}").acquire()
+
+
 def open_shards(cfg: TrainConfig):
     """(training reader, [(source name, validation reader)]) of --data: one shard folder or a
-    weighted mixture (pretrain.mixture); a source without validation data is warned about."""
+    weighted mixture (pretrain.mixture); a source without validation data is warned about.
+    With verify "size" (the default) rank 0 also checks every sha256 once per shard folder
+    and run folder (pretrain.shard_check); "full" checks them at every launch on every rank."""
     from pretrain.mixture import open_training, parse_mixture, validation_readers
+    from pretrain.shard_check import verify_once
 
     sources = parse_mixture(cfg.run.data_sources)
     verify = cfg.data_cfg.verify
+    if verify == "size" and launch_rank() == 0:
+        verify_once([s.path for s in sources], Path(cfg.run.output_dir))
     return open_training(sources, verify=verify), validation_readers(sources, verify=verify)
 
 
@@ -252,7 +273,19 @@ def start_position(
 
 
 def train(cfg: TrainConfig) -> int:
-    """Resolve, build data, model and engine, resume, run the loop; returns the exit status."""
+    """Resolve, build data, model and engine, resume, run the loop; returns the exit status.
+    Refused at once (LockError) while another job holds --output_dir."""
+    launched = time.monotonic()  # a time budget counts start-up too
+    lock = take_run_lock(cfg)
+    try:
+        return _train_locked(cfg, launched)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(cfg: TrainConfig, launched: float) -> int:
+    """:func:`train` while rank 0 holds the run folder's lock."""
     import torch
 
     from pretrain import checkpoint as ck
@@ -262,7 +295,6 @@ def train(cfg: TrainConfig) -> int:
     from pretrain.downstream_jobs import DownstreamJobs
     from pretrain.trainer import Trainer
 
-    launched = time.monotonic()  # a time budget counts start-up too
     run = resolve_run(cfg)
     info = init_distributed(cfg.run.dist_timeout_s)
     rank, world, main_rank = info.rank, info.world_size, info.rank == 0
@@ -327,6 +359,7 @@ def _shutdown() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``python pretrain/main.py`` and the launchers."""
     cfg = parse_args(argv)
+    from data_prep.lock import LockError
     from data_prep.reader import ShardError
     from pretrain.batching import BatchSizeError
     from pretrain.checkpoint import CheckpointError
@@ -351,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         CheckpointError,
         ShardError,
         MixtureError,
+        LockError,
     ) as e:
         print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
         return 2
