@@ -426,8 +426,16 @@ class CheckpointManager:
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint {path}")
         rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
-        if state["world_size"] == self.world_size and rng_file.is_file():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+        if state["world_size"] == self.world_size:
+            if rng_file.is_file():
+                set_rng_state(torch.load(rng_file, weights_only=False))
+            else:  # no silent fallback: the run goes on, but not bit-for-bit
+                print(
+                    f"[pretrain] WARNING: {rng_file} is missing; rank {self.rank} keeps its fresh "
+                    "RNG state, so this resume is not exact (dropout and masking differ from an "
+                    "uninterrupted run)",
+                    flush=True,
+                )
         return state
 
     def to_universal(self, path: Path) -> Path:

@@ -57,10 +57,21 @@ def device_rows(probes: dict[str, dict], hosts: dict[str, int], cfg: dict) -> li
     """GPUs per node against slots; CPU nodes are fine for a config without fp16."""
     rows = []
     fp16 = bool(cfg.get("fp16", {}).get("enabled"))
-    kinds = {bool(p["gpus"]) for p in probes.values()}
+    kinds = {bool(p["gpus"]) for p in probes.values() if not p.get("torch_error")}
     for host, pr in probes.items():
         slots = hosts[host]
-        if pr["gpus"]:
+        if pr.get("torch_error"):  # its GPUs are unknown: never report it as a CPU node
+            rows.append(
+                Row(
+                    "devices",
+                    host,
+                    FAIL,
+                    f"torch fails to load ({pr['torch_error']}), so its devices are unknown",
+                    f"repair torch on {host} (run `python -c 'import torch'` there to see the "
+                    "full error; reinstall the same torch as the other nodes)",
+                )
+            )
+        elif pr["gpus"]:
             ok = pr["gpus"] >= slots
             rows.append(
                 Row(

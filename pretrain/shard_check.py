@@ -1,0 +1,81 @@
+"""Full sha256 check of each shard folder once per run folder, remembered across launches.
+
+At launch the trainer (rank 0) recomputes the sha256 of every shard file of every split of each
+``--data`` folder and compares it with the folder's manifest; a mismatch stops the launch
+(ShardError naming the file). A folder that passed is recorded in ``RUN/verified_shards.json``
+with the sha256 of its manifest.json, so later launches and resumes of the same run skip the
+read. A rebuilt folder (another manifest) is verified again. After the first check only the byte
+sizes are compared at each launch (:class:`data_prep.reader.ShardReader` verify="size").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any
+
+from data_prep import layout
+from data_prep.layout import MANIFEST, write_json_atomic
+from data_prep.reader import ShardError, check_file, load_manifest
+
+RECORD = "verified_shards.json"
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """The remembered folders {resolved path: {manifest_sha256, verified}}; empty when absent."""
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        print(f"[pretrain] WARNING: {path} is unreadable; verifying the shards again", flush=True)
+        return {}
+    return record.get("folders", {}) if isinstance(record, dict) else {}
+
+
+def verify_folder(root: Path) -> int:
+    """Recompute every shard file's sha256 of every split of ``root``; returns the file count.
+    Raises ShardError naming the first missing, truncated or corrupt file."""
+    manifest = load_manifest(root)
+    count = 0
+    for split, info in manifest["splits"].items():
+        for shard in info["shards"]:
+            for fname, expected in shard["files"].items():
+                check_file(root / split / fname, expected, "full")
+                count += 1
+    return count
+
+
+def verify_once(folders: list[Path], run_dir: Path) -> list[Path]:
+    """Verify each shard folder not yet verified for this run (same manifest); record it.
+    Returns the folders checked now (empty when every one was verified at an earlier launch)."""
+    record_path = Path(run_dir) / RECORD
+    done = _read_record(record_path)
+    checked = []
+    for folder in folders:
+        root = Path(folder).resolve()
+        manifest_file = root / MANIFEST
+        if not manifest_file.is_file():
+            load_manifest(root)  # raises the reader's ShardError, which says what to do
+        digest = layout.sha256_file(manifest_file)
+        if done.get(str(root), {}).get("manifest_sha256") == digest:
+            continue
+        files = verify_folder(root)
+        print(
+            f"[pretrain] sha256 of {files} shard files in {root} verified (done once; "
+            f"remembered in {record_path})",
+            flush=True,
+        )
+        done[str(root)] = {
+            "manifest_sha256": digest,
+            "verified": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        }
+        checked.append(root)
+    if checked:
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(record_path, {"folders": done}, indent=2, sort_keys=True)
+    return checked
+
+
+__all__ = ["RECORD", "ShardError", "verify_folder", "verify_once"]
