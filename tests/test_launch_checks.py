@@ -1,0 +1,122 @@
+"""What a launch checks and says: shard sha256 once per run folder, a corrupt shard refused, a
+missing RNG file on resume warned about, and a broken torch reported by the doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_prep import reader as reader_module
+from data_prep.reader import ShardError
+from pretrain.shard_check import RECORD, verify_once
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _train(shards: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "pretrain/main.py", "--data", str(shards), "--output_dir", str(run)]
+    cmd += ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--model", "tiny"]
+    cmd += ["--num_workers", "0", "--global_batch_size", "4", "--micro_batch_size", "4"]
+    cmd += ["--eval_batches", "1", "--progress", "false", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _shard_files(shards: Path) -> list[Path]:
+    manifest = json.loads((shards / "manifest.json").read_text())
+    return [
+        shards / split / name
+        for split, info in manifest["splits"].items()
+        for shard in info["shards"]
+        for name in shard["files"]
+    ]
+
+
+def _copy(shards: Path, dest: Path) -> Path:
+    shutil.copytree(shards, dest)
+    return dest
+
+
+def _count_hashes(monkeypatch) -> list[Path]:
+    seen: list[Path] = []
+    real = reader_module.sha256_file
+
+    def counting(path, *a, **k):
+        seen.append(Path(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(reader_module, "sha256_file", counting)
+    return seen
+
+
+def test_sha256_verified_once_per_manifest(english_shards, tmp_path, monkeypatch):
+    shards = _copy(english_shards, tmp_path / "shards")
+    run = tmp_path / "run"
+    hashed = _count_hashes(monkeypatch)
+    assert verify_once([shards], run) == [shards.resolve()]
+    assert sorted(hashed) == sorted(_shard_files(shards))  # every file of every split
+    record = json.loads((run / RECORD).read_text())["folders"]
+    assert str(shards.resolve()) in record
+    hashed.clear()
+    assert verify_once([shards], run) == [] and hashed == []  # remembered: nothing read
+    # A rebuilt folder (another manifest) is verified again.
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["created"] = "rebuilt"
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_once([shards], run) == [shards.resolve()] and hashed
+
+
+def test_corrupt_shard_byte_refused_at_first_launch(english_shards, tmp_path):
+    shards = _copy(english_shards, tmp_path / "shards")
+    victim = _shard_files(shards)[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the sha256 can tell
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="sha256 differs"):
+        verify_once([shards], tmp_path / "unit_run")
+    proc = _train(shards, tmp_path / "run", "--max_steps", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert f"{victim}: sha256 differs from the manifest" in proc.stderr
+    assert not (tmp_path / "run" / RECORD).exists()
+    assert not (tmp_path / "run" / ".lock").exists()  # released on the error
+
+
+def test_launch_verifies_once_and_resume_warns_about_a_missing_rng_file(english_shards, tmp_path):
+    run = tmp_path / "run"
+    first = _train(english_shards, run, "--max_steps", "2", "--save_interval", "2")
+    assert first.returncode == 0, first.stderr
+    assert "shard files in" in first.stdout and "verified (done once" in first.stdout
+    assert (run / RECORD).is_file() and not (run / ".lock").exists()
+    rng = run / "checkpoints" / "step_00000002" / "rng" / "rank_00000.pt"
+    assert rng.is_file()
+    rng.unlink()
+    second = _train(english_shards, run, "--max_steps", "3", "--resume", "auto")
+    assert second.returncode == 0, second.stderr
+    assert "verified (done once" not in second.stdout  # the resume skipped the sha256 pass
+    assert f"WARNING: {rng} is missing" in second.stdout
+    assert "this resume is not exact" in second.stdout
+
+
+def test_doctor_reports_a_broken_torch_as_a_failing_row(english_shards, tmp_path):
+    from pretrain.doctor.checks import FAIL, device_rows
+
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise OSError('libcudart.so.12: cannot open shared file')")
+    probe = [sys.executable, str(REPO / "pretrain" / "doctor" / "probe.py")]
+    arg = json.dumps({"data": str(english_shards), "output_dir": str(tmp_path / "run")})
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    out = subprocess.run(probe + [arg], env=env, capture_output=True, text=True, timeout=120)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("DOCTOR_PROBE "))
+    result = json.loads(line.removeprefix("DOCTOR_PROBE "))
+    assert "libcudart.so.12" in result["torch_error"]
+    rows = device_rows({"gpu-node": result}, {"gpu-node": 8}, {})
+    assert [(r.check, r.status) for r in rows] == [("devices", FAIL)]
+    assert "torch fails to load (OSError: libcudart.so.12" in rows[0].detail
+    assert "CPU" not in rows[0].detail and "repair torch on gpu-node" in rows[0].fix
