@@ -38,13 +38,22 @@ def verify_folder(root: Path) -> int:
     """Recompute every shard file's sha256 of every split of ``root``; returns the file count.
     Raises ShardError naming the first missing, truncated or corrupt file."""
     manifest = load_manifest(root)
-    count = 0
-    for split, info in manifest["splits"].items():
-        for shard in info["shards"]:
-            for fname, expected in shard["files"].items():
-                check_file(root / split / fname, expected, "full")
-                count += 1
-    return count
+    files = [
+        (root / split / fname, expected)
+        for split, info in manifest["splits"].items()
+        for shard in info["shards"]
+        for fname, expected in shard["files"].items()
+    ]
+    total = sum(int(expected.get("bytes", 0)) for _, expected in files)
+    # Said first: on a large corpus this read takes minutes, and the other ranks wait for it.
+    print(
+        f"[pretrain] checking the sha256 of {len(files)} shard files ({total / 1e9:.2f} GB) in "
+        f"{root}, once for this run folder",
+        flush=True,
+    )
+    for path, expected in files:
+        check_file(path, expected, "full")
+    return len(files)
 
 
 def verify_once(folders: list[Path], run_dir: Path) -> list[Path]:
