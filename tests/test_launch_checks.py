@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +88,7 @@ def test_corrupt_shard_byte_refused_at_first_launch(english_shards, tmp_path):
     assert not (tmp_path / "run" / ".lock").exists()  # released on the error
 
 
-def test_launch_verifies_once_and_resume_warns_about_a_missing_rng_file(english_shards, tmp_path):
+def test_verified_once_stale_lock_taken_over_missing_rng_warned(english_shards, tmp_path):
     run = tmp_path / "run"
     first = _train(english_shards, run, "--max_steps", "2", "--save_interval", "2")
     assert first.returncode == 0, first.stderr
@@ -96,8 +97,16 @@ def test_launch_verifies_once_and_resume_warns_about_a_missing_rng_file(english_
     rng = run / "checkpoints" / "step_00000002" / "rng" / "rank_00000.pt"
     assert rng.is_file()
     rng.unlink()
+    # The previous job was killed (-9) and left its lock: the resume takes it over with a warning.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held = {"host": socket.gethostname(), "pid": dead.pid, "started": 0, "command": []}
+    (run / ".lock").write_text(json.dumps(held))
     second = _train(english_shards, run, "--max_steps", "3", "--resume", "auto")
     assert second.returncode == 0, second.stderr
+    taken = f"taking over the lock of run folder {run.resolve()} from pid {dead.pid}"
+    assert taken in second.stderr
+    assert not (run / ".lock").exists()
     assert "verified (done once" not in second.stdout  # the resume skipped the sha256 pass
     assert f"WARNING: {rng} is missing" in second.stdout
     assert "this resume is not exact" in second.stdout
