@@ -47,17 +47,32 @@ def take_run_lock(cfg: TrainConfig):
 
 def open_shards(cfg: TrainConfig):
     """(training reader, [(source name, validation reader)]) of --data: one shard folder or a
-    weighted mixture (pretrain.mixture); a source without validation data is warned about.
-    With verify "size" (the default) rank 0 also checks every sha256 once per shard folder
-    and run folder (pretrain.shard_check); "full" checks them at every launch on every rank."""
+    weighted mixture (pretrain.mixture); a source without validation data is warned about."""
     from pretrain.mixture import open_training, parse_mixture, validation_readers
-    from pretrain.shard_check import verify_once
 
     sources = parse_mixture(cfg.run.data_sources)
     verify = cfg.data_cfg.verify
-    if verify == "size" and launch_rank() == 0:
-        verify_once([s.path for s in sources], Path(cfg.run.output_dir))
     return open_training(sources, verify=verify), validation_readers(sources, verify=verify)
+
+
+def verify_shards_once(cfg: TrainConfig, rank: int, world: int, device) -> None:
+    """With verify "size" (the default), every shard file's sha256 is checked once per shard
+    folder and run folder, split across the ranks after the rendezvous (pretrain.shard_check);
+    "full" checks them at every launch on every rank, "none" not at all."""
+    from pretrain.distributed import sum_across_ranks
+    from pretrain.mixture import parse_mixture
+    from pretrain.shard_check import verify_once
+
+    if cfg.data_cfg.verify != "size":
+        return
+    folders = [s.path for s in parse_mixture(cfg.run.data_sources)]
+    verify_once(
+        folders,
+        Path(cfg.run.output_dir),
+        rank,
+        world,
+        agree=lambda failed: sum_across_ranks([float(failed)], device)[0],
+    )
 
 
 def build_model(cfg: TrainConfig, reader, setup, *, init_from: str | None = None):
@@ -301,6 +316,7 @@ def _train_locked(cfg: TrainConfig, launched: float) -> int:
     device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
     if run.setup.precision_note and main_rank:
         print(f"[pretrain] WARNING: {run.setup.precision_note}", flush=True)
+    verify_shards_once(cfg, rank, world, device)
 
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
     model, init = build_model(cfg, run.train_reader, run.setup, init_from=init_from)

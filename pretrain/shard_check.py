@@ -1,11 +1,14 @@
 """Full sha256 check of each shard folder once per run folder, remembered across launches.
 
-At launch the trainer (rank 0) recomputes the sha256 of every shard file of every split of each
-``--data`` folder and compares it with the folder's manifest; a mismatch stops the launch
-(ShardError naming the file). A folder that passed is recorded in ``RUN/verified_shards.json``
-with the sha256 of its manifest.json, so later launches and resumes of the same run skip the
-read. A rebuilt folder (another manifest) is verified again. After the first check only the byte
-sizes are compared at each launch (:class:`data_prep.reader.ShardReader` verify="size").
+At launch, after the rendezvous, the trainer's ranks recompute the sha256 of every shard file of
+every split of each ``--data`` folder between them (rank r reads files r, r + world, ...) and
+compare it with the folder's manifest; one all-reduce makes a mismatch on any rank stop every
+rank (ShardError naming the file on the rank that read it). Split this way the read takes
+1/world of the time; the all-reduce waits at most ``--dist_timeout_s`` for the slowest rank. A
+folder that passed is recorded in ``RUN/verified_shards.json`` with the sha256 of its
+manifest.json, so later launches and resumes of the same run skip the read. A rebuilt folder
+(another manifest) is verified again. After the first check only the byte sizes are compared at
+each launch (:class:`data_prep.reader.ShardReader` verify="size").
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def _read_record(path: Path) -> dict[str, Any]:
     return record.get("folders", {}) if isinstance(record, dict) else {}
 
 
-def verify_folder(root: Path) -> int:
-    """Recompute every shard file's sha256 of every split of ``root``; returns the file count.
-    Raises ShardError naming the first missing, truncated or corrupt file."""
+def verify_folder(root: Path, rank: int = 0, world: int = 1) -> int:
+    """Recompute the sha256 of this rank's share of the shard files of every split of ``root``
+    (files rank, rank + world, ...); returns how many it read. Raises ShardError naming the
+    first missing, truncated or corrupt file."""
     manifest = load_manifest(root)
     files = [
         (root / split / fname, expected)
@@ -45,20 +49,25 @@ def verify_folder(root: Path) -> int:
         for fname, expected in shard["files"].items()
     ]
     total = sum(int(expected.get("bytes", 0)) for _, expected in files)
-    # Said first: on a large corpus this read takes minutes, and the other ranks wait for it.
-    print(
-        f"[pretrain] checking the sha256 of {len(files)} shard files ({total / 1e9:.2f} GB) in "
-        f"{root}, once for this run folder",
-        flush=True,
-    )
-    for path, expected in files:
+    if rank == 0:  # said first: on a large corpus the read takes minutes
+        print(
+            f"[pretrain] checking the sha256 of {len(files)} shard files ({total / 1e9:.2f} GB) "
+            f"in {root} on {world} rank(s), once for this run folder",
+            flush=True,
+        )
+    mine = files[rank::world]
+    for path, expected in mine:
         check_file(path, expected, "full")
-    return len(files)
+    return len(mine)
 
 
-def verify_once(folders: list[Path], run_dir: Path) -> list[Path]:
-    """Verify each shard folder not yet verified for this run (same manifest); record it.
-    Returns the folders checked now (empty when every one was verified at an earlier launch)."""
+def verify_once(
+    folders: list[Path], run_dir: Path, rank: int = 0, world: int = 1, agree=None
+) -> list[Path]:
+    """Verify each shard folder not yet verified for this run (same manifest), split across the
+    ranks; rank 0 records it. Returns the folders checked now (empty when every one was
+    verified at an earlier launch). ``agree(failed) -> failures on all ranks`` is the
+    all-reduce that makes every rank stop together (collective: all ranks call this)."""
     record_path = Path(run_dir) / RECORD
     done = _read_record(record_path)
     checked = []
@@ -70,18 +79,31 @@ def verify_once(folders: list[Path], run_dir: Path) -> list[Path]:
         digest = layout.sha256_file(manifest_file)
         if done.get(str(root), {}).get("manifest_sha256") == digest:
             continue
-        files = verify_folder(root)
-        print(
-            f"[pretrain] sha256 of {files} shard files in {root} verified (done once; "
-            f"remembered in {record_path})",
-            flush=True,
-        )
+        error = None
+        try:
+            verify_folder(root, rank, world)
+        except ShardError as e:
+            error = e
+        failures = agree(error is not None) if agree else int(error is not None)
+        if error is not None:
+            raise error
+        if failures:
+            raise ShardError(
+                f"{root}: a shard file failed its sha256 check on another rank "
+                "(its log names the file); rebuild or re-copy the shard folder"
+            )
+        if rank == 0:
+            print(
+                f"[pretrain] sha256 of the shard files in {root} verified (done once; "
+                f"remembered in {record_path})",
+                flush=True,
+            )
         done[str(root)] = {
             "manifest_sha256": digest,
             "verified": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
         checked.append(root)
-    if checked:
+    if checked and rank == 0:
         record_path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(record_path, {"folders": done}, indent=2, sort_keys=True)
     return checked
