@@ -21,7 +21,12 @@ What it runs (each step a subprocess of the project's own commands, logs in OUT/
 
 Reported: validation MLM loss against wall-clock time (`elapsed_s` of the validation records of
 metrics.jsonl) and step; the time and step at which each arm first reaches the loss `scratch`
-has at its end; the validation loss of `continued` and `random_rows` at equal steps. The
+has at its end; the validation loss of `continued` and `random_rows` at equal steps; and, for
+every arm at step 0 and at the end, the loss on validation positions whose label is a new token
+id: each arm's checkpoints exported (`pretrain.export`), one evaluator
+(`AutoModelForMaskedLM`, eval mode) on the same fixed masks for every model (`--mask_passes`
+passes over the validation split with the runs' masking settings, masking seeds seed..seed+N-1;
+pass 0 is the trainer's own validation masks). The
 processes run one at a time with one thread each; wall-clock numbers depend on what else the
 machine runs.
 """
@@ -62,6 +67,7 @@ TERMS = (
     "HTTPConnection",
 )
 ARMS = ("scratch", "continued", "random_rows")
+PATH_ARGS = ("out", "base", "plot", "results")  # recorded repository-relative where inside it
 VOCAB_KEYS = (  # tensors with one row (or entry) per vocabulary token in an exported folder
     "bert.embeddings.word_embeddings.weight",
     "cls.predictions.decoder.weight",
@@ -251,17 +257,122 @@ def run_arms(b: Bench, shards: Path, base: Path, random_base: Path) -> dict[str,
         "continued": ["--init_from", base],
         "random_rows": ["--init_from", random_base],
     }
-    common = ["--whole_word", "--mask_prob", 0.2]
+    common = ["--whole_word", "--mask_prob", 0.2]  # final checkpoints: exported for new_token_loss
     results = {}
     for arm in ARMS:
         start = b.out / "runs" / f"{arm}_step0"
-        b.train(
-            f"{arm}_step0", shards, start, 1, 0.0, [*init[arm], *common, "--save_final", "false"]
-        )
+        b.train(f"{arm}_step0", shards, start, 1, 0.0, [*init[arm], *common])
         run = b.out / "runs" / arm
-        b.train(arm, shards, run, a.steps, a.lr, [*init[arm], *common, "--save_final", "false"])
+        b.train(arm, shards, run, a.steps, a.lr, [*init[arm], *common])
         results[arm] = arm_curve(start, run)
     return results
+
+
+def export_arms(b: Bench) -> dict[str, dict[str, Path]]:
+    """HF folders of every arm's lr-0 run (step 0) and final checkpoint (`pretrain.export`)."""
+    from pretrain.export import export
+
+    folders: dict[str, dict[str, Path]] = {}
+    for arm in ARMS:
+        for when, run in (("step0", f"{arm}_step0"), ("final", arm)):
+            out = b.out / "hf" / run
+            export(b.out / "runs" / run, out, verify=False)
+            folders.setdefault(arm, {})[when] = out
+    return folders
+
+
+def validation_batches(shards: Path, run: Path, passes: int, micro_batch_size: int) -> list:
+    """`passes` fixed-mask passes over the validation split with the run's masking settings
+    (config.json); pass k uses masking seed run_seed + k, so pass 0 has the trainer's masks."""
+    from data_prep.reader import ShardReader
+    from pretrain.data import DataConfig, build_loader
+    from pretrain.masking import MaskingConfig
+
+    masking = json.loads((run / "config.json").read_text())["masking"]
+    reader = ShardReader(shards, "validation")
+    batches = []
+    for k in range(passes):
+        cfg = MaskingConfig(**{**masking, "seed": masking["seed"] + k})
+        loader = build_loader(
+            reader,
+            DataConfig(num_workers=0),
+            cfg,
+            micro_batch_size=micro_batch_size,
+            train=False,
+        )
+        for batch in loader:
+            batches.append(
+                (
+                    k,
+                    {
+                        key: batch[key]
+                        for key in ("input_ids", "attention_mask", "token_type_ids", "labels")
+                    },
+                )
+            )
+    return batches
+
+
+def new_token_loss(folder: Path, batches: list, new_ids: list[int]) -> dict:
+    """Cross-entropy of one HF model summed over masked positions whose label is a new id (and,
+    as a check against the trainer's val_loss, over all masked positions of pass 0)."""
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    from pretrain.masking import IGNORE_INDEX
+
+    model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
+    new = torch.tensor(sorted(new_ids))
+    new_sum, new_n, all_sum, all_n = 0.0, 0, 0.0, 0
+    per_pass: dict[int, list[float]] = {}  # pass -> [loss sum, positions]: the spread over masks
+    with torch.no_grad():
+        for k, batch in batches:
+            labels = batch["labels"]
+            logits = model(**{n: t for n, t in batch.items() if n != "labels"}).logits
+            ce = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2).double(),
+                labels,
+                ignore_index=IGNORE_INDEX,
+                reduction="none",
+            )
+            is_new = torch.isin(labels, new)
+            new_sum, new_n = new_sum + float(ce[is_new].sum()), new_n + int(is_new.sum())
+            acc = per_pass.setdefault(k, [0.0, 0])
+            acc[0], acc[1] = acc[0] + float(ce[is_new].sum()), acc[1] + int(is_new.sum())
+            if k == 0:
+                seen = labels != IGNORE_INDEX
+                all_sum, all_n = all_sum + float(ce[seen].sum()), all_n + int(seen.sum())
+    return {
+        "new_token_loss": round(new_sum / max(new_n, 1), 4),
+        "new_positions": new_n,
+        "per_pass": [round(t / max(n, 1), 4) for t, n in per_pass.values()],
+        "pass0_val_loss": round(all_sum / max(all_n, 1), 4),
+        "pass0_masked": all_n,
+    }
+
+
+def new_token_eval(b: Bench, shards: Path, ext_report: dict) -> dict:
+    """Loss on new-token positions of every arm at step 0 and at the end, one evaluator, the
+    same masks for every model; plus how many distinct new-token occurrences the split has."""
+    import numpy as np
+
+    from data_prep.reader import ShardReader
+
+    new_ids = [t["id"] for t in ext_report["new_tokens"]]
+    folders = export_arms(b)
+    batches = validation_batches(
+        shards, b.out / "runs" / "continued", b.args.mask_passes, b.args.global_batch_size
+    )
+    reader = ShardReader(shards, "validation")
+    occurrences = sum(int(np.isin(reader[i].input_ids, new_ids).sum()) for i in range(len(reader)))
+    result = {
+        "mask_passes": b.args.mask_passes,
+        "new_token_occurrences_in_validation": occurrences,
+    }
+    for arm, by_when in folders.items():
+        result[arm] = {when: new_token_loss(f, batches, new_ids) for when, f in by_when.items()}
+        print(f"[bench] new-token loss {arm}: {result[arm]}", flush=True)
+    return result
 
 
 def _metrics(run: Path, split: str) -> list[dict]:
@@ -293,7 +404,7 @@ def time_to_reach(curve: dict, target: float) -> dict | None:
     return None
 
 
-def summarise(arms: dict[str, dict], ext_report: dict) -> dict:
+def summarise(arms: dict[str, dict], ext_report: dict, new_tok: dict) -> dict:
     """The numbers docs/benchmarks.md reports."""
     target = arms["scratch"]["val_loss"][-1]
     c, r = arms["continued"], arms["random_rows"]
@@ -314,11 +425,28 @@ def summarise(arms: dict[str, dict], ext_report: dict) -> dict:
         },
         "new_tokens": len(ext_report["new_tokens"]),
         "vocab": [ext_report["base_vocab_size"], ext_report["new_vocab_size"]],
+        "new_token_loss": {
+            arm: {when: new_tok[arm][when]["new_token_loss"] for when in ("step0", "final")}
+            for arm in ARMS
+        },
+        "new_token_positions": new_tok["continued"]["final"]["new_positions"],
+        "new_token_occurrences_in_validation": new_tok["new_token_occurrences_in_validation"],
     }
 
 
-def plot(arms: dict[str, dict], path: Path, title: str) -> None:
-    """Validation loss against wall-clock time (left) and against step (right)."""
+def relative(value: object) -> str | None:
+    """A path inside the repository as a repository-relative string; others as given."""
+    if value is None:
+        return None
+    try:
+        return str(Path(str(value)).absolute().relative_to(REPO))
+    except ValueError:
+        return str(value)
+
+
+def plot(arms: dict[str, dict], new_tok: dict, path: Path, title: str) -> None:
+    """Validation loss against wall-clock time (left) and against step (middle); the loss on
+    new-token positions at step 0 and at the end (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -329,7 +457,7 @@ def plot(arms: dict[str, dict], path: Path, title: str) -> None:
         "continued": ("continued, new rows = mean of pieces", "tab:blue", "s"),
         "random_rows": ("continued, new rows random", "tab:red", "^"),
     }
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_t, ax_s, ax_n) = plt.subplots(1, 3, figsize=(15, 4.2))
     for arm, curve in arms.items():
         label, color, marker = style[arm]
         ax_t.plot(
@@ -346,6 +474,17 @@ def plot(arms: dict[str, dict], path: Path, title: str) -> None:
         ax.set_ylabel("validation MLM loss (domain text)")
         ax.grid(alpha=0.3)
     ax_s.legend()
+    for i, arm in enumerate(ARMS):
+        label, color, _ = style[arm]
+        losses = [new_tok[arm][when]["new_token_loss"] for when in ("step0", "final")]
+        bars = ax_n.bar([i - 0.2, i + 0.2], losses, width=0.38, color=color)
+        bars[0].set_alpha(0.45)
+        ax_n.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax_n.set_xticks(range(len(ARMS)), ["scratch", "mean of pieces", "random rows"])
+    ax_n.set_ylabel("validation loss on new-token positions")
+    n = new_tok["continued"]["final"]["new_positions"]
+    ax_n.set_title(f"light: step 0, dark: end; {n} masked new-token positions", fontsize=9)
+    ax_n.grid(alpha=0.3, axis="y")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -364,6 +503,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3, help="peak lr of every domain arm")
     p.add_argument("--global_batch_size", type=int, default=32, help="sequences per step")
     p.add_argument("--max_new", type=int, default=200, help="extend-tokenizer --max_new")
+    p.add_argument(
+        "--mask_passes", type=int, default=10, help="fixed-mask passes for the new-token loss"
+    )
     p.add_argument("--quick", action="store_true", help="a few steps of everything (a smoke run)")
     p.add_argument("--plot", type=Path, help="PNG path (default: OUT/bench_continued.png)")
     p.add_argument("--results", type=Path, help="JSON path (default: OUT/results.json)")
@@ -387,18 +529,21 @@ def main(argv: list[str] | None = None) -> int:
     shards, ext_report = domain_shards(b, base, domain)
     random_base = random_rows_folder(base, b.out / "ext_tokenizer", b.out / "random_rows_hf")
     arms = run_arms(b, shards, base, random_base)
-    summary = summarise(arms, ext_report)
+    new_tok = new_token_eval(b, shards, ext_report)
+    summary = summarise(arms, ext_report, new_tok)
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "domain_text": info,
+        "args": {k: relative(v) if k in PATH_ARGS else str(v) for k, v in vars(args).items()},
+        "domain_text": {**info, "output": relative(info["output"])},
         "summary": summary,
         "arms": arms,
+        "new_token_eval": new_tok,
         "seconds": round(time.monotonic() - t0, 1),
     }
     write_json_atomic(args.results or b.out / "results.json", result)
     plot(
         arms,
+        new_tok,
         args.plot or b.out / "bench_continued.png",
         f"tiny BERT on {info['characters'] // 1000} K characters of email/http/urllib "
         f"docstrings, {args.steps} steps, whole-word masking at 0.2",
