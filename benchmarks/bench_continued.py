@@ -319,7 +319,7 @@ def new_token_loss(folder: Path, batches: list, new_ids: list[int]) -> dict:
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from pretrain.masking import IGNORE_INDEX
+    from kernels import IGNORE_INDEX
 
     model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
     new = torch.tensor(sorted(new_ids))
