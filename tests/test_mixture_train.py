@@ -126,3 +126,31 @@ def test_mixture_of_other_tokenizers_is_refused(english_shards, chinese_shards, 
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "tokenizer fingerprint differs" in proc.stderr and str(chinese_shards) in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_resume_under_another_mixture_warns(english_shards, second_source, tmp_path):
+    """The data position is one sample count: under other weights it points into another
+    stream, so a resume that changes the mixture says so (and goes on)."""
+    run = tmp_path / "run"
+    _train(
+        run, "--data", f"en={english_shards}:0.7", f"docs={second_source}:0.3", "--max_steps", "2"
+    )
+    proc = _train(
+        run, "--data", f"en={english_shards}:0.5", f"docs={second_source}:0.5",
+        "--max_steps", "3", "--resume", "auto",
+    )  # fmt: skip
+    assert "--data differs from the checkpoint's" in proc.stdout
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_doctor_checks_every_source_of_a_mixture(english_shards, second_source, tmp_path):
+    missing = tmp_path / "absent"
+    proc = run_cli(
+        "-m", "pretrain.doctor", "--json", "--ds_config", str(REPO / "ds_configs" / "cpu.json"),
+        "--data", f"en={english_shards}:0.5", f"docs={second_source}:0.3",
+        f"gone={missing}:0.2", "--output_dir", str(tmp_path / "run"), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rows = [r for r in json.loads(proc.stdout) if r["check"] == "data"]
+    by_folder = {r["detail"].split(":")[0]: r["status"] for r in rows}
+    assert by_folder == {str(english_shards): "ok", str(second_source): "ok", str(missing): "FAIL"}
