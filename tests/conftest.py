@@ -80,6 +80,27 @@ def run_cli(
     return proc
 
 
+def train_cli(run: Path, *args: str, check: bool = True, env: dict | None = None):
+    """`python pretrain/main.py` as one process on the CPU config, quiet and small: the flags
+    every one-process trainer test shares. ``args`` add the data, model, batch and the feature."""
+    return run_cli(
+        str(REPO / "pretrain" / "main.py"),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--output_dir",
+        str(run),
+        "--eval_batches",
+        "2",
+        "--num_workers",
+        "0",
+        "--progress",
+        "false",
+        *args,
+        check=check,
+        env=env,
+    )
+
+
 @pytest.fixture(scope="session")
 def english_shards(tmp_path_factory, english_corpus) -> Path:
     """Packed shards of the pydoc corpus with a small trained WordPiece vocabulary."""

@@ -7,14 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import train_cli
 
 from pretrain.budget import TICKS_PER_BUDGET, TimeBudget, TimeClockLR
 from pretrain.config import OptimConfig
 from pretrain.metrics import read_metrics
 from pretrain.optim import build_schedule
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeClock:
@@ -83,26 +81,16 @@ def test_time_clock_needs_a_budget_and_no_step_warmup(english_shards, tmp_path, 
 
 
 def _train(shards: Path, run: Path, *extra: str):
-    return run_cli(
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
+    return train_cli(
+        run,
         "--data",
         str(shards),
-        "--output_dir",
-        str(run),
         "--model",
         "tiny",
         "--global_batch_size",
         "8",
         "--micro_batch_size",
         "8",
-        "--eval_batches",
-        "2",
-        "--progress",
-        "false",
-        "--num_workers",
-        "0",
         *extra,
         env={"PYTHONUNBUFFERED": "1"},
     )

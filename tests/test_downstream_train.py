@@ -7,35 +7,24 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import train_cli
 
 from pretrain.metrics import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
 def _train(shards: Path, run: Path, *extra: str):
-    return run_cli(
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
+    return train_cli(
+        run,
         "--data",
         str(shards),
-        "--output_dir",
-        str(run),
         "--model",
         "tiny",
         "--global_batch_size",
         "8",
         "--micro_batch_size",
         "8",
-        "--eval_batches",
-        "2",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
         "--max_steps",
         "4",
         "--save_interval",

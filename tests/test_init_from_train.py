@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, train_cli
 
 from pretrain.metrics import read_metrics
 
@@ -39,25 +39,9 @@ def _hf_folder(shards: Path, out: Path) -> Path:
 
 
 def _train(shards: Path, run: Path, *extra: str):
-    return run_cli(
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
-        "--data",
-        str(shards),
-        "--output_dir",
-        str(run),
-        "--global_batch_size",
-        "8",
-        "--micro_batch_size",
-        "8",
-        "--eval_batches",
-        "2",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
-        *extra,
+    # No --model: the architecture comes from the --init_from checkpoint.
+    return train_cli(
+        run, "--data", str(shards), "--global_batch_size", "8", "--micro_batch_size", "8", *extra
     )
 
 

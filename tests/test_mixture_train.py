@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, train_cli
 
 from pretrain.metrics import read_metrics
 
@@ -51,24 +51,14 @@ def second_source(tmp_path_factory, english_shards) -> Path:
 
 
 def _train(run: Path, *args: str, check: bool = True):
-    return run_cli(
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
-        "--output_dir",
-        str(run),
+    return train_cli(
+        run,
         "--model",
         "tiny",
         "--global_batch_size",
         "10",
         "--micro_batch_size",
         "10",
-        "--eval_batches",
-        "2",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
         *args,
         check=check,
     )
