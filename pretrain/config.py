@@ -37,7 +37,8 @@ class RunConfig:
     model_preset: str = "tiny"  # model preset name (see pretrain.model.PRESETS)
     output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/,
     # tensorboard/
-    max_steps: int = 100  # optimizer steps to train (including fp16 steps skipped on overflow)
+    max_steps: int = 100  # optimizer steps to train (including steps skipped on an fp16 overflow
+    # or by the stability guard)
     max_time_hours: float = 0.0  # also end the run after this many hours of training time, added
     # up over its launches (final validation and checkpoint at the budget); 0 = no time limit
     seed: int = 1234  # seed for model init, dropout and data order
@@ -109,6 +110,25 @@ class CheckpointConfig:
 
 
 @dataclass
+class GuardConfig:
+    """The stability guard (pretrain.guard): skip a loss spike's update, roll back on divergence."""
+
+    stability_guard: bool = True  # judge every step's loss and grad norm (skip spikes, roll back
+    # on NaN/inf or repeated spikes); --no_stability_guard turns it off
+    guard_window: int = 50  # recent healthy steps whose median and MAD judge the next step
+    guard_min_history: int = 10  # healthy steps needed before spikes are judged
+    guard_z: float = 6.0  # a spike's robust z-score, (x - median) / (1.4826 MAD), is above this
+    guard_min_ratio: float = 1.5  # ... and its value is above this multiple of the median
+    guard_spikes: int = 3  # this many spikes (loss or grad norm) within --guard_spike_window steps
+    # roll back to the newest complete checkpoint
+    guard_spike_window: int = 20  # steps over which --guard_spikes are counted
+    guard_max_rollbacks: int = 3  # rollbacks allowed per run; the next divergence gives up (exit
+    # status 5)
+    guard_lr_factor: float = 1.0  # multiply the learning rate by this at each rollback (kept
+    # across resumes; 1.0 = unchanged)
+
+
+@dataclass
 class LogConfig:
     """Metrics and validation cadence."""
 
@@ -136,6 +156,7 @@ CONCERNS: dict[str, type] = {
     "precision": PrecisionConfig,
     "memory": MemoryConfig,
     "checkpoint": CheckpointConfig,
+    "guard": GuardConfig,
     "log": LogConfig,
 }
 
@@ -156,6 +177,7 @@ _ALIASES = {
     "data_sources": ["--data"],
     "model_preset": ["--model"],
 }
+_NEGATABLE = {"stability_guard"}  # bool flags that also get --no_<flag> (default on)
 _REQUIRED = {"data_sources"}  # checked by parse_args; the doctor reports a missing one instead
 _SKIP_FOREIGN = {"preset", "name"}  # model preset name comes from --model
 
@@ -217,6 +239,17 @@ def _field_help(cls: type) -> dict[str, str]:
     return helps
 
 
+def _add_bool_flag(grp, flags: list[str], dest: str, help_text: str) -> None:
+    """``--flag [true|false]`` (bare: true), and ``--no_flag`` for those in _NEGATABLE."""
+    grp.add_argument(
+        *flags, dest=dest, nargs="?", const=True, default=None, type=_str2bool, help=help_text
+    )
+    if dest in _NEGATABLE:
+        grp.add_argument(
+            f"--no_{dest}", dest=dest, action="store_const", const=False, help=f"turn --{dest} off"
+        )
+
+
 def build_parser(
     groups: dict[str, type],
     prog: str = "pretrain/main.py",
@@ -270,9 +303,7 @@ def build_parser(
                     metavar=flags[0].lstrip("-").upper(),
                 )
             elif tp is bool:
-                grp.add_argument(
-                    *flags, dest=dest, nargs="?", const=True, default=None, type=_str2bool, help=h
-                )
+                _add_bool_flag(grp, flags, dest, h)
             elif tp in (int, float, str):
                 grp.add_argument(*flags, dest=dest, type=tp, default=None, help=h)
             else:  # tuples / lists: JSON on the command line
@@ -300,6 +331,7 @@ class TrainConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # Owned by their modules; filled by parse_args. Names kept as in config.json / checkpoints.
     model_cfg: ModelConfig | None = None  # the architecture: --model's preset plus flag overrides
@@ -388,6 +420,7 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             "--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
             "instead of training"
         )
+    _check_guard(cfg.guard, parser)
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
     from pretrain.model import layer_groups  # (a --config_json depth is checked again at build)
@@ -417,6 +450,24 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             "--warmup_steps counts steps; with --schedule_clock time give the warmup as "
             "--warmup_ratio (a fraction of the time budget)"
         )
+
+
+def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail on guard thresholds that cannot work, naming the flag."""
+    if not 2 <= g.guard_min_history <= g.guard_window:
+        parser.error(
+            f"--guard_min_history ({g.guard_min_history}) must be at least 2 and at most "
+            f"--guard_window ({g.guard_window})"
+        )
+    if g.guard_z <= 0 or g.guard_min_ratio < 1.0:
+        parser.error("--guard_z must be positive and --guard_min_ratio at least 1.0")
+    if g.guard_spikes < 1 or g.guard_spike_window < 1 or g.guard_max_rollbacks < 0:
+        parser.error(
+            "--guard_spikes and --guard_spike_window must be at least 1, "
+            "--guard_max_rollbacks at least 0"
+        )
+    if not 0.0 < g.guard_lr_factor <= 1.0:
+        parser.error(f"--guard_lr_factor must be in (0, 1], got {g.guard_lr_factor}")
 
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:

@@ -355,6 +355,7 @@ def _train_locked(cfg: TrainConfig, launched: float) -> int:
         budget=budget,
         lr_clock=TimeClockLR.for_run(cfg.optim, schedule, run.setup.config, budget),
         downstream=DownstreamJobs.for_run(cfg, rank, metrics),
+        guard_state=run.point.state.get("guard") if run.point else None,
     )
     try:
         return trainer.run(start_step, consumed)

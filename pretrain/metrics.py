@@ -226,6 +226,26 @@ class MetricsWriter:
                 ]
             )
 
+    def guard(self, record: dict[str, Any]) -> None:
+        """Write a ``"split": "guard"`` record (pretrain.guard: a skipped step, a rollback, the
+        guard giving up) to metrics.jsonl and say it in one console line."""
+        if self.rank != 0:
+            return
+        self._file.write(json.dumps(_finite(record)) + "\n")
+        self._file.flush()
+        line = (
+            f"[pretrain] guard step {record['step']}: {record['event']} {record['value']:.4g} "
+            f"(median {record['median']:.4g}, z {record['z']:.3g}) -> {record['action']}"
+        )
+        if "skipped_samples" in record:
+            first, end = record["skipped_samples"]
+            line += f", samples [{first}, {end}) skipped"
+        if "reason" in record:
+            line += f" ({record['reason']})"
+        if record["action"] == "rollback":
+            line += f", back to step {record['to_step']} (rollback {record['rollbacks']})"
+        self.print(line)
+
     def print(self, msg: str) -> None:
         """A line on rank 0's console that does not break the progress bar."""
         if self.rank != 0:

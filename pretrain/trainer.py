@@ -18,11 +18,13 @@ import torch.distributed as dist
 
 from kernels import IGNORE_INDEX
 from pretrain.budget import TimeBudget, TimeClockLR
-from pretrain.checkpoint import CheckpointManager, PreemptionHandler
+from pretrain.checkpoint import CheckpointManager, PreemptionHandler, find_latest, read_state
 from pretrain.config import TrainConfig
 from pretrain.data import build_loader
 from pretrain.distributed import sum_across_ranks
 from pretrain.downstream_jobs import DownstreamJobs
+from pretrain.faults import SPIKE_FACTOR, FaultPlan
+from pretrain.guard import EXIT_GAVE_UP, StabilityGuard, Verdict, can_discard, discard_update
 from pretrain.masking import merge_stats
 from pretrain.metrics import MetricsWriter, StepTimer
 from pretrain.optim import current_lr
@@ -121,6 +123,7 @@ class Trainer:
         budget: TimeBudget | None = None,
         lr_clock: TimeClockLR | None = None,
         downstream: DownstreamJobs | None = None,
+        guard_state: dict[str, Any] | None = None,
     ):
         self.cfg, self.engine, self.plan, self.device = cfg, engine, plan, device
         self.loader, self.val_readers = loader, val_readers  # [(source name, reader)]
@@ -131,6 +134,33 @@ class Trainer:
         self.source_names = [src.name for src in sources] if sources else []
         self.lr_clock = lr_clock
         self.downstream = downstream
+        self.faults = FaultPlan()
+        if self.faults:
+            metrics.print(self.faults.describe())
+        self.guard = self._build_guard(guard_state) if cfg.guard.stability_guard else None
+
+    def _build_guard(self, state: dict[str, Any] | None) -> StabilityGuard:
+        """The stability guard with a resumed run's state; its lr factor is already in the
+        restored schedule's base lrs, or is applied here to a time clock's peak."""
+        from pretrain.ds_config import ConfigError
+
+        if not can_discard(self.engine.optimizer):
+            raise ConfigError(
+                f"the stability guard needs a ZeRO optimizer (stage 1-3) to skip an update; "
+                f"this one is {type(self.engine.optimizer).__name__}. Use ZeRO or "
+                "--no_stability_guard."
+            )
+        scheduler = self.engine.lr_scheduler
+        if self.cfg.guard.guard_lr_factor != 1.0 and self.lr_clock is None:
+            if not hasattr(scheduler, "base_lrs"):
+                raise ConfigError(
+                    "--guard_lr_factor needs the trainer's own lr schedule; the DeepSpeed config "
+                    "brings a scheduler block. Remove it, or keep --guard_lr_factor 1.0."
+                )
+        guard = StabilityGuard(self.cfg.guard, state, fp16=self.engine.fp16_enabled())
+        if self.lr_clock is not None:
+            self.lr_clock.peak_lr *= guard.lr_factor
+        return guard
 
     def run(self, step: int, consumed: int) -> int:
         """Train from ``step`` to ``max_steps``; returns the exit status."""
@@ -140,7 +170,7 @@ class Trainer:
             while step < max_steps:
                 timer.restart()
                 try:
-                    rec = self.train_step(batches, timer)
+                    rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale
                     if not fp16_gave_up(e):
                         raise
@@ -150,6 +180,12 @@ class Trainer:
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
+                if self.guard:
+                    action, step = self._guard_step(verdict, rec, step, consumed)
+                    if action == "give_up":
+                        return EXIT_GAVE_UP
+                    if action == "rollback":
+                        continue  # back at the checkpoint's step, data position kept
                 if self.downstream:
                     self.downstream.poll()  # finished background evaluations into the metrics
                 # Validation at an interval step; the end of training always validates below.
@@ -182,8 +218,9 @@ class Trainer:
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def train_step(self, batches, timer: StepTimer) -> dict[str, Any]:
-        """Gradient accumulation over one global batch; returns the step's (global) numbers."""
+    def train_step(self, batches, timer: StepTimer) -> tuple[dict[str, Any], Verdict | None]:
+        """Gradient accumulation over one global batch; returns the step's (global) numbers and
+        the guard's verdict on its loss (None without the guard), judged before the update."""
         eng, accum = self.engine, self.plan.grad_accum
         if self.lr_clock is not None:  # a time-clock schedule: the lr of this step from the clock
             self.lr_clock.apply(eng.optimizer)
@@ -208,23 +245,27 @@ class Trainer:
         # accumulation steps (backward) and the world size (gradient averaging): undo both.
         scale = float(accum * self.world)
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in STEP_SUMS}
-        for mb in micro:
+        fault = self._planned_fault(eng.global_steps + 1)
+        for i, mb in enumerate(micro):
             out = eng(**self._to_device(mb), mlm_normalizer=max(n_masked, 1.0))
-            loss = out["mlm_loss"] * scale
+            mlm = out["mlm_loss"] if fault is None else out["mlm_loss"] * fault
+            loss = mlm * scale
             if out.get("nsp_loss") is not None:
                 loss = loss + out["nsp_loss"]
                 sums["nsp_loss"] += out["nsp_loss"].detach().double() / accum
                 sums["nsp_correct"] += out["nsp_correct"].double()
                 sums["nsp_count"] += out["nsp_count"].double()
             eng.backward(loss)
-            eng.step()
-            sums["mlm_loss"] += out["mlm_loss"].detach().double()
+            if i < accum - 1:
+                eng.step()  # inside the window: no update; the boundary step comes below
+            sums["mlm_loss"] += mlm.detach().double()
             sums["mlm_correct"] += out["num_correct"].double()
+        # The step's global loss is known before the update (one all-reduce, as before).
         stacked = torch.stack([sums[k] for k in STEP_SUMS])
         if self.world > 1:
             dist.all_reduce(stacked)
         rec = {
-            "step": eng.global_steps,
+            "step": eng.global_steps + 1,
             **loss_record(dict(zip(STEP_SUMS, stacked.tolist())), n_masked, self.world),
             "tokens": n_tokens,
             "masked": n_masked,
@@ -237,7 +278,55 @@ class Trainer:
             )
         if masking:  # realised masking of this rank's micro-batches, fractions from the counts
             rec.update({f"mask_{k}": v for k, v in merge_stats(masking).items()})
-        return rec
+        return rec, self._boundary_step(rec)
+
+    def _boundary_step(self, rec: dict[str, Any]) -> Verdict | None:
+        """The window's optimizer step, or (when the guard rejects the step's loss) a skipped
+        one that drops the gradients; returns the guard's verdict (None without the guard)."""
+        verdict = self.guard.check_loss(rec["step"], rec["loss"]) if self.guard else None
+        if verdict is not None and verdict.action != "ok":
+            with discard_update(self.engine.optimizer):
+                self.engine.step()  # counted as a skipped step, like an fp16 overflow
+        else:
+            self.engine.step()
+        return verdict
+
+    def _planned_fault(self, step: int) -> float | None:
+        """The loss multiplier a planned fault (pretrain.faults) sets for ``step``, or None."""
+        if not self.faults:
+            return None
+        if self.faults.due("loss_nan", step, self.rank):
+            return math.nan
+        if self.faults.due("loss_spike", step, self.rank):
+            return SPIKE_FACTOR
+        return None
+
+    def _guard_step(
+        self, verdict: Verdict, rec: dict[str, Any], step: int, consumed: int
+    ) -> tuple[str, int]:
+        """The guard's final word on the step just taken, acted on and logged: (action, step to
+        continue from)."""
+        if verdict.action == "ok":  # the loss was fine: judge the grad norm of the update
+            verdict = self.guard.check_grad_norm(rec["step"], rec["grad_norm"])
+        event, action = verdict.event, verdict.action
+        if event is None:
+            return action, step
+        event.update(loss=rec["loss"], grad_norm=rec["grad_norm"])
+        first = consumed - self.plan.global_batch
+        if action == "skip":
+            self.guard.skipped(event, first, consumed)
+        elif action == "rollback":
+            to_step = self._rollback(event, consumed)
+            if to_step is not None:
+                step = to_step
+            else:  # nothing to go back to: a one-off is skipped, a pile-up gives up
+                action = event["action"] = self.guard.without_checkpoint(event)
+                if action == "skip":
+                    self.guard.skipped(event, first, consumed)
+        self.metrics.guard(event)
+        if action == "give_up":
+            self.metrics.print(self._give_up_message(event))
+        return action, step
 
     def evaluate(self, step: int) -> list[dict]:
         """MLM loss, accuracy and perplexity on each source's validation split (all ranks take
@@ -284,6 +373,49 @@ class Trainer:
         self.engine.train()
         return tuple(sum_across_ranks([loss_sum, correct, masked], self.device))
 
+    def _rollback(self, event: dict[str, Any], consumed: int) -> int | None:
+        """Load the newest complete checkpoint into the engine (all ranks) and keep the data
+        position, so the samples consumed since it are skipped; returns its step, or None when
+        there is none of this world size (the caller gives up)."""
+        path = find_latest(self.ckpts.root)
+        state = read_state(path) if path is not None else None
+        if state is None or int(state["world_size"]) != self.world:
+            event["reason"] = (
+                "no complete checkpoint to roll back to"
+                if state is None
+                else f"the newest checkpoint {path} was written on {state['world_size']} ranks"
+            )
+            return None
+        self.ckpts.load(self.engine, path)
+        to_step = int(state["step"])
+        self.engine.global_steps, self.engine.global_samples = to_step, consumed
+        self.ckpts.last_saved_step = to_step
+        saved_factor = float(state.get("guard", {}).get("lr_factor", 1.0))
+        old_factor = self.guard.lr_factor
+        factor = self.guard.rolled_back(event, to_step, int(state["consumed_samples"]), consumed)
+        event["checkpoint"] = str(path)
+        if self.lr_clock is not None:  # the clock's peak is ours, not in the checkpoint
+            self.lr_clock.peak_lr *= factor / old_factor
+        elif factor != saved_factor:  # the loaded schedule carries the checkpoint's factor
+            ratio = factor / saved_factor
+            scheduler = self.engine.lr_scheduler
+            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+            for group in self.engine.optimizer.param_groups:
+                group["lr"] *= ratio
+        return to_step
+
+    def _give_up_message(self, event: dict[str, Any]) -> str:
+        why = event.get("reason") or (
+            f"{self.guard.rollbacks} rollbacks already (--guard_max_rollbacks "
+            f"{self.cfg.guard.guard_max_rollbacks})"
+        )
+        return (
+            f"[pretrain] ERROR: the stability guard gave up at step {event['step']} "
+            f"({event['event']}, value {event['value']}): {why}. Nothing was saved after the "
+            "last checkpoint (if any). Lower --lr, set --guard_lr_factor, save more often "
+            "(--save_interval), or turn the guard off with --no_stability_guard."
+        )
+
     def save(self, step: int, consumed: int, reason: str) -> None:
         """A checkpoint after ``step`` (all ranks), with the data position and the run's state."""
         state = {
@@ -291,6 +423,7 @@ class Trainer:
             "consumed_samples": consumed,
             "reason": reason,
             "elapsed_s": self.budget.elapsed_s(),
+            **({"guard": self.guard.state_dict()} if self.guard else {}),
         }
         path = self.ckpts.save(self.engine, step, state)
         self.metrics.print(f"checkpoint ({reason}) step {step}: {path}")
