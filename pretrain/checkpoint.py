@@ -399,7 +399,7 @@ class DeferredWriteErrors:
     ):
         self.engine, self.where, self.after_write, self.error = engine, where, after_write, error
         self.written: list[Path] = []
-        self._patched: list[tuple[Any, str]] = []
+        self._patched: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute)
 
     def _guard(self, owner: Any, name: str, records: bool) -> None:
         original = getattr(owner, name)
@@ -420,8 +420,8 @@ class DeferredWriteErrors:
                 self.error = f"writing {self.where}: {_explain(e, self.where)}"
                 return None
 
+        self._patched.append((owner, name, owner.__dict__.get(name)))
         setattr(owner, name, guarded)  # an instance attribute: shadows the method until __exit__
-        self._patched.append((owner, name))
 
     def __enter__(self) -> DeferredWriteErrors:
         ckpt_engine = self.engine.checkpoint_engine
@@ -431,8 +431,11 @@ class DeferredWriteErrors:
         return self
 
     def __exit__(self, *exc) -> None:
-        for owner, name in self._patched:
-            owner.__dict__.pop(name, None)
+        for owner, name, own in reversed(self._patched):
+            if own is None:
+                owner.__dict__.pop(name, None)
+            else:
+                setattr(owner, name, own)
 
 
 class PreemptionHandler:
