@@ -244,7 +244,12 @@ def _newest_verified(root: Path, what: str) -> Path | None:
     if latest is None and list_complete(root):
         raise CorruptCheckpointError(
             f"{what}: no checkpoint in {root} matches what was written (see the warnings "
-            "above). Restore the files, or use --resume none to start over."
+            "above). Restore the files, or "
+            + (
+                "use --resume none to start over."
+                if what.startswith("--resume")
+                else "use another."
+            )
         )
     return latest
 
