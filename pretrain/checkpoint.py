@@ -17,13 +17,14 @@ work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag
 ``engine.load_checkpoint("RUN/checkpoints")``. A folder without ``COMPLETE`` is ignored by
 :func:`find_latest` and removed before the same tag is saved again.
 
-Verified checkpoints: ``COMPLETE`` is a JSON manifest of every file of the tag folder (relative
-path -> size in bytes), made from each rank's own list of the files it wrote (gathered to rank 0,
-so it holds on any filesystem layout). :func:`verify` compares it with the folder (``stat`` only,
-cheap enough to run before the rendezvous); ``--resume auto`` and a run or ``checkpoints/`` folder
-take the newest checkpoint that verifies and warn about each newer one skipped; an explicit
-checkpoint folder that fails is an error naming its problems; ``latest`` names only a verified
-checkpoint. An old plain-text marker (``step_XXXXXXXX``) still counts as complete (no file list).
+Verified checkpoints (:mod:`pretrain.checkpoint_files`): ``COMPLETE`` is a JSON manifest of every
+file of the tag folder (relative path -> size in bytes), made from each rank's own list of the
+files it wrote (gathered to rank 0, so it holds on any filesystem layout). :func:`verify` compares
+it with the folder (``stat`` only, cheap enough to run before the rendezvous); ``--resume auto``
+and a run or ``checkpoints/`` folder take the newest checkpoint that verifies and warn about each
+newer one skipped; an explicit checkpoint folder that fails is an error naming its problems;
+``latest`` names only a verified checkpoint. An old plain-text marker (``step_XXXXXXXX``) still
+counts as complete (no file list).
 
 Failed saves: every rank catches its own write error (OSError, or torch's RuntimeError for a full
 disk) -- DeepSpeed's own writes included, which are recorded rather than raised so the rank still
@@ -40,7 +41,6 @@ barrier until the rendezvous timeout (``--dist_timeout_s``); the job then dies w
 from __future__ import annotations
 
 import copy
-import errno
 import json
 import os
 import random
@@ -50,7 +50,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,11 +59,22 @@ import torch
 import torch.distributed as dist
 
 from data_prep.layout import write_text_atomic
+from pretrain.checkpoint_files import (
+    MARKER,
+    DeferredWriteErrors,
+    describe_problems,
+    explain_write_error,
+    folder_sizes,
+    injected_enospc,
+    is_complete,
+    verify,
+    write_marker,
+    written_sizes,
+)
 from pretrain.config import CheckpointConfig
 from pretrain.distributed import sum_across_ranks
 from pretrain.faults import FaultPlan
 
-MARKER = "COMPLETE"
 LATEST_FILE = "latest"  # DeepSpeed's name (engine.load_checkpoint, zero_to_fp32 read it)
 STATE_FILE = "trainer_state.json"
 _TAG_RE = re.compile(r"^step_(\d{8})$")
@@ -127,68 +137,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         get_accelerator().set_rng_state(state["accelerator"])
 
 
-def is_complete(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a checkpoint folder whose completion marker exists."""
-    return Path(path, MARKER).is_file()
-
-
-def written_sizes(folder: Path, files: Iterable[Path]) -> dict[str, int]:
-    """{path relative to ``folder``: size in bytes} of ``files`` (written by this process)."""
-    return {Path(f).relative_to(folder).as_posix(): Path(f).stat().st_size for f in files}
-
-
-def folder_sizes(folder: Path) -> dict[str, int]:
-    """Sizes of every file below ``folder`` but the marker (for a folder one process wrote)."""
-    files = [p for p in folder.rglob("*") if p.is_file() and p.name != MARKER]
-    return written_sizes(folder, files)
-
-
-def write_marker(folder: Path, files: dict[str, int], tag: str | None = None) -> None:
-    """Write ``COMPLETE`` (atomic): the manifest :func:`verify` checks the folder against."""
-    manifest = {"format": 1, "tag": tag or folder.name, "files": dict(sorted(files.items()))}
-    write_text_atomic(folder / MARKER, json.dumps(manifest, indent=1) + "\n")
-
-
-def verify(path: str | os.PathLike) -> list[str]:
-    """What is wrong with checkpoint ``path`` against its ``COMPLETE`` manifest (empty: nothing).
-
-    ``stat`` only: a missing marker, a missing file, a size that differs. A legacy plain-text
-    marker records no files and verifies as complete.
-    """
-    path = Path(path)
-    try:
-        text = (path / MARKER).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return [f"no {MARKER} marker (the save did not finish)"]
-    except OSError as e:
-        return [f"{MARKER} cannot be read ({e})"]
-    if not text.lstrip().startswith("{"):
-        return []  # legacy marker ("step_XXXXXXXX"): complete, files not recorded
-    try:
-        files = json.loads(text)["files"]
-        assert isinstance(files, dict)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        return [f"{MARKER} is damaged (not a JSON manifest with a 'files' table)"]
-    problems = []
-    for rel, size in files.items():
-        try:
-            actual = (path / rel).stat().st_size
-        except FileNotFoundError:
-            problems.append(f"{rel} is missing")
-            continue
-        except OSError as e:
-            problems.append(f"{rel} cannot be read ({e.strerror})")
-            continue
-        if actual != size:
-            problems.append(f"{rel} has {actual} bytes, {size} were written")
-    return problems
-
-
-def _describe(problems: list[str], limit: int = 3) -> str:
-    more = f" (and {len(problems) - limit} more)" if len(problems) > limit else ""
-    return "; ".join(problems[:limit]) + more
-
-
 def _warn(message: str) -> None:
     """Print a warning once per job: on the launcher's rank 0 (this runs before the rendezvous)."""
     if int(os.environ.get("RANK", "0")) == 0:
@@ -221,7 +169,7 @@ def find_latest(ckpt_dir: str | os.PathLike, *, quiet: bool = False) -> Path | N
         if not quiet:
             _warn(
                 f"skipping checkpoint {p}: its files do not match what was written "
-                f"({_describe(problems)}); falling back to the previous complete checkpoint"
+                f"({describe_problems(problems)}); falling back to the previous complete checkpoint"
             )
     return None
 
@@ -364,85 +312,6 @@ def find_resume(
     return ResumePoint(path, state)
 
 
-def _explain(error: BaseException, path: Path) -> str:
-    """A write error with the free space left where it happened (a full disk says so)."""
-    try:
-        free = shutil.disk_usage(path if path.exists() else path.parent).free
-        room = f"; {free} bytes free there"
-    except OSError:
-        room = ""
-    return f"{type(error).__name__}: {error}{room}"
-
-
-def _injected_enospc(written: Path) -> None:
-    """The planned ``save_enospc`` fault: the file just written is cut to half, as a disk that
-    filled up mid-write leaves it, and the write fails with ENOSPC."""
-    with open(written, "r+b") as f:
-        f.truncate(os.path.getsize(written) // 2)
-    raise OSError(
-        errno.ENOSPC, "No space left on device (planned by BERTFORGE_FAULTS)", str(written)
-    )
-
-
-class DeferredWriteErrors:
-    """Around ``engine.save_checkpoint``: DeepSpeed's file writes (its checkpoint engine's
-    ``save`` and ``makedirs``, the recovery-script copy) that fail are recorded, not raised.
-
-    An exception out of DeepSpeed's save on one rank would leave the others waiting in its closing
-    barrier; recorded, the rank skips its remaining writes and still runs every collective, and
-    the caller shares the error with one all-gather. ``written``: the files saved whole.
-    ``after_write``: called with each file saved (the planned fault); ``error``: an earlier error
-    of this rank (then nothing more is written).
-    """
-
-    def __init__(
-        self,
-        engine,
-        where: Path,
-        after_write: Callable[[Path], None] | None = None,
-        error: str | None = None,
-    ):
-        self.engine, self.where, self.after_write, self.error = engine, where, after_write, error
-        self.written: list[Path] = []
-        self._patched: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute)
-
-    def _guard(self, owner: Any, name: str, records: bool) -> None:
-        original = getattr(owner, name)
-
-        def guarded(*args, **kwargs):
-            if self.error is not None:
-                return None
-            try:
-                result = original(*args, **kwargs)
-                if records:
-                    path = Path(kwargs.get("path", args[1] if len(args) > 1 else ""))
-                    self.written.append(path)
-                    if self.after_write is not None:
-                        self.after_write, hook = None, self.after_write
-                        hook(path)
-                return result
-            except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
-                self.error = f"writing {self.where}: {_explain(e, self.where)}"
-                return None
-
-        self._patched.append((owner, name, owner.__dict__.get(name)))
-        setattr(owner, name, guarded)  # an instance attribute: shadows the method until __exit__
-
-    def __enter__(self) -> DeferredWriteErrors:
-        ckpt_engine = self.engine.checkpoint_engine
-        self._guard(ckpt_engine, "save", records=True)
-        self._guard(ckpt_engine, "makedirs", records=False)
-        self._guard(self.engine, "_copy_recovery_script", records=False)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for owner, name, own in reversed(self._patched):
-            if own is None:
-                owner.__dict__.pop(name, None)
-            else:
-                setattr(owner, name, own)
-
-
 class PreemptionHandler:
     """SIGTERM/SIGINT set a flag; the loop saves at the next step boundary and exits.
 
@@ -542,7 +411,7 @@ class CheckpointManager:
         """
         inject = self.faults.due("save_enospc", step, self.rank)
         # universal_checkpoint_info lets ds_to_universal convert ZeRO-1/2 checkpoints later.
-        with DeferredWriteErrors(engine, path, _injected_enospc if inject else None, error) as ds:
+        with DeferredWriteErrors(engine, path, injected_enospc if inject else None, error) as ds:
             engine.save_checkpoint(
                 str(self.root),
                 tag=path.name,
@@ -563,7 +432,7 @@ class CheckpointManager:
                 written.append(path / STATE_FILE)
             return written_sizes(path, written), error
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
-            return {}, f"writing {path}: {_explain(e, path)}"
+            return {}, f"writing {path}: {explain_write_error(e, path)}"
 
     def _gather(self, report: Any) -> list[Any]:
         """Every rank's ``report`` in rank order (one all_gather_object: gloo and NCCL)."""
@@ -583,7 +452,7 @@ class CheckpointManager:
         try:
             write_marker(path, files)
         except OSError as e:
-            return [f"rank 0: writing {path / MARKER}: {_explain(e, path)}"]
+            return [f"rank 0: writing {path / MARKER}: {explain_write_error(e, path)}"]
         try:
             write_latest(self.root)
             self._prune(keep=path)
