@@ -10,7 +10,8 @@ NFS v3+), so a reader never sees a half-written lock. When the lock exists:
   job is really gone (its pid cannot be checked from here).
 
 Release removes the file only while it still names this process. Used by ``data_prep build``
-(one lock per part of an output) and by the trainer (one lock per run folder, rank 0).
+(one lock per part of an output, and the merge's lock), and by the trainer (one lock per run
+folder, rank 0).
 """
 
 from __future__ import annotations
@@ -68,16 +69,18 @@ class FolderLock:
     Use as a context manager, or call :meth:`acquire` and :meth:`release`.
     """
 
-    def __init__(self, path: str | os.PathLike, what: str):
+    def __init__(self, path: str | os.PathLike, what: str, *, make_parent: bool = True):
         self.path = Path(path)
         self.what = what
+        self.make_parent = make_parent  # False: a missing folder raises FileNotFoundError
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.held = False
 
     def _try_create(self) -> bool:
         """Create the lock whole; False when it exists already."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.make_parent:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.{self.host}.{self.pid}.tmp")
         record = {
             "host": self.host,

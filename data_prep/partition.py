@@ -13,12 +13,12 @@ merges by itself, under an exclusive lock file.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Self
 
 from data_prep.layout import WORK_DIR, write_json_atomic
+from data_prep.lock import FolderLock, LockError
 
 MERGE_LOCK = "merge.lock"
 _PART_FILE = re.compile(r"part-(\d+)-of-(\d+)\.json$")
@@ -114,22 +114,26 @@ def complete_units(out: Path, key: dict[str, Any]) -> tuple[int, list[dict[str, 
 
 
 class MergeLock:
-    """An exclusive lock file (O_CREAT | O_EXCL, which NFS v3+ honours) around the merge."""
+    """The merge's exclusive lock: a :class:`~data_prep.lock.FolderLock` (names its holder; the
+    lock of a holder that died on this host is taken over with a warning).
+
+    ``held`` is False while another live job merges, or when ``.work`` is gone (merged already:
+    the lock never recreates it).
+    """
 
     def __init__(self, out: Path):
         self.path = out / WORK_DIR / MERGE_LOCK
+        self._lock = FolderLock(self.path, f"the merge of {out}", make_parent=False)
         self.held = False
 
     def __enter__(self) -> Self:
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except (FileExistsError, FileNotFoundError):  # held, or .work gone: merged already
+            self._lock.acquire()
+        except (LockError, FileNotFoundError):  # merging elsewhere, or .work gone: merged already
             return self
-        os.write(fd, f"{os.uname().nodename} {os.getpid()}\n".encode())
-        os.close(fd)
         self.held = True
         return self
 
     def __exit__(self, *exc) -> None:
         if self.held:
-            self.path.unlink(missing_ok=True)
+            self._lock.release()

@@ -16,6 +16,26 @@ itself, atomically, after ``COMPLETE`` and naming the newest complete tag, so De
 work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag``) and
 ``engine.load_checkpoint("RUN/checkpoints")``. A folder without ``COMPLETE`` is ignored by
 :func:`find_latest` and removed before the same tag is saved again.
+
+Verified checkpoints (:mod:`pretrain.checkpoint_files`): ``COMPLETE`` is a JSON manifest of every
+file of the tag folder (relative path -> size in bytes), made from each rank's own list of the
+files it wrote (gathered to rank 0, so it holds on any filesystem layout). :func:`verify` compares
+it with the folder (``stat`` only, cheap enough to run before the rendezvous); ``--resume auto``
+and a run or ``checkpoints/`` folder take the newest checkpoint that verifies and warn about each
+newer one skipped; an explicit checkpoint folder that fails is an error naming its problems;
+``latest`` names only a verified checkpoint. An old plain-text marker (``step_XXXXXXXX``) still
+counts as complete (no file list).
+
+Failed saves: every rank catches its own write error (OSError, or torch's RuntimeError for a full
+disk) -- DeepSpeed's own writes included, which are recorded rather than raised so the rank still
+reaches DeepSpeed's closing barrier -- then one all-gather tells every rank which ranks failed.
+A failed save writes no ``COMPLETE``, its partial folder is removed, and pruning only ever runs
+after a new checkpoint is complete, so the previous one is untouched. :class:`CheckpointSaveError`
+is raised on every rank; the trainer's policy: a periodic save ("interval", "time") warns and the
+run retries at the next interval; a final, "signal" or "budget" save stops the run with
+``EXIT_SAVE_FAILED``. Remaining risk: a rank killed while writing leaves the others in DeepSpeed's
+barrier until the rendezvous timeout (``--dist_timeout_s``); the job then dies with no
+``COMPLETE`` written, the previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -39,10 +59,22 @@ import torch
 import torch.distributed as dist
 
 from data_prep.layout import write_text_atomic
+from pretrain.checkpoint_files import (
+    MARKER,
+    DeferredWriteErrors,
+    describe_problems,
+    explain_write_error,
+    folder_sizes,
+    injected_enospc,
+    is_complete,
+    verify,
+    write_marker,
+    written_sizes,
+)
 from pretrain.config import CheckpointConfig
 from pretrain.distributed import sum_across_ranks
+from pretrain.faults import FaultPlan
 
-MARKER = "COMPLETE"
 LATEST_FILE = "latest"  # DeepSpeed's name (engine.load_checkpoint, zero_to_fp32 read it)
 STATE_FILE = "trainer_state.json"
 _TAG_RE = re.compile(r"^step_(\d{8})$")
@@ -60,6 +92,18 @@ _FREE_MODEL_FIELDS = {
 
 class CheckpointError(ValueError):
     """A checkpoint that does not exist, is incomplete, or does not fit this run."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A complete checkpoint whose files do not match what its ``COMPLETE`` manifest records."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that failed on some rank (raised on every rank); nothing of it is resumable."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
 
 
 def tag_for(step: int) -> str:
@@ -93,13 +137,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         get_accelerator().set_rng_state(state["accelerator"])
 
 
-def is_complete(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a checkpoint folder whose completion marker exists."""
-    return Path(path, MARKER).is_file()
+def _warn(message: str) -> None:
+    """Print a warning once per job: on the launcher's rank 0 (this runs before the rendezvous)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[pretrain] WARNING: {message}", flush=True)
 
 
 def list_complete(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint under ``ckpt_dir``, oldest first."""
+    """(step, folder) of every complete checkpoint (marker present; see :func:`verify`) under
+    ``ckpt_dir``, oldest first."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
@@ -111,46 +157,85 @@ def list_complete(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def find_latest(ckpt_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint under ``ckpt_dir``, or None."""
-    found = list_complete(ckpt_dir)
-    return found[-1][1] if found else None
+def find_latest(ckpt_dir: str | os.PathLike, *, quiet: bool = False) -> Path | None:
+    """The newest complete checkpoint under ``ckpt_dir`` that verifies, or None.
+
+    Each newer one that does not verify is skipped with a warning naming it (unless ``quiet``).
+    """
+    for _step, p in reversed(list_complete(ckpt_dir)):
+        problems = verify(p)
+        if not problems:
+            return p
+        if not quiet:
+            _warn(
+                f"skipping checkpoint {p}: its files do not match what was written "
+                f"({describe_problems(problems)}); falling back to the previous complete checkpoint"
+            )
+    return None
 
 
 def write_latest(ckpt_dir: str | os.PathLike) -> Path | None:
-    """Point DeepSpeed's ``latest`` file at the newest complete checkpoint (atomic); returns it.
+    """Point DeepSpeed's ``latest`` file at the newest verified checkpoint (atomic); returns it.
 
-    Only a complete checkpoint is ever named: with none, the file is left as it is.
+    Only a verified checkpoint is ever named: with none, the file is left as it is.
     """
-    newest = find_latest(ckpt_dir)
+    newest = find_latest(ckpt_dir, quiet=True)
     if newest is not None:
         write_text_atomic(Path(ckpt_dir) / LATEST_FILE, newest.name)  # no newline, as DeepSpeed
     return newest
 
 
-def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
-    """Turn ``--resume`` (auto | none | path) into a complete checkpoint folder or None.
+def _newest_verified(root: Path, what: str) -> Path | None:
+    """:func:`find_latest` of ``root``; an error when it holds complete checkpoints but none
+    verifies (starting over silently would throw the run away)."""
+    latest = find_latest(root)
+    if latest is None and list_complete(root):
+        raise CorruptCheckpointError(
+            f"{what}: no checkpoint in {root} matches what was written (see the warnings "
+            "above). Restore the files, or "
+            + (
+                "use --resume none to start over."
+                if what.startswith("--resume")
+                else "use another."
+            )
+        )
+    return latest
 
-    A path may be a checkpoint folder, a ``checkpoints/`` folder or a run folder (newest inside).
+
+def resolve_resume(
+    resume: str, output_dir: str | os.PathLike, *, flag: str = "--resume"
+) -> Path | None:
+    """Turn ``--resume`` (auto | none | path) into a verified checkpoint folder or None.
+
+    A path may be a checkpoint folder, a ``checkpoints/`` folder or a run folder (newest verified
+    inside, skipping with a warning any newer one that does not verify). An explicit checkpoint
+    folder that does not verify is an error naming its problems. ``flag`` names the option in
+    messages (``--init_from`` reads our runs through this too).
     """
     if resume == "none":
         return None
     if resume == "auto":
-        return find_latest(Path(output_dir) / "checkpoints")
+        return _newest_verified(Path(output_dir) / "checkpoints", f"{flag} auto")
     p = Path(resume)
     if is_complete(p):
+        problems = verify(p)
+        if problems:
+            raise CorruptCheckpointError(
+                f"{flag} {p}: the checkpoint's files do not match what was written:\n  "
+                + "\n  ".join(problems[:10])
+                + "\nUse an earlier checkpoint (a run folder or --resume auto skips this one)."
+            )
         return p
     for root in (p, p / "checkpoints"):
-        latest = find_latest(root)
+        latest = _newest_verified(root, f"{flag} {p}")
         if latest is not None:
             return latest
     if _TAG_RE.match(p.name):
         raise CheckpointError(
-            f"--resume {p}: the checkpoint is incomplete (no {MARKER} marker; "
-            "the run stopped while saving). Resume from an earlier one or use "
-            "--resume auto."
+            f"{flag} {p}: the checkpoint is incomplete (no {MARKER} marker; "
+            "the run stopped while saving). Use an earlier one or --resume auto."
         )
-    raise CheckpointError(f"--resume {p}: no complete checkpoint there")
+    raise CheckpointError(f"{flag} {p}: no complete checkpoint there")
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -271,19 +356,28 @@ class CheckpointManager:
         self.device = device or torch.device("cpu")  # where the cross-rank flags are reduced
         self.last_save_time = time.monotonic()
         self.last_saved_step: int | None = None
+        self.faults = FaultPlan()  # BERTFORGE_FAULTS: planned failing saves (tests only)
 
     def _barrier(self) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
 
     def save(self, engine, step: int, state: dict[str, Any]) -> Path:
-        """Save engine + client state as ``step_<step>``; all ranks must call this together."""
+        """Save engine + client state as ``step_<step>``; all ranks must call this together.
+
+        Raises :class:`CheckpointSaveError` on every rank when any rank failed to write: then no
+        ``COMPLETE`` exists, the partial folder is removed, and nothing older was touched.
+        """
         tag = tag_for(step)
         path = self.root / tag
+        error = None
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if path.exists():  # a partial save of the same step from a crashed run
-                shutil.rmtree(path)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if path.exists():  # a partial save of the same step from a crashed run
+                    shutil.rmtree(path)
+            except OSError as e:
+                error = f"preparing {path}: {e}"
         self._barrier()
         full_state = {
             **state,
@@ -292,45 +386,114 @@ class CheckpointManager:
             "tag": tag,
             "saved_at": time.time(),
         }
-        # universal_checkpoint_info lets ds_to_universal convert ZeRO-1/2 checkpoints later.
-        engine.save_checkpoint(
-            str(self.root),
-            tag=tag,
-            save_latest=False,
-            client_state={"trainer_state": full_state, "universal_checkpoint_info": {}},
-        )
-        (path / "rng").mkdir(parents=True, exist_ok=True)
-        rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
-        torch.save(rng_state(), rng_file.with_suffix(".tmp"))
-        os.replace(rng_file.with_suffix(".tmp"), rng_file)
-        if self.rank == 0:
-            write_text_atomic(path / STATE_FILE, json.dumps(full_state, indent=2, default=str))
-        self._barrier()  # every rank's shards and RNG file are on disk
-        if self.rank == 0:
-            write_text_atomic(path / MARKER, f"{tag}\n")
-            write_latest(self.root)
-            self._prune()
-        self._barrier()
+        files, error = self._write(engine, path, step, full_state, error)
+        reports = self._gather((error, files))  # one collective: who failed, who wrote what
+        failed = [f"rank {r}: {err}" for r, (err, _) in enumerate(reports) if err]
+        if not failed and self.rank == 0:
+            written = {k: v for _err, part in reports for k, v in part.items()}
+            failed = self._commit(path, written)
+        # The closing agreement (was a barrier): every rank learns whether rank 0 committed.
+        if self._any(bool(failed)):
+            self._discard(path)
+            self.last_save_time = time.monotonic()  # a timed save retries one interval later
+            raise CheckpointSaveError(self._failure_message(path, failed), path)
         self.last_save_time = time.monotonic()
         self.last_saved_step = step
         return path
 
-    def _prune(self) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints; drop older ones and stale
-        partials."""
+    def _write(
+        self, engine, path: Path, step: int, full_state: dict[str, Any], error: str | None
+    ) -> tuple[dict[str, int], str | None]:
+        """This rank's part of a save: DeepSpeed's files, its RNG file, rank 0's state file.
+
+        Returns ({relative path: size} of what this rank wrote, its error or None). DeepSpeed's
+        save is called even after an error so that every rank runs its collectives.
+        """
+        inject = self.faults.due("save_enospc", step, self.rank)
+        # universal_checkpoint_info lets ds_to_universal convert ZeRO-1/2 checkpoints later.
+        with DeferredWriteErrors(engine, path, injected_enospc if inject else None, error) as ds:
+            engine.save_checkpoint(
+                str(self.root),
+                tag=path.name,
+                save_latest=False,
+                client_state={"trainer_state": full_state, "universal_checkpoint_info": {}},
+            )
+        written, error = [p for p in ds.written if path in p.parents], ds.error
+        try:
+            if error is None:
+                (path / "rng").mkdir(parents=True, exist_ok=True)
+                rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
+                torch.save(rng_state(), rng_file.with_suffix(".tmp"))
+                os.replace(rng_file.with_suffix(".tmp"), rng_file)
+                written.append(rng_file)
+            if error is None and self.rank == 0:
+                text = json.dumps(full_state, indent=2, default=str)
+                write_text_atomic(path / STATE_FILE, text)
+                written.append(path / STATE_FILE)
+            return written_sizes(path, written), error
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+            return {}, f"writing {path}: {explain_write_error(e, path)}"
+
+    def _gather(self, report: Any) -> list[Any]:
+        """Every rank's ``report`` in rank order (one all_gather_object: gloo and NCCL)."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return [report]
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, report)
+        return out
+
+    def _any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any (one all-reduce)."""
+        return sum_across_ranks([float(flag)], self.device)[0] > 0
+
+    def _commit(self, path: Path, files: dict[str, int]) -> list[str]:
+        """Rank 0, after every rank wrote its files: ``COMPLETE``, then ``latest``, then pruning
+        (so older checkpoints go only once this one is complete). Returns the failures."""
+        try:
+            write_marker(path, files)
+        except OSError as e:
+            return [f"rank 0: writing {path / MARKER}: {explain_write_error(e, path)}"]
+        try:
+            write_latest(self.root)
+            self._prune(keep=path)
+        except OSError as e:  # the checkpoint is complete: only housekeeping was lost
+            print(f"[pretrain] WARNING: after saving {path}: {e}", flush=True)
+        return []
+
+    def _discard(self, path: Path) -> None:
+        """Rank 0 removes a failed save's partial folder (best effort: it has no COMPLETE)."""
+        if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _failure_message(self, path: Path, failed: list[str]) -> str:
+        previous = find_latest(self.root, quiet=True)
+        kept = (
+            f"the previous complete checkpoint {previous} is intact"
+            if previous is not None
+            else "there is no earlier complete checkpoint"
+        )
+        detail = "; ".join(failed) if failed else "another rank failed (its message is on rank 0)"
+        return f"saving checkpoint {path} failed ({detail}); it was discarded, {kept}"
+
+    def _prune(self, keep: Path | None = None) -> None:
+        """Keep the newest ``keep_last`` verified checkpoints (``keep``, the one just saved,
+        always among them); drop older complete ones and older partials. Nothing newer than
+        ``keep`` is touched."""
         complete = list_complete(self.root)
-        keep = {p.name for _, p in complete[-self.keep_last :]}
+        good = [p for _, p in complete if p == keep or not verify(p)]
+        kept = {p.name for p in good[-self.keep_last :]} | ({keep.name} if keep else set())
         newest = complete[-1][0] if complete else -1
+        limit = int(_TAG_RE.match(keep.name).group(1)) if keep else newest
         for p in self.root.iterdir() if self.root.is_dir() else []:
             m = _TAG_RE.match(p.name)
-            if not m or p.name in keep:
+            if not m or p.name in kept or int(m.group(1)) > limit:
                 continue
-            if is_complete(p) or int(m.group(1)) < newest:
+            if is_complete(p) or int(m.group(1)) < limit:
                 shutil.rmtree(p, ignore_errors=True)
         uni = self.root / "universal"
         if uni.is_dir():
             for p in uni.iterdir():
-                if p.name not in keep:
+                if p.name not in kept:
                     shutil.rmtree(p, ignore_errors=True)
 
     def due(self, step: int, save_interval: int, save_interval_minutes: float) -> str | None:
@@ -444,7 +607,7 @@ class CheckpointManager:
         Returns the converted folder (``checkpoints/universal/<tag>``), made once and reused.
         """
         out = self.root / "universal" / path.name
-        if self.rank == 0 and not is_complete(out):
+        if self.rank == 0 and verify(out):  # missing, partial or damaged: convert (again)
             tmp = out.with_name(out.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
@@ -470,7 +633,9 @@ class CheckpointManager:
                     f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
                 )
             shutil.copy(path / STATE_FILE, tmp / STATE_FILE)
-            write_text_atomic(tmp / MARKER, f"universal {path.name}\n")
+            write_marker(
+                tmp, folder_sizes(tmp), out.name
+            )  # one process wrote it all: list the folder
             os.replace(tmp, out)
             # DeepSpeed's converter named the temporary folder in latest_universal: fix it.
             write_text_atomic(out.parent / "latest_universal", out.name)

@@ -123,7 +123,7 @@ class GuardConfig:
     # roll back to the newest complete checkpoint
     guard_spike_window: int = 20  # steps over which --guard_spikes are counted
     guard_max_rollbacks: int = 3  # rollbacks allowed per run; the next divergence gives up (exit
-    # status 5)
+    # status 6)
     guard_lr_factor: float = 1.0  # multiply the learning rate by this at each rollback (kept
     # across resumes; 1.0 = unchanged)
 

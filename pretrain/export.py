@@ -84,7 +84,8 @@ def export(
     from pretrain.model import ModelConfig, build_model
 
     run = Path(run)
-    ckpt = resolve_resume(checkpoint, run) if checkpoint else resolve_resume("auto", run)
+    flag = "export"  # names the command in resolve_resume's messages
+    ckpt = resolve_resume(checkpoint or str(run), run, flag=flag)  # a run folder: its newest
     if ckpt is None or not is_complete(ckpt):
         raise CheckpointError(f"{run}: no complete checkpoint to export")
     state = read_state(ckpt)

@@ -33,7 +33,12 @@ from typing import Any
 
 import torch
 
-from pretrain.checkpoint import CheckpointError, read_state, resolve_resume
+from pretrain.checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    read_state,
+    resolve_resume,
+)
 
 WORD_EMB = "bert.embeddings.word_embeddings.weight"
 POS_EMB = "bert.embeddings.position_embeddings.weight"
@@ -179,7 +184,9 @@ def locate(path: str | Path) -> InitSource:
     if isinstance(config, dict) and "model_type" in config:
         return _hf_source(path, config)
     try:
-        ckpt = resolve_resume(str(path), path) if path.is_dir() else None
+        ckpt = resolve_resume(str(path), path, flag="--init_from") if path.is_dir() else None
+    except CorruptCheckpointError as e:  # files that do not match COMPLETE: never loaded
+        raise InitError(str(e)) from None
     except CheckpointError:
         ckpt = None
     if ckpt is not None:

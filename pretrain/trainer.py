@@ -18,18 +18,26 @@ import torch.distributed as dist
 
 from kernels import IGNORE_INDEX
 from pretrain.budget import TimeBudget, TimeClockLR
-from pretrain.checkpoint import CheckpointManager, PreemptionHandler, find_latest, read_state
+from pretrain.checkpoint import (
+    CheckpointManager,
+    CheckpointSaveError,
+    PreemptionHandler,
+    find_latest,
+    read_state,
+)
 from pretrain.config import TrainConfig
 from pretrain.data import build_loader
 from pretrain.distributed import sum_across_ranks
 from pretrain.downstream_jobs import DownstreamJobs
-from pretrain.faults import SPIKE_FACTOR, FaultPlan
+from pretrain.faults import SPIKE_FACTOR
 from pretrain.guard import EXIT_GAVE_UP, StabilityGuard, Verdict, can_discard, discard_update
 from pretrain.masking import merge_stats
 from pretrain.metrics import MetricsWriter, StepTimer
 from pretrain.optim import current_lr
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
+EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
+PERIODIC_SAVES = ("interval", "time")  # a failed one warns; the run retries at the next interval
 
 # Per-rank sums over one optimizer step, all-reduced together (one collective, no host sync per
 # micro-batch): MLM loss (already normalised by the global masked count), correct predictions,
@@ -134,7 +142,7 @@ class Trainer:
         self.source_names = [src.name for src in sources] if sources else []
         self.lr_clock = lr_clock
         self.downstream = downstream
-        self.faults = FaultPlan()
+        self.faults = ckpts.faults  # one plan per launch: the save faults fire in the manager
         if self.faults:
             metrics.print(self.faults.describe())
         self.guard = self._build_guard(guard_state) if cfg.guard.stability_guard else None
@@ -198,8 +206,8 @@ class Trainer:
                         f"h used up after step {step}: final validation and save"
                     )
                     break
-                if reason:
-                    self.save(step, consumed, reason)
+                if reason and not self.save(step, consumed, reason):
+                    return EXIT_SAVE_FAILED
                 if reason == "signal":
                     self.metrics.print(
                         f"[pretrain] stopped by a signal after step {step}; "
@@ -209,7 +217,8 @@ class Trainer:
                     return 0
             self.evaluate(step)
             if self.cfg.checkpoint.save_final and self.ckpts.last_saved_step != step:
-                self.save(step, consumed, "budget" if reason == "budget" else "final")
+                if not self.save(step, consumed, "budget" if reason == "budget" else "final"):
+                    return EXIT_SAVE_FAILED
             self._finish_downstream()
             return 0
         finally:
@@ -416,8 +425,12 @@ class Trainer:
             "(--save_interval), or turn the guard off with --no_stability_guard."
         )
 
-    def save(self, step: int, consumed: int, reason: str) -> None:
-        """A checkpoint after ``step`` (all ranks), with the data position and the run's state."""
+    def save(self, step: int, consumed: int, reason: str) -> bool:
+        """A checkpoint after ``step`` (all ranks), with the data position and the run's state.
+
+        False when a final, signal or budget save failed (the run must stop with
+        :data:`EXIT_SAVE_FAILED`); a failed periodic save warns and returns True.
+        """
         state = {
             **self.base_state,
             "consumed_samples": consumed,
@@ -425,10 +438,25 @@ class Trainer:
             "elapsed_s": self.budget.elapsed_s(),
             **({"guard": self.guard.state_dict()} if self.guard else {}),
         }
-        path = self.ckpts.save(self.engine, step, state)
+        try:
+            path = self.ckpts.save(self.engine, step, state)
+        except CheckpointSaveError as e:
+            if reason in PERIODIC_SAVES:
+                self.metrics.print(
+                    f"[pretrain] WARNING: {e}. Training continues and will retry at the next "
+                    "interval."
+                )
+                return True
+            self.metrics.print(
+                f"[pretrain] ERROR: the {reason} save after step {step} failed: {e}. Free space "
+                f"or fix the disk, then continue with --resume auto (exit status "
+                f"{EXIT_SAVE_FAILED})."
+            )
+            return False
         self.metrics.print(f"checkpoint ({reason}) step {step}: {path}")
         if self.downstream:
             self.downstream.after_save(step)
+        return True
 
     def _finish_downstream(self, timeout_s: float | None = None) -> None:
         if self.downstream:

@@ -1,7 +1,7 @@
 """The stability guard (pretrain.guard): the detector on its own, then faults planned with
 BERTFORGE_FAULTS in one-process CPU runs (fp32, ZeRO-2, tiny model): a loss spike is skipped
 without touching the weights, a NaN rolls back to the newest checkpoint and skips the exact sample
-range, NaN after NaN gives up with exit status 5, and --no_stability_guard trains as before."""
+range, NaN after NaN gives up with exit status 6, and --no_stability_guard trains as before."""
 
 from __future__ import annotations
 

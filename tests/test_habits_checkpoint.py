@@ -61,21 +61,23 @@ def test_latest_never_names_an_incomplete_checkpoint(
     ckpts.save(engine, 1, state)
     assert latest.read_text() == ck.tag_for(1)
 
-    real_write = ck.write_text_atomic
+    from pretrain import checkpoint_files  # writes COMPLETE
+
+    real_write = checkpoint_files.write_text_atomic
 
     def die_before_marker(path, text):
         if Path(path).name == ck.MARKER:
             raise RuntimeError("killed before COMPLETE")
         real_write(path, text)
 
-    monkeypatch.setattr(ck, "write_text_atomic", die_before_marker)
+    monkeypatch.setattr(checkpoint_files, "write_text_atomic", die_before_marker)
     with pytest.raises(RuntimeError, match="killed before COMPLETE"):
         ckpts.save(engine, 2, state)
     assert (ckpts.root / ck.tag_for(2) / ck.STATE_FILE).is_file()  # shards are there ...
     assert not ck.is_complete(ckpts.root / ck.tag_for(2))  # ... but no marker
     assert latest.read_text() == ck.tag_for(1)
 
-    monkeypatch.setattr(ck, "write_text_atomic", real_write)
+    monkeypatch.setattr(checkpoint_files, "write_text_atomic", real_write)
     ckpts.save(engine, 3, state)
     assert latest.read_text() == ck.tag_for(3)
     assert not (ckpts.root / ck.tag_for(2)).exists()  # the partial save was pruned

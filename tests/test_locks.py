@@ -122,3 +122,36 @@ def test_second_build_on_an_output_being_built_is_refused(english_corpus, tmp_pa
     assert part.returncode == 0, part.stderr
     assert again.returncode != 0 and "(part 0 of 2) is in use" in again.stderr
     assert not (tmp_path / ".shards.part-1-of-2.lock").exists()  # released on exit
+    # A merge that crashed left its lock (a dead pid on this host): the last part takes it over
+    # with a warning and merges, instead of waiting for a holder that will never finish.
+    dead = _dead_pid()
+    _plant(out / ".work" / "merge.lock", HOST, dead)
+    last = subprocess.run(
+        cmd + ["--num_partitions", "2", "--partition", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert last.returncode == 0, last.stderr
+    assert f"taking over the lock of the merge of {out} from pid {dead}" in last.stderr
+    assert (out / "manifest.json").is_file() and not (out / ".work").exists()
+
+
+def test_merge_lock_refuses_a_live_holder_and_never_recreates_a_merged_work_folder(tmp_path):
+    from data_prep.partition import MergeLock
+
+    out = tmp_path / "shards"
+    (out / ".work").mkdir(parents=True)
+    _plant(out / ".work" / "merge.lock", HOST, os.getppid())  # a live merge on this host
+    with MergeLock(out) as lock:
+        assert not lock.held
+    assert json.loads((out / ".work" / "merge.lock").read_text())["pid"] == os.getppid()
+    (out / ".work" / "merge.lock").unlink()
+    with MergeLock(out) as lock:
+        assert lock.held and json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert not (out / ".work" / "merge.lock").exists()
+    (out / ".work").rmdir()  # merged: .work is gone
+    with MergeLock(out) as lock:
+        assert not lock.held
+    assert not (out / ".work").exists()

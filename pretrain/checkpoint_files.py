@@ -1,0 +1,167 @@
+"""What a checkpoint folder holds and how its writing fails: the ``COMPLETE`` manifest.
+
+``COMPLETE`` (written last, atomically) is a JSON manifest ``{"format": 1, "tag": ..., "files":
+{relative path: size in bytes}}`` of every file of the folder, made from what each rank reports
+it wrote. :func:`verify` compares a folder with it using ``stat`` only (cheap: it runs before the
+rendezvous); a legacy plain-text marker (``step_XXXXXXXX``) records no files and verifies.
+
+:class:`DeferredWriteErrors` wraps DeepSpeed's save so that a write error on one rank is recorded
+rather than raised: the rank still runs every collective of the save, and the caller
+(:meth:`pretrain.checkpoint.CheckpointManager.save`) tells all ranks with one all-gather.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from data_prep.layout import write_text_atomic
+
+MARKER = "COMPLETE"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a checkpoint folder whose completion marker exists."""
+    return Path(path, MARKER).is_file()
+
+
+def written_sizes(folder: Path, files: Iterable[Path]) -> dict[str, int]:
+    """{path relative to ``folder``: size in bytes} of ``files`` (written by this process)."""
+    return {Path(f).relative_to(folder).as_posix(): Path(f).stat().st_size for f in files}
+
+
+def folder_sizes(folder: Path) -> dict[str, int]:
+    """Sizes of every file below ``folder`` but the marker (for a folder one process wrote)."""
+    files = [p for p in folder.rglob("*") if p.is_file() and p.name != MARKER]
+    return written_sizes(folder, files)
+
+
+def write_marker(folder: Path, files: dict[str, int], tag: str | None = None) -> None:
+    """Write ``COMPLETE`` (atomic): the manifest :func:`verify` checks the folder against."""
+    manifest = {"format": 1, "tag": tag or folder.name, "files": dict(sorted(files.items()))}
+    write_text_atomic(folder / MARKER, json.dumps(manifest, indent=1) + "\n")
+
+
+def verify(path: str | os.PathLike) -> list[str]:
+    """What is wrong with checkpoint ``path`` against its ``COMPLETE`` manifest (empty: nothing).
+
+    ``stat`` only: a missing marker, a missing file, a size that differs. A legacy plain-text
+    marker records no files and verifies as complete.
+    """
+    path = Path(path)
+    try:
+        text = (path / MARKER).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return [f"no {MARKER} marker (the save did not finish)"]
+    except OSError as e:
+        return [f"{MARKER} cannot be read ({e})"]
+    if not text.lstrip().startswith("{"):
+        return []  # legacy marker ("step_XXXXXXXX"): complete, files not recorded
+    try:
+        files = json.loads(text)["files"]
+        assert isinstance(files, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return [f"{MARKER} is damaged (not a JSON manifest with a 'files' table)"]
+    problems = []
+    for rel, size in files.items():
+        try:
+            actual = (path / rel).stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{rel} is missing")
+            continue
+        except OSError as e:
+            problems.append(f"{rel} cannot be read ({e.strerror})")
+            continue
+        if actual != size:
+            problems.append(f"{rel} has {actual} bytes, {size} were written")
+    return problems
+
+
+def describe_problems(problems: list[str], limit: int = 3) -> str:
+    """The first ``limit`` problems of :func:`verify` on one line, for a warning."""
+    more = f" (and {len(problems) - limit} more)" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more
+
+
+def explain_write_error(error: BaseException, path: Path) -> str:
+    """A write error with the free space left where it happened (a full disk says so)."""
+    try:
+        free = shutil.disk_usage(path if path.exists() else path.parent).free
+        room = f"; {free} bytes free there"
+    except OSError:
+        room = ""
+    return f"{type(error).__name__}: {error}{room}"
+
+
+def injected_enospc(written: Path) -> None:
+    """The planned ``save_enospc`` fault: the file just written is cut to half, as a disk that
+    filled up mid-write leaves it, and the write fails with ENOSPC."""
+    with open(written, "r+b") as f:
+        f.truncate(os.path.getsize(written) // 2)
+    raise OSError(
+        errno.ENOSPC, "No space left on device (planned by BERTFORGE_FAULTS)", str(written)
+    )
+
+
+class DeferredWriteErrors:
+    """Around ``engine.save_checkpoint``: DeepSpeed's file writes (its checkpoint engine's
+    ``save`` and ``makedirs``, the recovery-script copy) that fail are recorded, not raised.
+
+    An exception out of DeepSpeed's save on one rank would leave the others waiting in its closing
+    barrier; recorded, the rank skips its remaining writes and still runs every collective, and
+    the caller shares the error with one all-gather. ``written``: the files saved whole.
+    ``after_write``: called with each file saved (the planned fault); ``error``: an earlier error
+    of this rank (then nothing more is written).
+    """
+
+    def __init__(
+        self,
+        engine,
+        where: Path,
+        after_write: Callable[[Path], None] | None = None,
+        error: str | None = None,
+    ):
+        self.engine, self.where, self.after_write, self.error = engine, where, after_write, error
+        self.written: list[Path] = []
+        self._patched: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute)
+
+    def _guard(self, owner: Any, name: str, records: bool) -> None:
+        original = getattr(owner, name)
+
+        def guarded(*args, **kwargs):
+            if self.error is not None:
+                return None
+            try:
+                result = original(*args, **kwargs)
+                if records:
+                    path = Path(kwargs.get("path", args[1] if len(args) > 1 else ""))
+                    self.written.append(path)
+                    if self.after_write is not None:
+                        self.after_write, hook = None, self.after_write
+                        hook(path)
+                return result
+            except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+                self.error = f"writing {self.where}: {explain_write_error(e, self.where)}"
+                return None
+
+        self._patched.append((owner, name, owner.__dict__.get(name)))
+        setattr(owner, name, guarded)  # an instance attribute: shadows the method until __exit__
+
+    def __enter__(self) -> DeferredWriteErrors:
+        ckpt_engine = self.engine.checkpoint_engine
+        self._guard(ckpt_engine, "save", records=True)
+        self._guard(ckpt_engine, "makedirs", records=False)
+        self._guard(self.engine, "_copy_recovery_script", records=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, own in reversed(self._patched):
+            if own is None:
+                owner.__dict__.pop(name, None)
+            else:
+                setattr(owner, name, own)
