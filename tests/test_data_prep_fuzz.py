@@ -525,15 +525,32 @@ def test_fuzzed_truncated_compressed_files(tok, tokenizer, data):
         check_build(exp, rc, err, out, tokenizer, 0.0, bucket=DAMAGE)
 
 
+def good_file_bytes(ext: str) -> bytes:
+    """A valid file of 60 jsonl records (parquet: 300 rows in 6 row groups) for `ext`."""
+    body = "".join(json.dumps({"text": f"record {i} " * 5}) + "\n" for i in range(60)).encode()
+    if ext == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        sink = io.BytesIO()
+        rows = pa.table({"text": [f"row {i} text" for i in range(300)]})
+        pq.write_table(rows, sink, row_group_size=50)
+        return sink.getvalue()
+    if ext.endswith("gz"):
+        return gzip.compress(body, mtime=0)
+    if ext.endswith("zst"):
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(body)
+    return body
+
+
 @settings(FUZZ, max_examples=50)
 @given(data=st.data())
 def test_fuzzed_random_and_corrupt_files(tok, tokenizer, data):
     """Random bytes, and good compressed or parquet files with bytes flipped, under every input
     extension, after a good text file: never a traceback; a success keeps the good file's
     documents first in the shards and counts sum up; a failure is one error line."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     good = ["First good document about data.", "Second one, with 東京 and naïve text."]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in"
@@ -546,28 +563,9 @@ def test_fuzzed_random_and_corrupt_files(tok, tokenizer, data):
             if how == "random":
                 raw = data.draw(st.binary(max_size=3000), "bytes")
             else:
-                body = "".join(json.dumps({"text": f"record {i} " * 5}) + "\n" for i in range(60))
-                if ext == "parquet":
-                    sink = io.BytesIO()
-                    pq.write_table(
-                        pa.table({"text": [f"row {i} text" for i in range(300)]}),
-                        sink,
-                        row_group_size=50,
-                    )
-                    raw = sink.getvalue()
-                elif ext.endswith("gz"):
-                    raw = gzip.compress(body.encode(), mtime=0)
-                elif ext.endswith("zst"):
-                    import zstandard
-
-                    raw = zstandard.ZstdCompressor().compress(body.encode())
-                else:
-                    raw = body.encode()
-                flips = data.draw(st.lists(st.integers(0, len(raw) - 1), min_size=1, max_size=3))
-                raw = bytearray(raw)
-                for at in flips:
+                raw = bytearray(good_file_bytes(ext))
+                for at in data.draw(st.lists(st.integers(0, len(raw) - 1), min_size=1, max_size=3)):
                     raw[at] ^= 0xFF
-                raw = bytes(raw)
             (src / f"{k + 1:02d}_fuzz.{ext}").write_bytes(raw)
         out = Path(tmp) / "out"
         rc, err = run_build(src, out, "--validation_fraction", "0", "--tokenizer", tok)
