@@ -42,6 +42,7 @@ FUZZ = settings(
     max_examples=20,
     deadline=None,
     derandomize=True,
+    database=None,  # nothing written to .hypothesis/
     phases=[Phase.explicit, Phase.generate],  # no shrinking: minutes on megabyte inputs
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
