@@ -224,7 +224,9 @@ def _print_built(m: dict, out: Path) -> None:
             f"{s['tokens']:,} tokens in {len(s['shards'])} shards"
         )
     if m["dropped"]:
-        print(f"skipped: {m['dropped']}")
+        from data_prep.report import bad_records, bad_records_line
+
+        print(bad_records_line(bad_records(m)) + " (manifest.json: bad_records)")
     if "decontamination" in m:
         d = m["decontamination"]
         print(

@@ -11,6 +11,12 @@ decontamination index) once; then part K of N builds the units u % N == K into t
 and records itself; `merge` (or the last part to finish) writes the manifest. With
 `decontaminate`, training documents that near-duplicate a validation document are dropped
 (data_prep.decontam), counted per unit and in the manifest.
+
+Bad input records (data_prep.inputs decides what one is, per input class) never stop the build:
+each is skipped, the first few of each reason are printed with file and line, and all are counted
+in the manifest's `bad_records` (count, by reason, the first few with file and line). The build
+fails with one `error:` line and no manifest when nothing usable is left, or on an argument
+mistake the inputs reveal (a --text_field no record has).
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from typing import Any
 
 from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
 from data_prep.inputs import (
+    MAX_BAD_EXAMPLES,
     DropCounter,
     InputConfig,
     InputError,
     expand_inputs,
     input_signature,
     iter_documents,
+    iter_located_documents,
 )
 from data_prep.layout import (
     FORMAT_VERSION,
@@ -245,17 +253,22 @@ def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
     return False
 
 
-def _units(docs: Iterator[str], cfg: BuildConfig) -> Iterator[tuple[int, list[str]]]:
-    """Consecutive documents grouped into work units (deterministic given the inputs)."""
-    unit, batch, size = 0, [], 0
-    for d in docs:
-        batch.append(d)
-        size += len(d)
+Job = tuple[int, list[str], list[str]]  # unit number, its documents, where each comes from
+
+
+def _units(docs: Iterator[tuple[str, str]], cfg: BuildConfig) -> Iterator[Job]:
+    """Consecutive (text, where) documents grouped into work units (deterministic given the
+    inputs)."""
+    unit, batch, wheres, size = 0, [], [], 0
+    for text, where in docs:
+        batch.append(text)
+        wheres.append(where)
+        size += len(text)
         if len(batch) >= cfg.shard_docs or size >= cfg.shard_bytes:
-            yield unit, batch
-            unit, batch, size = unit + 1, [], 0
+            yield unit, batch, wheres
+            unit, batch, wheres, size = unit + 1, [], [], 0
     if batch:
-        yield unit, batch
+        yield unit, batch, wheres
 
 
 def _finished(out: Path, unit: int) -> dict[str, Any] | None:
@@ -324,36 +337,38 @@ def _run_units(
     def collect(record: dict) -> None:
         nonlocal tokens
         records.append(record)
+        for bad in record.get("bad_examples", ()):
+            drops.report(bad["reason"], bad["where"], bad["detail"])
         tokens += sum(s["shard"]["tokens"] for s in record["splits"].values() if s["shard"])
         bar.update(1, tokens=f"{tokens:,}")
 
     total = 0
 
-    def mine() -> Iterator[tuple[int, list[str]]]:
+    def mine() -> Iterator[Job]:
         nonlocal total
-        for unit, texts in _units(iter_documents(files, cfg.input, drops), cfg):
-            total = unit + 1
-            if owns(unit, cfg.num_partitions, cfg.partition):
-                yield unit, texts
+        for job in _units(iter_located_documents(files, cfg.input, drops), cfg):
+            total = job[0] + 1
+            if owns(job[0], cfg.num_partitions, cfg.partition):
+                yield job
 
     jobs = mine()
     if cfg.workers == 1:
         init_worker(spec, pooled=False)
-        for unit, texts in jobs:
-            done = _finished(cfg.output, unit)
+        for job in jobs:
+            done = _finished(cfg.output, job[0])
             skipped += done is not None
-            collect(done or run_unit((unit, texts)))
+            collect(done or run_unit(job))
     else:
         ctx = mp.get_context("spawn")  # no fork after tokenizers/torch threads have started
         with ctx.Pool(cfg.workers, initializer=init_worker, initargs=(spec,)) as pool:
             pending: deque = deque()
-            for unit, texts in jobs:
-                done = _finished(cfg.output, unit)
+            for job in jobs:
+                done = _finished(cfg.output, job[0])
                 if done is not None:
                     skipped += 1
                     collect(done)
                     continue
-                pending.append(pool.apply_async(run_unit, ((unit, texts),)))
+                pending.append(pool.apply_async(run_unit, (job,)))
                 while len(pending) >= 2 * cfg.workers:  # bound the documents held in memory
                     collect(pending.popleft().get())
             while pending:
@@ -396,7 +411,8 @@ def _manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> di
         "word_start": "numpy.packbits(bitorder='little'), 1 where a whole-word-masking unit "
         "starts (## continuation, rjieba words, protected terms; specials set)",
         "splits": splits,
-        "dropped": dict(sorted(dropped.items())),
+        "dropped": dict(sorted(dropped.items())),  # = bad_records.by_reason (older readers)
+        "bad_records": _bad_records(dropped, first_part, records),
         "split_documents": first_part["split_documents"],
         "protected_terms": first_part["protected_terms"],
         "command": first_part["command"],
@@ -418,6 +434,35 @@ def _manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> di
     if first_part["num_partitions"] > 1:
         manifest["partitions"] = first_part["num_partitions"]
     return manifest
+
+
+def _bad_records(dropped: Counter, first_part: dict, records: list[dict]) -> dict[str, Any]:
+    """The manifest's account of skipped input: how many, by reason, the first few with file and
+    line (input-level ones first, then those of the work units in order)."""
+    examples = [
+        *first_part.get("input_bad_examples", ()),
+        *(e for r in records for e in r.get("bad_examples", ())),
+    ]
+    return {
+        "count": sum(dropped.values()),
+        "by_reason": dict(sorted(dropped.items())),
+        "examples": examples[:MAX_BAD_EXAMPLES],
+    }
+
+
+def _no_usable_input(dropped: dict[str, int], examples: list[dict], documents: int) -> str:
+    """The error of a build that has no training document, naming the first bad record."""
+    if documents:
+        return (
+            f"all {documents} usable documents went to the validation split; lower "
+            "--validation_fraction or add input."
+        )
+    first = f"; first: {examples[0]['where']}: {examples[0]['detail']}" if examples else ""
+    return (
+        f"the inputs hold no usable document ({sum(dropped.values())} bad records: "
+        f"{dict(sorted(dropped.items()))}{first}); check --input, --text_field, "
+        "--one_doc_per_line."
+    )
 
 
 def _index_path(out: Path) -> Path:
@@ -545,10 +590,15 @@ def merge(out: Path) -> dict[str, Any]:
             )
         records.append(record)
     if not any(r["splits"]["train"]["shard"] for r in records):
+        dropped = Counter(parts[0]["input_dropped"])
+        for r in records:
+            dropped.update(r["dropped"])
         raise InputError(
-            "the inputs hold no usable document (skipped: "
-            f"{parts[0]['input_dropped']}); check --input, --text_field, "
-            "--one_doc_per_line."
+            _no_usable_input(
+                dropped,
+                _bad_records(dropped, parts[0], records)["examples"],
+                sum(r["splits"]["validation"]["documents"] for r in records),
+            )
         )
     manifest = _manifest(out, key, records, parts[0])
     write_json_atomic(out / MANIFEST, manifest)
@@ -601,6 +651,7 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
             "units": [r["unit"] for r in records],
             "total_units": total,
             "input_dropped": dict(drops.counts),
+            "input_bad_examples": drops.examples,
             "split_documents": drops.split_documents,
             "protected_terms": len(terms or []),
             "decontam_indexed": indexed,

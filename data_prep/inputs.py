@@ -1,18 +1,41 @@
 """Streaming documents out of the input files: text, jsonl, parquet, HF datasets, gzip/zstd.
 
 Everything is read in order and in bounded memory (one line, one record batch or one document at
-a time). Bad records are skipped, counted by reason in a `DropCounter` (the counts go into the
-manifest), and the first few of each reason are reported with file and line.
+a time). Input must be UTF-8; lines end in LF, CRLF or a lone CR (as Python's universal newlines)
+and a UTF-8 byte-order mark is removed. A bad record is skipped, counted by reason in a
+`DropCounter` (the counts and the first few records, with file and line, go into the manifest's
+`bad_records`), and the first few of each reason are reported on stderr. What counts as one bad
+record (decided per input class, tested by tests/test_data_prep_fuzz.py):
+
+- a whole file: empty, UTF-16/32 text, or binary (over 30% of its first 8 KiB NUL bytes or
+  invalid UTF-8; a file of fewer than 64 bytes is judged line by line); a parquet file that
+  cannot be opened;
+- a line (text, jsonl): NUL bytes, invalid UTF-8, longer than `max_line_bytes`;
+- a jsonl record: not JSON, not an object, no text field, a text that is not a string, holds a
+  lone surrogate escape (an invalid \\uD800-\\uDFFF) or is blank; a parquet/dataset value that is
+  null, not a string or blank;
+- a damaged compressed stream (a .gz/.zst cut short or corrupt) or an unreadable parquet row
+  group: everything read before the damage is kept, the damage is one bad record (file and line,
+  or row), and the rest of the file, from the record in progress on (in blank-line text, the
+  document in progress) is lost. The build goes on: a corpus of many files is not thrown away
+  for one bad download, and the count in the manifest says what was lost.
+
+The build fails instead (InputError, naming the file and what to do) on argument mistakes: a
+path that does not exist, a jsonl file none of whose objects has `--text_field`, a parquet or
+dataset without that column.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import hashlib
 import io
 import json
+import re
 import sys
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +47,10 @@ _JSONL = {".jsonl", ".ndjson", ".json"}
 _TEXT = {".txt", ".text", ".md", ".raw"}
 _HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 _BINARY_PROBE = 8192
+_BINARY_MIN_PROBE = 64  # fewer bytes than this are judged line by line, not as a whole file
+_BINARY_SHARE = 0.3  # a file whose probe has more NUL / invalid UTF-8 bytes than this is binary
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an invalid byte as surrogateescape decodes it
+MAX_BAD_EXAMPLES = 20  # bad records kept (with file and line) in the manifest
 
 
 class InputError(ValueError):
@@ -41,20 +68,31 @@ class InputConfig:
 
 
 class DropCounter:
-    """Counts skipped records by reason and reports the first few of each on stderr."""
+    """Counts bad records by reason, keeps the first few (file and line) for the manifest and
+    reports the first few of each reason on stderr."""
 
     def __init__(self, quiet: bool = False, report_first: int = 5):
         self.counts: Counter[str] = Counter()
+        self.examples: list[dict[str, str]] = []  # the first MAX_BAD_EXAMPLES, in input order
         self.split_documents = 0  # oversized blank-line blocks cut into pieces (not dropped)
         self.quiet = quiet
         self.report_first = report_first
+        self._reported: Counter[str] = Counter()
 
     def drop(self, reason: str, where: str, detail: str) -> None:
-        """Count one skipped record; print `where: detail` for the first few of each reason."""
+        """Count one skipped record; keep and print `where: detail` for the first few."""
         self.counts[reason] += 1
-        if not self.quiet and self.counts[reason] <= self.report_first:
-            last = self.counts[reason] == self.report_first
-            more = " (further ones are only counted)" if last else ""
+        if len(self.examples) < MAX_BAD_EXAMPLES:
+            self.examples.append({"where": where, "reason": reason, "detail": detail})
+        self.report(reason, where, detail)
+
+    def report(self, reason: str, where: str, detail: str) -> None:
+        """Print one bad record (counted elsewhere, e.g. by a build worker), the first
+        `report_first` of each reason only."""
+        self._reported[reason] += 1
+        n = self._reported[reason]
+        if not self.quiet and n <= self.report_first:
+            more = " (further ones are only counted)" if n == self.report_first else ""
             print(f"data_prep: skipped {where}: {detail} [{reason}]{more}", file=sys.stderr)
 
 
@@ -134,6 +172,15 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     return unique
 
 
+class _DamagedStream(Exception):
+    """Compressed data that cannot be decoded (raised by the zstd reader)."""
+
+
+# What a cut-short or corrupt .gz/.zst raises while it is read (gzip: EOFError, BadGzipFile for a
+# bad header/CRC/length, zlib.error for bad deflate data; zstd: EOFError, _DamagedStream).
+_STREAM_DAMAGE = (EOFError, zlib.error, gzip.BadGzipFile, _DamagedStream)
+
+
 class _ZstdRaw(io.RawIOBase):
     """Streaming zstd decompression (any number of frames) that reports a truncated file;
     zstandard's stream_reader ends silently in the middle of a frame."""
@@ -171,7 +218,7 @@ class _ZstdRaw(io.RawIOBase):
                         chunk = self._dobj.unused_data
                         self._new_frame()
             except self._zstd.ZstdError as e:
-                raise ValueError(f"zstd: {e}") from e
+                raise _DamagedStream(f"zstd: {e}") from e
         n = min(len(buf), len(self._pending) - self._pos)
         buf[:n] = memoryview(self._pending)[self._pos : self._pos + n]
         self._pos += n
@@ -190,146 +237,238 @@ def _open_binary(path: Path, compression: str | None) -> IO[bytes]:
     return open(path, "rb", buffering=1 << 20)
 
 
+def _probe(head: bytes) -> tuple[str, str] | None:
+    """(reason, detail) when the first 8 KiB of a file show it is not UTF-8 text, else None."""
+    if not head:
+        return "empty_file", "empty file, no documents"
+    # UTF-16/32: a byte-order mark, or (Latin text without one) every other byte NUL.
+    halves = (head[0::2], head[1::2])
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or (
+        len(head) >= 16 and any(h.count(0) >= 0.9 * len(h) for h in halves)
+    ):
+        return (
+            "utf16_file",
+            "UTF-16/32 text, not UTF-8; convert it (iconv -f UTF-16 -t UTF-8) and rerun",
+        )
+    # Judged on enough bytes only (a damaged stream may yield a few), without a character cut
+    # at the end of the probe.
+    if len(head) < _BINARY_MIN_PROBE:
+        return None
+    escaped = head.decode("utf-8", "surrogateescape")
+    bad = head.count(0) + len(_ESCAPED_BYTE.findall(escaped[:-3]))
+    if bad > _BINARY_SHARE * len(head):
+        return (
+            "binary_file",
+            f"binary data or not UTF-8 ({bad} of the first {len(head)} bytes are NUL or invalid "
+            "UTF-8); remove it from --input, or convert it (iconv -f ENCODING -t UTF-8)",
+        )
+    return None
+
+
+def _bad_line(line: str, max_bytes: int) -> tuple[str, str] | None:
+    """(reason, detail) when a decoded line (line end removed) is not usable text."""
+    if "\x00" in line:
+        return "binary_line", "NUL bytes in the line"
+    if line.isascii():
+        return None
+    try:
+        size = len(line.encode("utf-8"))  # also what the line length limit counts
+    except UnicodeEncodeError as e:  # a byte surrogateescape could not decode
+        byte = ord(line[e.start]) - 0xDC00
+        return "invalid_utf8_line", f"not UTF-8 (byte 0x{byte:02X} at column {e.start + 1})"
+    if size > max_bytes:
+        return "line_too_long", f"line longer than {max_bytes} bytes (--max_line_bytes)"
+    return None
+
+
 def _lines(
     path: Path, compression: str | None, cfg: InputConfig, drops: DropCounter
-) -> Iterator[tuple[int, str]]:
-    """(line number, decoded line without its newline) of a text stream; bad lines are counted."""
+) -> Iterator[tuple[int, str | None]]:
+    """(line number, line without its line end) of a text stream; bad lines are counted and
+    skipped. A damaged compressed stream is counted and ends the file with (line, None): the
+    line in progress there is lost and the caller drops what it was assembling."""
     where = str(path)
     lineno = 0
+    limit = cfg.max_line_bytes
     try:
-        with _open_binary(path, compression) as f:
-            head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
-            if not head:
-                drops.drop("empty_file", where, "empty file, no documents")
+        with _open_binary(path, compression) as raw:
+            problem = _probe(raw.peek(_BINARY_PROBE)[:_BINARY_PROBE])
+            if problem:
+                drops.drop(problem[0], where, problem[1])
                 return
-            if b"\x00" in head:
-                drops.drop(
-                    "binary_file",
-                    where,
-                    "binary data (NUL bytes) in the first 8 KiB, "
-                    "not text; remove it from --input or decompress it first",
-                )
-                return
-            while True:
-                raw = f.readline(cfg.max_line_bytes + 1)
-                if not raw:
-                    return
+            # Invalid bytes decode to lone surrogates (checked per line) instead of stopping
+            # the file; newline=None reads LF, CRLF and CR; utf-8-sig drops a leading BOM.
+            text = io.TextIOWrapper(
+                raw, encoding="utf-8-sig", errors="surrogateescape", newline=None
+            )
+            while line := text.readline(limit + 1):
                 lineno += 1
-                if len(raw) > cfg.max_line_bytes and not raw.endswith(b"\n"):
-                    while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                if not line.endswith("\n") and len(line) > limit:  # cut at the limit
+                    while (rest := text.readline(1 << 20)) and not rest.endswith("\n"):
                         pass  # skip the rest of the over-long line without holding it
-                    drops.drop(
+                    problem = (
                         "line_too_long",
-                        f"{where}:{lineno}",
-                        f"line longer than {cfg.max_line_bytes} bytes (--max_line_bytes)",
+                        f"line longer than {limit} bytes (--max_line_bytes)",
                     )
+                else:
+                    line = line.removesuffix("\n")
+                    problem = _bad_line(line, limit)
+                if problem:
+                    drops.drop(problem[0], f"{where}:{lineno}", problem[1])
                     continue
-                if b"\x00" in raw:
-                    drops.drop("binary_line", f"{where}:{lineno}", "NUL bytes in the line")
-                    continue
-                try:
-                    yield lineno, raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as e:
-                    drops.drop(
-                        "invalid_utf8_line",
-                        f"{where}:{lineno}",
-                        f"not UTF-8 ({e.reason} at byte {e.start})",
-                    )
-    except (OSError, EOFError, ValueError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise InputError(f"{where}: file disappeared during the build.") from e
-        name = type(e).__name__
+                yield lineno, line
+    except FileNotFoundError as e:
+        raise InputError(f"{where}: file disappeared during the build.") from e
+    except _STREAM_DAMAGE as e:
+        cut = isinstance(e, EOFError)
+        drops.drop(
+            "truncated_file" if cut else "corrupt_file",
+            f"{where}:{lineno + 1}",
+            f"compressed stream {'cut short' if cut else 'corrupt'} ({type(e).__name__}: {e}); "
+            f"the {lineno} lines before are kept, the rest of the file from the record in "
+            "progress on is lost. Re-create or re-download it to keep the rest",
+        )
+        yield lineno + 1, None
+    except OSError as e:
         raise InputError(
-            f"{where}: cannot read after line {lineno} ({name}: {e}); the file is "
-            "corrupt or truncated. Fix or remove it and rerun."
+            f"{where}: cannot read after line {lineno} ({type(e).__name__}: {e}); check the "
+            "disk or the file and rerun."
         ) from e
 
 
 def _text_documents(
     path: Path, compression: str | None, cfg: InputConfig, drops: DropCounter
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str]]:
     if cfg.one_doc_per_line:
-        for _, line in _lines(path, compression, cfg, drops):
-            if line.strip():
-                yield line.strip()
+        for lineno, line in _lines(path, compression, cfg, drops):
+            if line is not None and line.strip():
+                yield line.strip(), f"{path}:{lineno}"
         return
     block: list[str] = []
-    size = 0
-    for _, line in _lines(path, compression, cfg, drops):
+    size = first = 0
+    for lineno, line in _lines(path, compression, cfg, drops):
+        if line is None:  # a damaged stream: the document in progress may be incomplete
+            return
         if line.strip():
+            if not block:
+                first = lineno
             block.append(line)
             size += len(line) + 1
             if size >= cfg.max_doc_bytes:
                 drops.split_documents += 1
-                yield "\n".join(block).strip()
+                yield "\n".join(block).strip(), f"{path}:{first}"
                 block, size = [], 0
         elif block:
-            yield "\n".join(block).strip()
+            yield "\n".join(block).strip(), f"{path}:{first}"
             block, size = [], 0
     if block:
-        yield "\n".join(block).strip()
+        yield "\n".join(block).strip(), f"{path}:{first}"
+
+
+def _json_text(line: str, field: str) -> tuple[str, str | None, str]:
+    """(kind, text, detail) of one jsonl line: kind "ok" with the text, "object_without_field",
+    or a bad-record reason with what is wrong."""
+    try:
+        record = json.loads(line.removeprefix("\ufeff"))  # a BOM where files were concatenated
+    except json.JSONDecodeError as e:
+        return "jsonl_invalid_json", None, f"not JSON ({e.msg} at column {e.colno})"
+    except (ValueError, RecursionError) as e:  # a 5000-digit number, a 100000-deep nesting
+        return "jsonl_invalid_json", None, f"not usable JSON ({type(e).__name__}: {e})"
+    if not isinstance(record, dict):
+        return "jsonl_not_object", None, f"a JSON {type(record).__name__}, not an object"
+    if field not in record:
+        keys = sorted(map(str, record))[:10]
+        return "object_without_field", None, f"no {field!r} field (keys: {keys}; --text_field)"
+    text = record[field]
+    if not isinstance(text, str):
+        return "jsonl_field_not_text", None, f"{field!r} is {type(text).__name__}, not a string"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (
+                "invalid_unicode",
+                None,
+                f"{field!r} holds a lone surrogate \\u{ord(text[e.start]):04x} at character "
+                f"{e.start} (a broken UTF-16 escape)",
+            )
+    if not text.strip():
+        return "empty_document", None, f"empty {field!r}"
+    return "ok", text.strip(), ""
 
 
 def _jsonl_documents(
     path: Path, compression: str | None, cfg: InputConfig, drops: DropCounter
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str]]:
     field = cfg.text_field
-    n_records = n_missing = n_docs = 0
-    first_keys: list[str] | None = None
+    n_objects = n_missing = 0
+    first_missing = ""
     for lineno, line in _lines(path, compression, cfg, drops):
+        if line is None:
+            break
         if not line.strip():
             continue
-        n_records += 1
         where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            drops.drop("jsonl_invalid_json", where, f"not JSON ({e.msg} at column {e.colno})")
-            continue
-        if not isinstance(record, dict) or field not in record:
+        kind, text, detail = _json_text(line, field)
+        n_objects += kind not in ("jsonl_invalid_json", "jsonl_not_object")
+        if kind == "ok":
+            yield text, where
+        elif kind == "object_without_field":
             n_missing += 1
-            if first_keys is None and isinstance(record, dict):
-                first_keys = sorted(record)[:10]
-            drops.drop("jsonl_missing_field", where, f"no {field!r} field (--text_field)")
-            continue
-        text = record[field]
-        if not isinstance(text, str):
-            drops.drop(
-                "jsonl_field_not_text", where, f"{field!r} is {type(text).__name__}, not a string"
-            )
-            continue
-        if not text.strip():
-            drops.drop("empty_document", where, f"empty {field!r}")
-            continue
-        n_docs += 1
-        yield text.strip()
-    if n_records and n_missing == n_records:
+            first_missing = first_missing or detail
+            drops.drop("jsonl_missing_field", where, detail)
+        else:
+            drops.drop(kind, where, detail)
+    if n_objects and n_missing == n_objects:
         raise InputError(
-            f"{path}: none of its {n_records} records has the field {field!r} "
-            f"(first record's keys: {first_keys}); pass --text_field KEY."
+            f"{path}: none of its {n_objects} JSON objects has the field {field!r} (first: "
+            f"{first_missing}); pass --text_field KEY."
         )
 
 
-def _column_documents(batches: Iterator[list], where: str, drops: DropCounter) -> Iterator[str]:
+def _column_documents(
+    batches: Iterator[list], where: str, drops: DropCounter
+) -> Iterator[tuple[str, str]]:
     row = 0
-    for batch in batches:
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as e:  # pyarrow raises several types for a damaged row group
+            drops.drop(
+                "corrupt_file",
+                f"{where} row {row + 1}",
+                f"unreadable from here ({type(e).__name__}: {e}); the {row} rows before are "
+                "kept, the rest of the file is lost. Re-create or re-download it to keep it",
+            )
+            return
         for text in batch:
             row += 1
-            if not isinstance(text, str):
-                drops.drop("null_text", f"{where} row {row}", f"value is {type(text).__name__}")
+            if text is None:
+                drops.drop("null_text", f"{where} row {row}", "value is null")
+            elif not isinstance(text, str):
+                drops.drop("column_not_text", f"{where} row {row}", f"{type(text).__name__} value")
             elif not text.strip():
                 drops.drop("empty_document", f"{where} row {row}", "empty text")
             else:
-                yield text.strip()
+                yield text.strip(), f"{where} row {row}"
 
 
-def _parquet_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[str]:
+def _parquet_documents(
+    path: Path, cfg: InputConfig, drops: DropCounter
+) -> Iterator[tuple[str, str]]:
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a bad file
-        raise InputError(f"{path}: not a readable parquet file ({e}).") from e
+        drops.drop(
+            "corrupt_file",
+            str(path),
+            f"not a readable parquet file ({type(e).__name__}: {e}); re-create or re-download it",
+        )
+        return
     names = pf.schema_arrow.names
     if cfg.text_field not in names:
         raise InputError(
@@ -341,7 +480,7 @@ def _parquet_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iter
     yield from _column_documents(batches, str(path), drops)
 
 
-def _hf_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[str]:
+def _hf_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[tuple[str, str]]:
     import datasets
 
     loaded = datasets.load_from_disk(str(path))
@@ -360,8 +499,11 @@ def _hf_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[
         yield from _column_documents(batches, f"{path}{'/' + name if name else ''}", drops)
 
 
-def iter_documents(files: list[Path], cfg: InputConfig, drops: DropCounter) -> Iterator[str]:
-    """Every document of every input file, in order (stripped, never empty)."""
+def iter_located_documents(
+    files: list[Path], cfg: InputConfig, drops: DropCounter
+) -> Iterator[tuple[str, str]]:
+    """(text, where) of every document of every input file, in order: the text stripped and
+    never empty; where is "FILE:LINE" (text: the document's first line) or "FILE row N"."""
     for path in files:
         if _is_hf_dataset(path):
             yield from _hf_documents(path, cfg, drops)
@@ -375,6 +517,11 @@ def iter_documents(files: list[Path], cfg: InputConfig, drops: DropCounter) -> I
             yield from _jsonl_documents(path, compression, cfg, drops)
         else:
             yield from _text_documents(path, compression, cfg, drops)
+
+
+def iter_documents(files: list[Path], cfg: InputConfig, drops: DropCounter) -> Iterator[str]:
+    """Every document of every input file, in order (stripped, never empty)."""
+    return (text for text, _ in iter_located_documents(files, cfg, drops))
 
 
 def _sample_hash(path: Path, size: int, window: int = 1 << 20) -> str:

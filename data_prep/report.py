@@ -40,6 +40,7 @@ def summary(
         "tokenizer": manifest["tokenizer"],
         "token_dtype": manifest["token_dtype"],
         "dropped": manifest["dropped"],
+        "bad_records": bad_records(manifest),
         "splits": {},
     }
     if "decontamination" in manifest:
@@ -94,13 +95,33 @@ def summary(
     return out
 
 
+def bad_records(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's `bad_records` (built from `dropped` for manifests written before it)."""
+    if "bad_records" in manifest:
+        return manifest["bad_records"]
+    dropped = manifest.get("dropped", {})
+    return {"count": sum(dropped.values()), "by_reason": dropped, "examples": []}
+
+
+def bad_records_line(bad: dict[str, Any]) -> str:
+    """One line: how many input records were skipped, by reason, and the first one."""
+    if not bad["count"]:
+        return "bad records: none"
+    reasons = ", ".join(f"{k} {v:,}" for k, v in bad["by_reason"].items())
+    first = bad["examples"][0] if bad["examples"] else None
+    where = f"; first: {first['where']}: {first['detail']}" if first else ""
+    return f"bad records: {bad['count']:,} skipped ({reasons}){where}"
+
+
 def print_summary(s: dict[str, Any]) -> None:
     """Human-readable form of `summary`."""
     print(
         f"{s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, vocab "
         f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes"
     )
-    print(f"dropped: {s['dropped'] or 'nothing'}")
+    print(bad_records_line(s["bad_records"]))
+    for e in s["bad_records"]["examples"][1:5]:
+        print(f"  {e['where']}: {e['detail']} [{e['reason']}]")
     if "decontamination" in s:
         d = s["decontamination"]
         print(

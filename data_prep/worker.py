@@ -11,7 +11,6 @@ import hashlib
 import os
 import random
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from data_prep.wordstart import WordStarts
 # Sentence ends for nsp segments: line breaks, and ./!/? + space or CJK full stops.
 _SENTENCE_END = re.compile(r"\n+|(?<=[.!?;])\s+|(?<=[。！？；…])")
 _ENCODE_BATCH = 512
+_BAD_EXAMPLES = 5  # no-token documents named (file and line) per unit record
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class _Worker:
         return [(i, w) for i, w in zip(np.split(ids, cuts), np.split(ws, cuts)) if len(i)]
 
     def _sequences(
-        self, unit: int, split: str, texts: list[str], drops: Counter
+        self, unit: int, split: str, texts: list[str], no_tokens: list[str]
     ) -> tuple[Sequences, int, int]:
         spec = self.spec
         nsp = spec.sequences.format == "nsp"
@@ -111,7 +111,7 @@ class _Worker:
         encoded = []
         for text, (ids, ws, offsets) in zip(texts, self._encode(texts, need_offsets=nsp)):
             if len(ids) == 0:
-                drops["no_tokens"] += 1  # only characters the normalizer removes
+                no_tokens.append(text)  # only characters the normalizer removes
                 continue
             encoded.append((text, ids, ws, offsets))
         corpus_tokens = sum(len(e[1]) for e in encoded)
@@ -150,25 +150,38 @@ class _Worker:
             "files": files,
         }
 
-    def process(self, unit: int, texts: list[str]) -> dict[str, Any]:
+    def process(
+        self, unit: int, texts: list[str], wheres: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Write unit `unit`'s shards; `wheres[i]` ("FILE:LINE") names texts[i] in reports."""
         by_split: dict[str, list[str]] = {s: [] for s in SPLITS}
         for t in texts:
             by_split[
                 "validation" if is_validation(t, self.spec.validation_fraction) else "train"
             ].append(t)
-        drops: Counter[str] = Counter()
+        no_tokens: list[str] = []
         record: dict[str, Any] = {"unit": unit, "splits": {}, "dropped": {}}
         if self.decontam is not None:  # training copies of validation documents are dropped
             by_split["train"], record["decontamination"] = self.decontam.filter(by_split["train"])
         for split, docs in by_split.items():
-            seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, drops)
+            seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, no_tokens)
             shard = self._write(split, shard_name(unit), seqs) if len(seqs.offsets) > 1 else None
             record["splits"][split] = {
                 "documents": n_docs,
                 "corpus_tokens": corpus_tokens,
                 "shard": shard,
             }
-        record["dropped"] = dict(drops)
+        if no_tokens:
+            record["dropped"] = {"no_tokens": len(no_tokens)}
+            where = dict(zip(texts, wheres or ()))
+            record["bad_examples"] = [
+                {
+                    "where": where.get(t, f"work unit {unit}"),
+                    "reason": "no_tokens",
+                    "detail": f"no token left after the tokenizer's normalisation ({t[:40]!r})",
+                }
+                for t in no_tokens[:_BAD_EXAMPLES]
+            ]
         write_json_atomic(done_record_path(self.out, unit), record)
         return record
 
@@ -185,8 +198,9 @@ def init_worker(spec: WorkerSpec, pooled: bool = True) -> None:
     _WORKER = _Worker(spec)
 
 
-def run_unit(job: tuple[int, list[str]]) -> dict[str, Any]:
-    """Process one work unit (unit number, its documents) in this process; returns its record."""
+def run_unit(job: tuple[int, list[str], list[str]]) -> dict[str, Any]:
+    """Process one work unit (unit number, its documents, where each comes from) in this
+    process; returns its record."""
     assert _WORKER is not None, "init_worker was not called"
-    unit, texts = job
-    return _WORKER.process(unit, texts)
+    unit, texts, wheres = job
+    return _WORKER.process(unit, texts, wheres)

@@ -16,7 +16,8 @@ DATA = Path(__file__).resolve().parent / "data"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: I001  (after OMP_NUM_THREADS: torch reads it when it starts)
+import numpy as np  # noqa: I001  (after OMP_NUM_THREADS: numpy and torch read it at start)
+import torch
 from kernels.api import enable_interpreter_without_cuda
 
 # The device the kernel tests run on: CUDA tensors and the compiled Triton kernel where torch sees
@@ -58,6 +59,15 @@ def english_corpus(tmp_path_factory) -> Path:
 def chinese_corpus() -> Path:
     """~30 KB of 《红楼梦》 (public domain), one paragraph a line."""
     return DATA / "zh_hongloumeng_sample.txt"
+
+
+def content_stream(reader) -> np.ndarray:
+    """All tokens of a split of a `data_prep.ShardReader`, in order, every [CLS]/[SEP] removed."""
+    special = {reader.special_tokens["cls"], reader.special_tokens["sep"]}
+    if not len(reader):
+        return np.zeros(0, dtype=np.int64)
+    ids = np.concatenate([reader[i].input_ids for i in range(len(reader))]).astype(np.int64)
+    return ids[~np.isin(ids, list(special))]
 
 
 def run_cli(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import content_stream, run_cli
 from transformers import AutoTokenizer
 
 from data_prep import ShardError, ShardReader
@@ -23,15 +23,6 @@ CJK = re.compile(r"^[\u4e00-\u9fff\u3400-\u4dbf]$")
 def blank_line_documents(path: Path) -> list[str]:
     """Reference reading of a blank-line-separated corpus, independent of data_prep.inputs."""
     return [b.strip() for b in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")) if b.strip()]
-
-
-def content_stream(reader: ShardReader) -> np.ndarray:
-    """All tokens of a split, in order, with every [CLS]/[SEP] removed."""
-    special = {reader.special_tokens["cls"], reader.special_tokens["sep"]}
-    if not len(reader):
-        return np.zeros(0, dtype=np.int64)
-    ids = np.concatenate([reader[i].input_ids for i in range(len(reader))]).astype(np.int64)
-    return ids[~np.isin(ids, list(special))]
 
 
 def assign_documents(doc_ids: list[list[int]], train: np.ndarray, val: np.ndarray) -> list[str]:
