@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 from preemption import rank_process, run_and_signal
 from test_train import _cmd, launch, losses
 
@@ -164,11 +163,11 @@ def test_resume_after_sigterm_matches_the_uninterrupted_run(zero3_bf16):
 def test_zero3_bf16_export_loads_in_transformers_and_predicts_like_our_model(zero3_bf16, tmp_path):
     import transformers
 
-    from pretrain.export import consolidated_state_dict
+    from pretrain.export import consolidated_state_dict, export
     from pretrain.model import ModelConfig, build_model
 
     run, out = zero3_bf16["run"], tmp_path / "hf"
-    run_cli("-m", "pretrain.export", str(run), "--output", str(out))
+    assert export(run, out)["step"] == zero3_bf16["stop"] + 3  # in-process: the CLI's function
     hf, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     ckpt = find_latest(run / "checkpoints")
