@@ -29,7 +29,8 @@ def configure_optimizer(
 ) -> dict[str, Any]:
     """Return a copy of ``ds_config`` whose optimizer block reflects the flags and has no "auto".
 
-    ``device`` is the accelerator name ("cpu", "cuda", ...): LAMB exists only as a CUDA kernel.
+    ``device`` is the accelerator name ("cpu", "cuda", ...): LAMB exists only as a CUDA kernel,
+    and on the CPU AdamW is torch's unless the config sets ``torch_adam`` itself.
     """
     out = copy.deepcopy(ds_config)
     opt = out.setdefault("optimizer", {"type": "AdamW", "params": {}})
@@ -52,6 +53,13 @@ def configure_optimizer(
             )
         if out.get("zero_optimization", {}).get("stage", 0) > 0:
             out["zero_allow_untested_optimizer"] = True  # FusedLamb under ZeRO needs this opt-in
+    if kind in ("adam", "adamw") and device == "cpu":
+        # DeepSpeed's CPU FusedAdam is a C++ op built by JIT at first use (g++ and ninja, tens
+        # of seconds), and it tracks beta^t by multiplying once per step in float32 but
+        # recomputes it with pow() after a resume: the first update after a resume then differs
+        # in the last bit and exact resume is lost. torch.optim.AdamW has neither problem; an
+        # explicit "torch_adam": false in the config keeps DeepSpeed's op.
+        params.setdefault("torch_adam", True)
     if cfg.lr is not None:
         params["lr"] = cfg.lr
     if cfg.weight_decay is not None:
