@@ -81,6 +81,7 @@ class DropCounter:
 
     def drop(self, reason: str, where: str, detail: str) -> None:
         """Count one skipped record; keep and print `where: detail` for the first few."""
+        detail = " ".join(detail.split())  # one line per record (pyarrow's messages span lines)
         self.counts[reason] += 1
         if len(self.examples) < MAX_BAD_EXAMPLES:
             self.examples.append({"where": where, "reason": reason, "detail": detail})
@@ -89,6 +90,7 @@ class DropCounter:
     def report(self, reason: str, where: str, detail: str) -> None:
         """Print one bad record (counted elsewhere, e.g. by a build worker), the first
         `report_first` of each reason only."""
+        detail = " ".join(detail.split())
         self._reported[reason] += 1
         n = self._reported[reason]
         if not self.quiet and n <= self.report_first:
