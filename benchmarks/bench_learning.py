@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,7 @@ def ours_command(shards: Path, run: Path, args) -> list[str]:
         *("--micro_batch_size", str(args.global_batch // args.ranks)),
         *("--lr", str(args.lr), "--warmup_steps", str(args.warmup_steps), "--decay", "constant"),
         *("--num_workers", "1", "--progress", "false", "--eval_batches", "1"),
+        *shlex.split(args.ours_args),
     ]
 
 
@@ -404,6 +406,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget_s", type=float, default=480.0, help="wall-clock budget T per side")
     p.add_argument("--snapshots", type=int, default=4, help="snapshots per side (at k*T/S)")
     p.add_argument("--sides", nargs="+", default=["hf", "ours"], choices=("hf", "ours"))
+    p.add_argument(
+        "--ours_args", default="", help='more flags for ours, to try a lever ("--mask_prob 0.3")'
+    )
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--global_batch", type=int, default=32)
