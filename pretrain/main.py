@@ -34,6 +34,27 @@ def launch_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def launch_clock() -> float:
+    """``time.monotonic()`` of this launch's start. A wrapper that started the launcher may set
+    BERTFORGE_LAUNCHED_AT (its ``time.time()`` then) so that a --max_time_hours budget also
+    counts the launcher's and the imports' seconds (benchmarks/bench_learning.py does)."""
+    from pretrain.ds_config import ConfigError
+
+    now = time.monotonic()
+    value = os.environ.get("BERTFORGE_LAUNCHED_AT")
+    if not value:
+        return now
+    try:
+        ago = time.time() - float(value)
+    except ValueError:
+        raise ConfigError(
+            f"BERTFORGE_LAUNCHED_AT={value!r}: expected a Unix time in seconds"
+        ) from None
+    if not 0.0 <= ago < 86400.0:
+        raise ConfigError(f"BERTFORGE_LAUNCHED_AT={value!r} is {ago:.0f} s ago: not this launch's")
+    return now - ago
+
+
 def take_run_lock(cfg: TrainConfig):
     """Rank 0's lock on --output_dir (one job per run folder), taken before anything is written
     there; None on the other ranks (they stop at the rendezvous when rank 0 is refused)."""
@@ -290,7 +311,7 @@ def start_position(
 def train(cfg: TrainConfig) -> int:
     """Resolve, build data, model and engine, resume, run the loop; returns the exit status.
     Refused at once (LockError) while another job holds --output_dir."""
-    launched = time.monotonic()  # a time budget counts start-up too
+    launched = launch_clock()  # a time budget counts start-up too
     lock = take_run_lock(cfg)
     try:
         return _train_locked(cfg, launched)

@@ -1,4 +1,9 @@
-"""PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``."""
+"""PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``.
+
+Each panel is drawn against the optimizer step; loss_vs_time.png draws the training and
+validation loss against the run's wall-clock training time (``elapsed_s``, start-up included and
+added up over resumes), so that runs of different speed compare by time.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +34,48 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
             xs.append(r["step"])
             ys.append(float(v))
     return xs, ys
+
+
+def _time_series(records: list[dict], key: str, elapsed_by_step: dict[int, float]):
+    """(seconds, values) of ``key``; a record without ``elapsed_s`` (validation records of runs
+    before it was recorded) takes the time of the training step it follows."""
+    xs, ys = [], []
+    for r in records:
+        v, t = r.get(key), r.get("elapsed_s", elapsed_by_step.get(r.get("step")))
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            if isinstance(t, (int, float)):
+                xs.append(float(t))
+                ys.append(float(v))
+    return xs, ys
+
+
+def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
+    """loss_vs_time.png: training and validation loss against elapsed seconds (none: [])."""
+    import matplotlib.pyplot as plt
+
+    elapsed = {r["step"]: r["elapsed_s"] for r in data["train"] if "elapsed_s" in r}
+    series = [
+        (split, key, *_time_series(data[split], key, elapsed))
+        for split, key in (("train", "loss"), ("validation", "val_loss"))
+    ]
+    if not any(xs for *_, xs, _ in series):
+        return []
+    span = max(max(xs) for *_, xs, _ in series if xs)
+    unit, div = ("h", 3600.0) if span > 3 * 3600 else ("min", 60.0) if span > 300 else ("s", 1.0)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for split, key, xs, ys in series:
+        if xs:
+            style = "-" if split == "train" else "o-"
+            ax.plot([x / div for x in xs], ys, style, label=f"{split} {key}", markersize=3)
+    ax.set_title("loss against wall-clock time")
+    ax.set_xlabel(f"training time ({unit}, start-up included)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out / "loss_vs_time.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
 
 
 def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
@@ -81,7 +128,7 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     fig_all.savefig(out / "overview.png", dpi=80)
     plt.close(fig_all)
     written.append(out / "overview.png")
-    return written
+    return written + plot_loss_vs_time(data, out)
 
 
 def plot_downstream(

@@ -348,6 +348,7 @@ class Trainer:
             overall = [sum(s[k] for s in sums.values()) for k in range(3)]
             records.append(validation_record(step, *overall))
         for rec in records:
+            rec["elapsed_s"] = self.budget.elapsed_s()  # plots compare runs by time as well
             self.metrics.eval(rec, self.engine.global_samples)
         return records
 

@@ -134,5 +134,24 @@ def test_run_stops_at_its_budget_and_a_resume_spends_only_the_rest(english_shard
     assert hours * 3600 <= saved["elapsed_s"] < hours * 3600 + 30  # stopped at the budget
     val = read_metrics(run / "metrics.jsonl", "validation")
     assert val[-1]["step"] == last  # a final validation at the budget
+    # validation records carry the training time too (python -m pretrain.plot draws by time)
+    assert resumed[-1]["elapsed_s"] <= val[-1]["elapsed_s"] <= saved["elapsed_s"]
     lrs = [r["lr"] for r in resumed]  # the time clock: lr falls with the elapsed fraction
     assert lrs == sorted(lrs, reverse=True) and lrs[0] < 1e-3 * (1 - spent / (hours * 3600)) + 1e-6
+
+
+def test_launch_clock_counts_from_the_wrappers_launch_time(monkeypatch):
+    """BERTFORGE_LAUNCHED_AT moves the budget's start back to when the launcher was started."""
+    import time
+
+    from pretrain.ds_config import ConfigError
+    from pretrain.main import launch_clock
+
+    monkeypatch.delenv("BERTFORGE_LAUNCHED_AT", raising=False)
+    assert abs(launch_clock() - time.monotonic()) < 1.0
+    monkeypatch.setenv("BERTFORGE_LAUNCHED_AT", repr(time.time() - 40.0))
+    assert TimeBudget(1.0, start=launch_clock()).elapsed_s() == pytest.approx(40.0, abs=1.0)
+    for bad in ("soon", repr(time.time() + 3600), repr(time.time() - 2 * 86400)):
+        monkeypatch.setenv("BERTFORGE_LAUNCHED_AT", bad)
+        with pytest.raises(ConfigError, match="BERTFORGE_LAUNCHED_AT"):
+            launch_clock()
