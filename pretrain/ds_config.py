@@ -82,6 +82,12 @@ def resolve_deepspeed_config(
         grad_accum=cfg.batch.grad_accum,
         source=src,
     )
+    if cfg.guard.stability_guard and int(ds.get("zero_optimization", {}).get("stage", 0)) < 1:
+        # The guard drops a rejected update through the ZeRO optimizers' overflow path.
+        raise ConfigError(
+            f"{src}: the stability guard (on by default) needs ZeRO stage 1, 2 or 3 to skip an "
+            'update; set "zero_optimization": {"stage": 1} or more, or pass --no_stability_guard'
+        )
     ds = apply_batch(ds, plan)
     ds, precision, note = resolve_precision(ds, cfg.precision, source=src)
     ds = configure_optimizer(ds, cfg.optim, device, source=src)

@@ -136,6 +136,24 @@ def test_flags_turn_the_guard_off_and_reject_bad_thresholds(english_shards, caps
     assert "--guard_lr_factor must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_a_config_without_zero_is_refused_before_launch_unless_the_guard_is_off(
+    english_shards, tmp_path
+):
+    from conftest import REPO
+
+    from pretrain.ds_config import ConfigError, resolve_deepspeed_config
+
+    ds = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
+    ds["zero_optimization"] = {"stage": 0}
+    path = tmp_path / "stage0.json"
+    path.write_text(json.dumps(ds))
+    base = ["--data", str(english_shards), "--ds_config", str(path)]
+    with pytest.raises(ConfigError, match="needs ZeRO stage 1, 2 or 3.*--no_stability_guard"):
+        resolve_deepspeed_config(parse_args(base), 1, "cpu")
+    setup = resolve_deepspeed_config(parse_args(base + ["--no_stability_guard"]), 1, "cpu")
+    assert setup.config["zero_optimization"]["stage"] == 0
+
+
 # --- fault injection in real runs ------------------------------------------------------------
 
 RUN_FLAGS = [
