@@ -419,6 +419,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=29870)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--dry_run", action="store_true", help="prepare data and masks, print plan")
+    p.add_argument(
+        "--score_only",
+        action="store_true",
+        help="score the sides already trained in --workdir (no training)",
+    )
     p.add_argument("--verbose", action="store_true")
     for hidden in ("--shards", "--hf_out", "--launched"):
         p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
@@ -449,6 +454,34 @@ def prepare(args, work: Path) -> tuple[Path, dict, dict]:
     return shards, stats, batches
 
 
+def _save_launches(work: Path, launches: dict) -> None:
+    """Each side's launch time and wall seconds, kept as soon as it finished (--score_only)."""
+    path = work / "launches.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**saved, **launches}, indent=1))
+
+
+def trained_sides(args, work: Path) -> tuple[dict[str, list[dict]], dict]:
+    """--score_only: the snapshots of sides trained earlier in ``work`` (nothing is trained)."""
+    path = work / "launches.json"
+    launches = json.loads(path.read_text()) if path.is_file() else {}
+    sides = {}
+    if "hf" in args.sides and (work / "hf" / "snapshots.json").is_file():
+        sides["hf"] = json.loads((work / "hf" / "snapshots.json").read_text())
+    if "ours" in args.sides and (work / "ours" / "checkpoints").is_dir():
+        launched = launches.get("ours", {}).get("launched")
+        if launched is None:  # from the first checkpoint: its save time minus its budget clock
+            first = min((work / "ours" / "checkpoints").glob("step_*/trainer_state.json"))
+            state = json.loads(first.read_text())
+            launched = float(state["saved_at"]) - float(state["elapsed_s"])
+            launches["ours"] = {"launched": launched, "derived_from": str(first)}
+        sides["ours"] = ours_snapshots(work / "ours", launched)
+        export_ours(sides["ours"], work / "ours", work / "ours_hf")
+    if not sides:
+        raise SystemExit(f"error: --score_only: no trained side found in {work}")
+    return sides, launches
+
+
 def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], dict]:
     """Train each side for the budget: its snapshots as HF folders with their times, and each
     launch's Unix time and wall seconds (to re-read the snapshots later)."""
@@ -459,6 +492,7 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
         wall = launch(hf_command(shards, work / "hf", args, launched), args, work / "hf.log")
         sides["hf"] = json.loads((work / "hf" / "snapshots.json").read_text())
         launches["hf"] = {"launched": launched, "wall_s": wall}
+        _save_launches(work, launches)
         print(f"[bench] HF Trainer: {wall:.0f} s wall, {len(sides['hf'])} snapshots", flush=True)
     if "ours" in args.sides:
         run = work / "ours"
@@ -468,6 +502,7 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
         wall = launch(ours_command(shards, run, args), args, work / "ours.log", env)
         sides["ours"] = ours_snapshots(run, launched)
         launches["ours"] = {"launched": launched, "wall_s": wall}
+        _save_launches(work, launches)
         export_ours(sides["ours"], run, work / "ours_hf")
         print(f"[bench] ours: {wall:.0f} s wall, {len(sides['ours'])} snapshots", flush=True)
     return sides, launches
@@ -487,7 +522,10 @@ def main(argv: list[str] | None = None) -> int:
         print("[bench] HF:   " + " ".join(hf_command(shards, work / "hf", args, 0.0)))
         print("[bench] ours: " + " ".join(ours_command(shards, work / "ours", args)))
         return 0
-    sides, launches = run_sides(args, work, shards)
+    if args.score_only:
+        sides, launches = trained_sides(args, work)
+    else:
+        sides, launches = run_sides(args, work, shards)
     score_all(sides, batches)
     from learning_eval import plot_curves
 
@@ -498,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         "sides": sides,
         "summary": summary(sides, args.budget_s),
     }
-    (work / "learning.json").write_text(json.dumps(result, indent=1))
+    (work / "learning.json").write_text(json.dumps(result, indent=1, default=str))
     title = f"{args.model}, {args.precision}, vocab {stats['vocab_size']}, T={args.budget_s:.0f} s"
     curves = {s: [(r["time_s"], r["loss"]) for r in recs] for s, recs in sides.items()}
     png = plot_curves(curves, title, work / "learning.png")
