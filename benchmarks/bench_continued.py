@@ -270,7 +270,7 @@ def run_arms(b: Bench, shards: Path, base: Path, random_base: Path) -> dict[str,
 
 def export_arms(b: Bench) -> dict[str, dict[str, Path]]:
     """HF folders of every arm's lr-0 run (step 0) and final checkpoint (`pretrain.export`)."""
-    from pretrain.export import export
+    from pretrain.export.hf_export import export
 
     folders: dict[str, dict[str, Path]] = {}
     for arm in ARMS:
@@ -285,8 +285,8 @@ def validation_batches(shards: Path, run: Path, passes: int, micro_batch_size: i
     """`passes` fixed-mask passes over the validation split with the run's masking settings
     (config.json); pass k uses masking seed run_seed + k, so pass 0 has the trainer's masks."""
     from data_prep.reader import ShardReader
-    from pretrain.data import DataConfig, build_loader
-    from pretrain.masking import MaskingConfig
+    from pretrain.data.loader import DataConfig, build_loader
+    from pretrain.data.masking import MaskingConfig
 
     masking = json.loads((run / "config.json").read_text())["masking"]
     reader = ShardReader(shards, "validation")
@@ -376,7 +376,7 @@ def new_token_eval(b: Bench, shards: Path, ext_report: dict) -> dict:
 
 
 def _metrics(run: Path, split: str) -> list[dict]:
-    from pretrain.metrics import read_metrics
+    from pretrain.components.metrics import read_metrics
 
     return read_metrics(run / "metrics.jsonl", split)
 

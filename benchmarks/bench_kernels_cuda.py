@@ -1,6 +1,7 @@
 """The CUDA half of benchmarks/bench_kernels.py: device HBM peaks and the do_bench measurement.
 
-The one table of HBM bandwidth in the project (pretrain/metrics.py holds the compute peaks).
+The one table of HBM bandwidth in the project (pretrain/components/metrics.py holds the compute
+peaks).
 Importing this module needs neither a GPU nor triton; `measure_cuda` needs both.
 """
 

@@ -1,4 +1,5 @@
-"""Start-up cost of the rendezvous check: `pretrain.distributed.init_distributed` (registration in
+"""Start-up cost of the rendezvous check: `pretrain.components.distributed.init_distributed`
+(registration in
 a TCP store, then the process group on the same store) against plain `deepspeed.init_distributed`
 (env://), two local ranks, the time from the call to the end of a first all-reduce.
 
@@ -22,7 +23,7 @@ RANK_SCRIPT = textwrap.dedent("""
     variant = sys.argv[1]
     t0 = time.perf_counter()
     if variant == "ours":
-        from pretrain.distributed import init_distributed
+        from pretrain.components.distributed import init_distributed
         init_distributed(timeout_s=120)
     else:
         deepspeed.init_distributed()
@@ -35,7 +36,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 def one_launch(variant: str, ranks: int) -> float:
     """Milliseconds rank 0 spent in init + first all-reduce."""
-    from pretrain.distributed import free_port
+    from pretrain.components.distributed import free_port
 
     port = free_port()
     procs = []

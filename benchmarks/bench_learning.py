@@ -204,7 +204,7 @@ def hf_worker(args) -> None:
     from transformers import BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling, Trainer
 
     from data_prep.reader import ShardReader
-    from pretrain.model import PRESETS
+    from pretrain.model.bert import PRESETS
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))
@@ -309,7 +309,7 @@ def snapshot_clock(args):
 def ours_snapshots(run: Path, launched: float) -> list[dict]:
     """Complete checkpoints of our run: (checkpoint, step, time from launch minus earlier saves).
     A save's duration: its state file's mtime (written last) minus its ``saved_at``."""
-    from pretrain.checkpoint import STATE_FILE
+    from pretrain.components.checkpoint import STATE_FILE
 
     records, save_s = [], 0.0
     for ck in sorted((run / "checkpoints").glob("step_*")):
@@ -327,7 +327,7 @@ def ours_snapshots(run: Path, launched: float) -> list[dict]:
 
 def export_ours(records: list[dict], run: Path, out: Path) -> None:
     """Export each of our checkpoints as a HF folder (one process, no reload check)."""
-    from pretrain.export import export
+    from pretrain.export.hf_export import export
 
     for rec in records:
         folder = out / Path(rec["checkpoint"]).name

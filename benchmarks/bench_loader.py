@@ -1,4 +1,4 @@
-"""Loader throughput: pretrain.data (shards + dynamic masking + collation) vs HF's collators.
+"""Loader throughput: pretrain.data.loader (shards + dynamic masking + collation) vs HF's collators.
 
     python benchmarks/bench_loader.py CORPUS.txt [--shards DIR] [--seconds 5] [--batch 256]
                                       [--shard_docs N]
@@ -14,7 +14,8 @@ N documents (many shards: a batch touches many of them, the case of a large corp
 Target: >= 20,000 sequences/s for ours.
 
 --mixture DIR2 (a second build with the same tokenizer) also times a 50/50 weighted mixture of
---shards and DIR2 (`pretrain.mixture`: two sources, per-source sample order, rows joined from two
+--shards and DIR2 (`pretrain.data.mixture`: two sources, per-source sample order, rows joined from
+two
 batched reads) with the same masking; target: within 10% of one build.
 """
 
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
     from data_prep.reader import ShardReader
-    from pretrain.data import DataConfig, GlobalSampler, build_loader
-    from pretrain.masking import MaskingConfig
+    from pretrain.data.loader import DataConfig, GlobalSampler, build_loader
+    from pretrain.data.masking import MaskingConfig
 
     torch.set_num_threads(1)  # one process, one core: the loader's own budget
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             if not all(a[key].equal(b[key]) for key in ("input_ids", "labels", "attention_mask")):
                 raise SystemExit(f"{kind} masking: the two read paths give different batches")
         if args.mixture:
-            from pretrain.mixture import open_training, parse_mixture
+            from pretrain.data.mixture import open_training, parse_mixture
 
             mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={args.mixture}:0.5"]))
             print(f"mixture: {mix}")

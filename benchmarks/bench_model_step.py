@@ -1,4 +1,4 @@
-"""Forward+backward step on CPU: pretrain.model vs transformers' BertForMaskedLM, side by side.
+"""Forward+backward step on CPU: pretrain.model.bert vs transformers' BertForMaskedLM, side by side.
 
     python benchmarks/bench_model_step.py [--models tiny small] [--batch 32] [--seq_len 128]
                                           [--vocab_size 30522] [--steps 5] [--threads N]
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
 
-    from pretrain.model import PRESETS, build_model
+    from pretrain.model.bert import PRESETS, build_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -101,7 +101,7 @@ def _parameters(spec: str, shards: Path, layers: int) -> int:
     import dataclasses
 
     from pretrain.doctor.memory_estimate import count_params
-    from pretrain.model import preset
+    from pretrain.model.bert import preset
 
     vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     cfg = dataclasses.replace(preset("small"), num_hidden_layers=layers, share_layers=spec)

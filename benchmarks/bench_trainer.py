@@ -132,7 +132,7 @@ def hf_worker(args) -> None:
     )
 
     from data_prep.reader import ShardReader
-    from pretrain.model import PRESETS
+    from pretrain.model.bert import PRESETS
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))

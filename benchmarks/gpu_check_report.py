@@ -17,7 +17,7 @@ def environment() -> dict:
     import torch
 
     from benchmarks.bench_kernels_cuda import hbm_peak_gbps
-    from pretrain.metrics import device_peak_tflops
+    from pretrain.components.metrics import device_peak_tflops
 
     cuda = torch.cuda.is_available()
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"

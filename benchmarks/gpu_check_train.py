@@ -99,7 +99,7 @@ def train_records(run_dir: Path) -> list[dict]:
 
 def throughput_row(plan: Plan, run_dir: Path, config: tuple[str, int, str]) -> dict:
     """Rates over the measured steps (after the warm-up): sums of tokens / sums of step times."""
-    from pretrain.metrics import device_peak_tflops
+    from pretrain.components.metrics import device_peak_tflops
 
     model, seq, _ = config
     first, last = plan.warmup_steps + 1, plan.warmup_steps + plan.measured_steps
@@ -166,7 +166,7 @@ def hf_model(preset: str, vocab_size: int):
     """transformers' BertForMaskedLM at our preset's size, SDPA attention."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from pretrain.model import PRESETS
+    from pretrain.model.bert import PRESETS
 
     p = PRESETS[preset]
     conf = BertConfig(
@@ -188,7 +188,7 @@ def hf_throughput(shards: Path, preset: str, micro: int, warmup: int, steps: int
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
     from data_prep.reader import ShardReader
-    from pretrain.metrics import memory_stats
+    from pretrain.components.metrics import memory_stats
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reader = ShardReader(shards, "train")
@@ -292,7 +292,7 @@ def part_hf_baseline(plan: Plan, out: Path, res: PartResult, deadline: float) ->
 def part_resume(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
     """Copy the resume configuration's run (checkpoint after the measured steps), resume it with
     --resume auto, and compare every later step's loss with the uninterrupted run's."""
-    from pretrain.checkpoint import list_complete
+    from pretrain.components.checkpoint import list_complete
 
     src = out / "train" / run_name(*plan.resume_config)
     saved_at = plan.warmup_steps + plan.measured_steps

@@ -1,6 +1,6 @@
 """`python -m data_prep extend-tokenizer`: add domain tokens to a BERT WordPiece tokenizer.
 
-The contract the trainer's `--init_from` relies on (pretrain/init_from.py):
+The contract the trainer's `--init_from` relies on (pretrain/model/init_from.py):
 - every id of the base tokenizer keeps its token, except BERT's `[unused*]` vocabulary slots,
   which are filled first (in id order); the remaining new tokens are appended after the base
   vocabulary, so the model's old embedding rows keep their meaning;

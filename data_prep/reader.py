@@ -65,7 +65,7 @@ class SampleBatch:
     word_start: np.ndarray | None  # [B, T] bool, False in the padding; None when not asked for
     segment_a_len: np.ndarray | None = None  # nsp: [B] int64
     is_random_next: np.ndarray | None = None  # nsp: [B] int64
-    source: np.ndarray | None = None  # mixtures (pretrain.mixture): [B] int64 source number
+    source: np.ndarray | None = None  # mixtures (pretrain.data.mixture): [B] int64 source number
     mask_prob: np.ndarray | None = None  # mixtures: [B] float64 per-source rate, NaN = default
 
 
@@ -228,7 +228,7 @@ class ShardReader:
     def concatenate(cls, readers: list[ShardReader]) -> ShardReader:
         """One reader over the sequences of several readers, back to back (reader 0's first).
 
-        The callers check that they share the tokenizer and format (pretrain.mixture does);
+        The callers check that they share the tokenizer and format (pretrain.data.mixture does);
         metadata (manifest, root, special tokens) are reader 0's. `get_batch` then gathers rows
         of several builds in one call, as fast as from one build."""
         joined = copy.copy(readers[0])

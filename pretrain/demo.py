@@ -189,7 +189,7 @@ def demo_paths(out: Path) -> dict[str, Path]:
 
 def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[str, list, bool]]:
     """The command table: (name, command, stream its output?) for each step, in order."""
-    from pretrain.distributed import free_port
+    from pretrain.components.distributed import free_port
 
     half = args.steps // 2
     py = sys.executable
@@ -284,7 +284,7 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
 
 def run_demo(args: argparse.Namespace) -> dict:
     """All steps; returns the summary that is also written to OUTPUT/demo.json."""
-    from pretrain.metrics import read_metrics
+    from pretrain.components.metrics import read_metrics
 
     out = Path(args.output_dir).absolute()
     paths = demo_paths(out)

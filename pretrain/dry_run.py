@@ -14,9 +14,9 @@ import json
 import sys
 from typing import Any
 
-from pretrain.data import DataConfig, build_loader
-from pretrain.masking import MaskingConfig, mask_prob_at, merge_stats
-from pretrain.model import ModelConfig, build_model, padded_vocab, resolve_config
+from pretrain.data.loader import DataConfig, build_loader
+from pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
+from pretrain.model.bert import ModelConfig, build_model, padded_vocab, resolve_config
 
 
 def shards_summary(reader) -> dict[str, Any]:
@@ -85,9 +85,9 @@ def run_dry_run(
     extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
     show_masks: also decode that many training sequences with each masked position marked
-    (:mod:`pretrain.show_masks`; under "show_masks" in the report).
+    (:mod:`pretrain.data.show_masks`; under "show_masks" in the report).
     """
-    from pretrain.mixture import open_training, parse_mixture
+    from pretrain.data.mixture import open_training, parse_mixture
 
     stream = stream or sys.stdout
     reader = open_training(parse_mixture(data), verify=data_cfg.verify)
@@ -126,7 +126,7 @@ def run_dry_run(
         "masking": masking,
     }
     if show_masks > 0:
-        from pretrain.show_masks import show_masks as shown
+        from pretrain.data.show_masks import show_masks as shown
 
         report["show_masks"] = shown(
             loader, show_masks, str(reader.tokenizer_path / "tokenizer.json")
@@ -191,7 +191,7 @@ def format_report(r: dict[str, Any]) -> str:
         ),
     ]
     if "show_masks" in r:
-        from pretrain.show_masks import format_shown
+        from pretrain.data.show_masks import format_shown
 
         lines.append(format_shown(r["show_masks"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
@@ -208,8 +208,8 @@ def main(cfg) -> int:
     }
     try:
         if cfg.run.init_from:  # report the checkpoint's architecture, as the run will build it
-            from pretrain.init_from import init_architecture
-            from pretrain.mixture import open_training, parse_mixture
+            from pretrain.data.mixture import open_training, parse_mixture
+            from pretrain.model.init_from import init_architecture
 
             seq_len = open_training(parse_mixture(cfg.run.data_sources), "none").max_seq_len
             cfg.model_cfg = init_architecture(cfg, seq_len)

@@ -8,8 +8,9 @@ Also runs under ``torchrun`` and as a plain ``python pretrain/main.py`` (one pro
 ``python pretrain/main.py --help`` lists every flag.
 
 The entry point reads parse -> resolve -> build -> run: flags into a TrainConfig
-(:mod:`pretrain.config`), the DeepSpeed dict for this world size (:mod:`pretrain.ds_config`),
-data, model, engine and the resume point (:mod:`pretrain.checkpoint`), then the loop
+(:mod:`pretrain.config.train_config`), the DeepSpeed dict for this world size
+(:mod:`pretrain.config.ds_config`),
+data, model, engine and the resume point (:mod:`pretrain.components.checkpoint`), then the loop
 (:class:`pretrain.trainer.Trainer`).
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pretrain`, `kernels`, `data_prep` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.config import TrainConfig, parse_args
+from pretrain.config.train_config import TrainConfig, parse_args
 
 
 def launch_rank() -> int:
@@ -38,7 +39,7 @@ def launch_clock() -> float:
     """``time.monotonic()`` of this launch's start. A wrapper that started the launcher may set
     BERTFORGE_LAUNCHED_AT (its ``time.time()`` then) so that a --max_time_hours budget also
     counts the launcher's and the imports' seconds (benchmarks/bench_learning.py does)."""
-    from pretrain.ds_config import ConfigError
+    from pretrain.config.ds_config import ConfigError
 
     now = time.monotonic()
     value = os.environ.get("BERTFORGE_LAUNCHED_AT")
@@ -68,8 +69,8 @@ def take_run_lock(cfg: TrainConfig):
 
 def open_shards(cfg: TrainConfig):
     """(training reader, [(source name, validation reader)]) of --data: one shard folder or a
-    weighted mixture (pretrain.mixture); a source without validation data is warned about."""
-    from pretrain.mixture import open_training, parse_mixture, validation_readers
+    weighted mixture (pretrain.data.mixture); a source without validation data is warned about."""
+    from pretrain.data.mixture import open_training, parse_mixture, validation_readers
 
     sources = parse_mixture(cfg.run.data_sources)
     verify = cfg.data_cfg.verify
@@ -78,11 +79,11 @@ def open_shards(cfg: TrainConfig):
 
 def verify_shards_once(cfg: TrainConfig, rank: int, world: int, device) -> None:
     """With verify "size" (the default), every shard file's sha256 is checked once per shard
-    folder and run folder, split across the ranks after the rendezvous (pretrain.shard_check);
+    folder and run folder, split across the ranks after the rendezvous (pretrain.data.shard_check);
     "full" checks them at every launch on every rank, "none" not at all."""
-    from pretrain.distributed import sum_across_ranks
-    from pretrain.mixture import parse_mixture
-    from pretrain.shard_check import verify_once
+    from pretrain.components.distributed import sum_across_ranks
+    from pretrain.data.mixture import parse_mixture
+    from pretrain.data.shard_check import verify_once
 
     if cfg.data_cfg.verify != "size":
         return
@@ -102,8 +103,8 @@ def build_model(cfg: TrainConfig, reader, setup, *, init_from: str | None = None
     import deepspeed
     import torch
 
-    from pretrain.init_from import load_initial_weights
-    from pretrain.model import build_model as build
+    from pretrain.model.bert import build_model as build
+    from pretrain.model.init_from import load_initial_weights
 
     torch.manual_seed(cfg.run.seed)
     model = build(
@@ -174,7 +175,7 @@ def build_engine(cfg: TrainConfig, model, ds_config: dict):
     A time-clock schedule is not given to DeepSpeed: the trainer's TimeClockLR applies it."""
     import deepspeed
 
-    from pretrain.optim import build_schedule, lr_scheduler_factory, param_groups
+    from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
 
     schedule = None if "scheduler" in ds_config else build_schedule(cfg.optim, cfg.run.max_steps)
     by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
@@ -208,7 +209,7 @@ def open_metrics(
     cfg: TrainConfig, rank: int, world: int, start_step: int, model, reader, setup, engine
 ):
     """The metrics writer of this rank (rank 0 writes; DeepSpeed's monitor gets the records)."""
-    from pretrain.metrics import MetricsWriter, device_peak_tflops
+    from pretrain.components.metrics import MetricsWriter, device_peak_tflops
 
     return MetricsWriter(
         cfg.run.output_dir,
@@ -272,9 +273,9 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     """Everything that can fail on the user's input fails here, before any rendezvous."""
     from deepspeed.accelerator import get_accelerator
 
-    from pretrain import checkpoint as ck
-    from pretrain.ds_config import resolve_deepspeed_config
-    from pretrain.init_from import init_architecture
+    from pretrain.components import checkpoint as ck
+    from pretrain.config.ds_config import resolve_deepspeed_config
+    from pretrain.model.init_from import init_architecture
 
     world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_readers = open_shards(cfg)
@@ -324,11 +325,11 @@ def _train_locked(cfg: TrainConfig, launched: float) -> int:
     """:func:`train` while rank 0 holds the run folder's lock."""
     import torch
 
-    from pretrain import checkpoint as ck
-    from pretrain.budget import TimeBudget, TimeClockLR
-    from pretrain.data import build_loader
-    from pretrain.distributed import init_distributed
-    from pretrain.downstream_jobs import DownstreamJobs
+    from pretrain.components import checkpoint as ck
+    from pretrain.components.budget import TimeBudget, TimeClockLR
+    from pretrain.components.distributed import init_distributed
+    from pretrain.components.downstream_jobs import DownstreamJobs
+    from pretrain.data.loader import build_loader
     from pretrain.trainer import Trainer
 
     run = resolve_run(cfg)
@@ -399,12 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     from data_prep.lock import LockError
     from data_prep.reader import ShardError
-    from pretrain.batching import BatchSizeError
-    from pretrain.checkpoint import CheckpointError
-    from pretrain.ds_config import ConfigError
-    from pretrain.mixture import MixtureError
-    from pretrain.optim import OptimizerConfigError
-    from pretrain.precision import PrecisionError
+    from pretrain.components.checkpoint import CheckpointError
+    from pretrain.components.optim import OptimizerConfigError
+    from pretrain.config.batching import BatchSizeError
+    from pretrain.config.ds_config import ConfigError
+    from pretrain.config.precision import PrecisionError
+    from pretrain.data.mixture import MixtureError
 
     if cfg.run.dry_run:
         from pretrain.dry_run import main as dry_run_main

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from pretrain.metrics import read_metrics
+from pretrain.components.metrics import read_metrics
 
 # (file stem, title, [(split, key), ...]) — one PNG per panel, plus one overview.
 PANELS = [

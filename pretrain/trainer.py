@@ -2,8 +2,9 @@
 
 :class:`Trainer` owns the loop and the two things it computes itself (a training step over one
 global batch and a validation pass). Everything else decides for itself when it is due: the
-:class:`~pretrain.checkpoint.CheckpointManager` (interval, minutes, signals, agreed across ranks),
-the :class:`~pretrain.metrics.MetricsWriter` (what goes to the console, metrics.jsonl and
+:class:`~pretrain.components.checkpoint.CheckpointManager` (interval, minutes, signals, agreed
+across ranks),
+the :class:`~pretrain.components.metrics.MetricsWriter` (what goes to the console, metrics.jsonl and
 TensorBoard). Built by :func:`pretrain.main.train`.
 """
 
@@ -17,23 +18,29 @@ import torch
 import torch.distributed as dist
 
 from kernels import IGNORE_INDEX
-from pretrain.budget import TimeBudget, TimeClockLR
-from pretrain.checkpoint import (
+from pretrain.components.budget import TimeBudget, TimeClockLR
+from pretrain.components.checkpoint import (
     CheckpointManager,
     CheckpointSaveError,
     PreemptionHandler,
     find_latest,
     read_state,
 )
-from pretrain.config import TrainConfig
-from pretrain.data import build_loader
-from pretrain.distributed import sum_across_ranks
-from pretrain.downstream_jobs import DownstreamJobs
-from pretrain.faults import SPIKE_FACTOR
-from pretrain.guard import EXIT_GAVE_UP, StabilityGuard, Verdict, can_discard, discard_update
-from pretrain.masking import merge_stats
-from pretrain.metrics import MetricsWriter, StepTimer
-from pretrain.optim import current_lr
+from pretrain.components.distributed import sum_across_ranks
+from pretrain.components.downstream_jobs import DownstreamJobs
+from pretrain.components.faults import SPIKE_FACTOR
+from pretrain.components.guard import (
+    EXIT_GAVE_UP,
+    StabilityGuard,
+    Verdict,
+    can_discard,
+    discard_update,
+)
+from pretrain.components.metrics import MetricsWriter, StepTimer
+from pretrain.components.optim import current_lr
+from pretrain.config.train_config import TrainConfig
+from pretrain.data.loader import build_loader
+from pretrain.data.masking import merge_stats
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
@@ -150,7 +157,7 @@ class Trainer:
     def _build_guard(self, state: dict[str, Any] | None) -> StabilityGuard:
         """The stability guard with a resumed run's state; its lr factor is already in the
         restored schedule's base lrs, or is applied here to a time clock's peak."""
-        from pretrain.ds_config import ConfigError
+        from pretrain.config.ds_config import ConfigError
 
         if not can_discard(self.engine.optimizer):
             raise ConfigError(
@@ -301,7 +308,8 @@ class Trainer:
         return verdict
 
     def _planned_fault(self, step: int) -> float | None:
-        """The loss multiplier a planned fault (pretrain.faults) sets for ``step``, or None."""
+        """The loss multiplier a planned fault (pretrain.components.faults) sets for ``step``, or
+        None."""
         if not self.faults:
             return None
         if self.faults.due("loss_nan", step, self.rank):

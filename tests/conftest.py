@@ -194,7 +194,7 @@ def one_rank_group(monkeypatch):
     import deepspeed
     import torch.distributed as dist
 
-    from pretrain.distributed import free_port
+    from pretrain.components.distributed import free_port
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         monkeypatch.setenv(key, value)  # deepspeed.initialize reads them

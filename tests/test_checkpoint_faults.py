@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import checkpoint as ck
+from pretrain.components import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_verify_legacy_marker_missing_file_and_size_change(tmp_path):
 
 
 def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(tmp_path, capsys):
-    from pretrain.init_from import InitError, locate
+    from pretrain.model.init_from import InitError, locate
 
     root = tmp_path / "run" / "checkpoints"
     older, newer = _fake_checkpoint(root, 2), _fake_checkpoint(root, 4)
@@ -93,8 +93,8 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
 
 def _tiny_engine(shards: Path, run: Path, *extra: str):
     from data_prep.reader import ShardReader
-    from pretrain.config import parse_args
-    from pretrain.ds_config import resolve_deepspeed_config
+    from pretrain.config.ds_config import resolve_deepspeed_config
+    from pretrain.config.train_config import parse_args
     from pretrain.main import build_engine, build_model
 
     cfg = parse_args(
@@ -112,7 +112,7 @@ def _tiny_engine(shards: Path, run: Path, *extra: str):
 def test_failed_save_leaves_no_checkpoint_and_keeps_the_previous(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
-    from pretrain.faults import ENV_VAR
+    from pretrain.components.faults import ENV_VAR
 
     cfg, engine = _tiny_engine(english_shards, tmp_path / "run", "--keep_last", "1")
     state = {"config": dataclasses.asdict(cfg.run), "consumed_samples": 0}
@@ -167,14 +167,14 @@ def test_a_real_full_disk_fails_the_save_and_keeps_the_previous(
 
 
 def _losses(run: Path) -> dict[int, float]:
-    from pretrain.metrics import read_metrics
+    from pretrain.components.metrics import read_metrics
 
     return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
 
 
 def _train(shards: Path, run: Path, *extra: str) -> None:
     """One launch of the trainer, in this process (the one-rank group): main.train(cfg)."""
-    from pretrain.config import parse_args
+    from pretrain.config.train_config import parse_args
     from pretrain.main import train
 
     cfg = parse_args(
@@ -219,7 +219,7 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
     run warns and goes on, the failed step's folder is gone and the next interval saves."""
     from test_train import COMMON, launch
 
-    from pretrain.faults import ENV_VAR
+    from pretrain.components.faults import ENV_VAR
 
     run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     args = ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(english_shards)]
@@ -242,8 +242,8 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
 def test_final_save_failing_stops_with_its_exit_status(
     english_shards, tmp_path, one_rank_group, monkeypatch, capsys
 ):
-    from pretrain.config import parse_args
-    from pretrain.faults import ENV_VAR
+    from pretrain.components.faults import ENV_VAR
+    from pretrain.config.train_config import parse_args
     from pretrain.main import train
     from pretrain.trainer import EXIT_SAVE_FAILED
 

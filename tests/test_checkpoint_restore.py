@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def _config(shards, run, *extra: str):
-    from pretrain.config import parse_args
+    from pretrain.config.train_config import parse_args
 
     return parse_args(
         [
@@ -49,7 +49,7 @@ def _config(shards, run, *extra: str):
 def _engine(cfg, seed: int, *, load_universal: bool = False):
     """A fresh engine for ``cfg`` whose initial weights come from ``seed``."""
     from data_prep.reader import ShardReader
-    from pretrain.ds_config import resolve_deepspeed_config
+    from pretrain.config.ds_config import resolve_deepspeed_config
     from pretrain.main import build_engine, build_model
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
@@ -63,9 +63,9 @@ def _engine(cfg, seed: int, *, load_universal: bool = False):
 
 def _train_two_steps(cfg):
     """Two optimizer steps through the Trainer, saved as step 2; returns the engine."""
-    from pretrain.checkpoint import CheckpointManager
-    from pretrain.data import build_loader
-    from pretrain.metrics import MetricsWriter
+    from pretrain.components.checkpoint import CheckpointManager
+    from pretrain.components.metrics import MetricsWriter
+    from pretrain.data.loader import build_loader
     from pretrain.trainer import Trainer
 
     engine, _, setup, reader = _engine(cfg, cfg.run.seed)
@@ -107,7 +107,7 @@ def _train_two_steps(cfg):
 
 
 def _resume_point(cfg, reader):
-    from pretrain.checkpoint import find_resume
+    from pretrain.components.checkpoint import find_resume
 
     return find_resume(
         "auto",
@@ -125,7 +125,7 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 def test_restore_puts_back_weights_counters_and_the_schedule(
     english_shards, tmp_path, one_rank_group, capsys
 ):
-    from pretrain.checkpoint import CheckpointManager
+    from pretrain.components.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)
@@ -159,7 +159,7 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
     english_shards, tmp_path, one_rank_group
 ):
-    from pretrain.checkpoint import CheckpointManager, ResumePoint
+    from pretrain.components.checkpoint import CheckpointManager, ResumePoint
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)

@@ -1,4 +1,5 @@
-"""pretrain.distributed: single-process defaults, a 2-rank rendezvous, and the timeout message."""
+"""pretrain.components.distributed: single-process defaults, a 2-rank rendezvous, and the timeout
+message."""
 
 from __future__ import annotations
 
@@ -11,12 +12,18 @@ import time
 import pytest
 from conftest import REPO
 
-from pretrain.distributed import EXIT_RENDEZVOUS, RendezvousError, _ranges, free_port, resolve_env
+from pretrain.components.distributed import (
+    EXIT_RENDEZVOUS,
+    RendezvousError,
+    _ranges,
+    free_port,
+    resolve_env,
+)
 
 # A rank that rendezvous, all-reduces its rank+1 and prints the result: sum over 2 ranks is 3.
 SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from pretrain.distributed import init_distributed
+    from pretrain.components.distributed import init_distributed
     info = init_distributed(timeout_s=float(sys.argv[1]))
     assert init_distributed(timeout_s=1.0) == info  # a second call reuses the group
     t = torch.tensor([info.rank + 1.0])

@@ -83,7 +83,7 @@ def test_param_count_matches_transformers(english_shards):
     from transformers import BertForMaskedLM
 
     from pretrain.doctor.memory_estimate import model_shape
-    from pretrain.model import PRESETS, bert_config
+    from pretrain.model.bert import PRESETS, bert_config
 
     shape = model_shape("base", english_shards, None, False)
     manifest = json.loads((english_shards / "manifest.json").read_text())

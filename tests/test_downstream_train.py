@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import train_cli
 
-from pretrain.metrics import read_metrics
+from pretrain.components.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_s
 
 
 def test_downstream_interval_must_fall_on_checkpoints(english_shards, tmp_path, capsys):
-    from pretrain.config import parse_args
+    from pretrain.config.train_config import parse_args
 
     tasks = tmp_path / "tasks.json"
     tasks.write_text("{}")

@@ -160,7 +160,7 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks):
 
     from transformers import AutoTokenizer
 
-    from pretrain.model import PRESETS, build_model
+    from pretrain.model.bert import PRESETS, build_model
 
     tasks = load_downstream_tasks(pydoc_tasks, max_examples=40)
     cfg = replace(PRESETS["tiny"], hidden_size=32, intermediate_size=64)

@@ -1,4 +1,5 @@
-"""The stability guard (pretrain.guard): the detector on its own, then faults planned with
+"""The stability guard (pretrain.components.guard): the detector on its own, then faults planned
+with
 BERTFORGE_FAULTS in one-process CPU runs (fp32, ZeRO-2, tiny model): a loss spike is skipped
 without touching the weights, a NaN rolls back to the newest checkpoint and skips the exact sample
 range, NaN after NaN gives up with exit status 6, and --no_stability_guard trains as before."""
@@ -13,10 +14,10 @@ import pytest
 import torch
 from conftest import train_cli
 
-from pretrain.checkpoint import list_complete, tag_for
-from pretrain.config import GuardConfig, parse_args
-from pretrain.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
-from pretrain.metrics import read_metrics
+from pretrain.components.checkpoint import list_complete, tag_for
+from pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
+from pretrain.components.metrics import read_metrics
+from pretrain.config.train_config import GuardConfig, parse_args
 
 # --- the detector ---------------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ def test_a_config_without_zero_is_refused_before_launch_unless_the_guard_is_off(
 ):
     from conftest import REPO
 
-    from pretrain.ds_config import ConfigError, resolve_deepspeed_config
+    from pretrain.config.ds_config import ConfigError, resolve_deepspeed_config
 
     ds = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
     ds["zero_optimization"] = {"stage": 0}

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 def _engine(shards: Path, run: Path):
     from data_prep.reader import ShardReader
-    from pretrain.config import parse_args
-    from pretrain.ds_config import resolve_deepspeed_config
+    from pretrain.config.ds_config import resolve_deepspeed_config
+    from pretrain.config.train_config import parse_args
     from pretrain.main import build_engine, build_model
 
     cfg = parse_args(
@@ -52,7 +52,7 @@ def _engine(shards: Path, run: Path):
 def test_latest_never_names_an_incomplete_checkpoint(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
-    from pretrain import checkpoint as ck
+    from pretrain.components import checkpoint as ck
 
     cfg, engine = _engine(english_shards, tmp_path / "run")
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
@@ -61,7 +61,7 @@ def test_latest_never_names_an_incomplete_checkpoint(
     ckpts.save(engine, 1, state)
     assert latest.read_text() == ck.tag_for(1)
 
-    from pretrain import checkpoint_files  # writes COMPLETE
+    from pretrain.components import checkpoint_files  # writes COMPLETE
 
     real_write = checkpoint_files.write_text_atomic
 
@@ -89,7 +89,7 @@ def test_latest_never_names_an_incomplete_checkpoint(
 
 
 def _marks(text: str) -> dict[str, int]:
-    """Counts of the marks in a rendered sequence (pretrain.show_masks' notation)."""
+    """Counts of the marks in a rendered sequence (pretrain.data.show_masks' notation)."""
     tokens = text.replace("⟦", " ").replace("⟧", " ").split()
     return {
         kind: sum(t.startswith(f"[{code}:") for t in tokens)

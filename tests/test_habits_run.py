@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain.checkpoint import LATEST_FILE, find_latest, list_complete
-from pretrain.metrics import read_metrics
+from pretrain.components.checkpoint import LATEST_FILE, find_latest, list_complete
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -152,9 +152,9 @@ def _matches_export(run: Path, sd: dict[str, torch.Tensor], tmp: Path) -> None:
     """The script's weights, mapped to transformers' names, equal the exported folder's."""
     from safetensors.torch import load_file
 
-    from pretrain.checkpoint import read_state
-    from pretrain.export import export
-    from pretrain.model import ModelConfig, build_model
+    from pretrain.components.checkpoint import read_state
+    from pretrain.export.hf_export import export
+    from pretrain.model.bert import ModelConfig, build_model
 
     export(run, tmp / "hf", verify=False)
     state = read_state(find_latest(run / "checkpoints"))
@@ -177,7 +177,7 @@ def test_zero_to_fp32_without_tag_matches_export_zero3(zero3_run, tmp_path):
 
 
 def test_model_card_numbers_equal_metrics(zero2_run, tmp_path):
-    from pretrain.export import main as export_main
+    from pretrain.export.hf_export import main as export_main
 
     run = zero2_run[0]
     out = tmp_path / "hf"

@@ -1,5 +1,5 @@
 """--init_from: weights from transformers' own folders and from our runs, vocabulary extension,
-and the errors a user meets (pretrain/init_from.py)."""
+and the errors a user meets (pretrain/model/init_from.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForPreT
 
 from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
 from data_prep.tokenizer import import_tokenizer, train_wordpiece
-from pretrain.init_from import (
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.model.bert import PRESETS, build_model, padded_vocab
+from pretrain.model.init_from import (
     InitError,
     init_model_config,
     load_initial_weights,
     read_init_config,
 )
-from pretrain.masking import IGNORE_INDEX
-from pretrain.model import PRESETS, build_model, padded_vocab
 
 ARCH = {
     "hidden_size": 32,
@@ -333,8 +333,8 @@ def own_run(request, english_shards, tmp_path_factory) -> Path:
 
 
 def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
-    from pretrain.checkpoint import find_latest
-    from pretrain.export import consolidated_state_dict
+    from pretrain.components.checkpoint import find_latest
+    from pretrain.components.checkpoint_files import consolidated_state_dict
 
     ckpt = find_latest(own_run / "checkpoints")
     source = consolidated_state_dict(ckpt)
@@ -350,7 +350,7 @@ def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
 
 @pytest.mark.parametrize("own_run", [2], ids=["zero2"], indirect=True)
 def test_export_then_init_from_gives_identical_logits(own_run, english_shards, tmp_path):
-    from pretrain.export import export
+    from pretrain.export.hf_export import export
 
     export(own_run, tmp_path / "hf", verify=False)
     model, report = _our_model(
@@ -376,8 +376,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
                   LOCAL_RANK="0")
 import dataclasses, torch, deepspeed
 from safetensors.torch import load_file
-from pretrain.init_from import init_model_config, load_initial_weights
-from pretrain.model import PRESETS, build_model
+from pretrain.model.init_from import init_model_config, load_initial_weights
+from pretrain.model.bert import PRESETS, build_model
 folder, vocab = sys.argv[1], int(sys.argv[2])
 deepspeed.init_distributed("gloo")
 model = build_model(init_model_config(folder, PRESETS["tiny"], {}), vocab)
@@ -417,7 +417,7 @@ def test_load_into_a_zero3_partitioned_module(base_tokenizer, tmp_path):
 
 def test_new_continuation_piece_is_split_into_continuation_pieces(base_tokenizer, tmp_path):
     """A hand-made extension may append `##` pieces: their rows come from `##` pieces."""
-    from pretrain.init_from import plan_vocabulary
+    from pretrain.model.init_from import plan_vocabulary
 
     spec = json.loads((base_tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = spec["model"]["vocab"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import run_cli, train_cli
 
-from pretrain.metrics import read_metrics
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -52,8 +52,8 @@ def _transformers_val_loss(hf: Path, shards: Path, run_config: dict, batches: in
 
     from data_prep.reader import ShardReader
     from kernels import IGNORE_INDEX
-    from pretrain.data import DataConfig, build_loader
-    from pretrain.masking import MaskingConfig
+    from pretrain.data.loader import DataConfig, build_loader
+    from pretrain.data.masking import MaskingConfig
 
     model = BertForMaskedLM.from_pretrained(str(hf)).eval()
     loader = build_loader(

@@ -96,7 +96,7 @@ def _train(impl: str) -> dict:
 def test_zero3_fp16_tied_decoder_both_impls(tmp_path):
     from conftest import run_cli  # here, not at the top: this file also runs as a script
 
-    from pretrain.distributed import free_port
+    from pretrain.components.distributed import free_port
 
     env = {  # TRITON_INTERPRET comes from conftest, which sets it only where no CUDA is usable
         "OMP_NUM_THREADS": "1",

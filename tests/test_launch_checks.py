@@ -15,7 +15,7 @@ import pytest
 
 from data_prep import reader as reader_module
 from data_prep.reader import ShardError
-from pretrain.shard_check import RECORD, verify_once
+from pretrain.data.shard_check import RECORD, verify_once
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""Dynamic masking (pretrain.masking): BERT's statistics, specials, determinism, units, schedule."""
+"""Dynamic masking (pretrain.data.masking): BERT's statistics, specials, determinism, units,
+schedule."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig, mask_prob_at, merge_stats
+from pretrain.data.masking import IGNORE_INDEX, Masker, MaskingConfig, mask_prob_at, merge_stats
 
 SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}  # BERT's layout
 VOCAB = 30522

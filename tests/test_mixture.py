@@ -1,4 +1,5 @@
-"""Weighted mixtures (pretrain.mixture): syntax, realised weights, determinism across world sizes
+"""Weighted mixtures (pretrain.data.mixture): syntax, realised weights, determinism across world
+sizes
 and resumes, per-source mask rates and validation readers, incompatible builds refused."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import run_cli, write_english_corpus
 
-from pretrain.data import DataConfig, build_loader
-from pretrain.masking import IGNORE_INDEX, MaskingConfig
-from pretrain.mixture import (
+from pretrain.data.loader import DataConfig, build_loader
+from pretrain.data.masking import IGNORE_INDEX, MaskingConfig
+from pretrain.data.mixture import (
     MixtureError,
     MixtureReader,
     MixtureSampler,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, train_cli
 
-from pretrain.metrics import read_metrics
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

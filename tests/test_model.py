@@ -1,4 +1,4 @@
-"""The pretraining model (pretrain.model) against transformers' own BERT classes."""
+"""The pretraining model (pretrain.model.bert) against transformers' own BERT classes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import BertForMaskedLM, BertForPreTraining
 
-from pretrain.masking import Masker, MaskingConfig
-from pretrain.model import PRESETS, build_model
+from pretrain.data.masking import Masker, MaskingConfig
+from pretrain.model.bert import PRESETS, build_model
 
 VOCAB = 1999  # not a multiple of 8: the model pads to 2000, the loss must ignore the padding
 SPECIAL = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}

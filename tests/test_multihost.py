@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from sshd_harness import LoopbackSSH, missing_requirements
 
-from pretrain.distributed import free_port
+from pretrain.components.distributed import free_port
 
 pytestmark = pytest.mark.slow
 

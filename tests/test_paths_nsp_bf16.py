@@ -24,8 +24,8 @@ from preemption import run_and_signal
 from test_train import launch
 
 from kernels import IGNORE_INDEX
-from pretrain.checkpoint import STATE_FILE, find_latest, tag_for
-from pretrain.metrics import read_metrics
+from pretrain.components.checkpoint import STATE_FILE, find_latest, tag_for
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -127,8 +127,8 @@ def test_resume_after_sigint_matches_the_uninterrupted_run(nsp_bf16):
 def nsp_validation_batch(shards: Path) -> dict[str, torch.Tensor]:
     """One masked batch of the NSP shards' validation split, as the trainer builds it."""
     from data_prep.reader import ShardReader
-    from pretrain.data import DataConfig, build_loader
-    from pretrain.masking import MaskingConfig
+    from pretrain.data.loader import DataConfig, build_loader
+    from pretrain.data.masking import MaskingConfig
 
     loader = build_loader(
         ShardReader(shards, "validation"),
@@ -150,8 +150,8 @@ def test_nsp_export_is_bert_for_pretraining_with_our_mlm_and_nsp_outputs(
 ):
     import transformers
 
-    from pretrain.export import consolidated_state_dict
-    from pretrain.model import ModelConfig, build_model
+    from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.model.bert import ModelConfig, build_model
 
     run, out = nsp_bf16["run"], tmp_path / "hf"
     run_cli("-m", "pretrain.export", str(run), "--output", str(out))

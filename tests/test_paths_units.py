@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config import OptimConfig
-from pretrain.optim import configure_optimizer
+from pretrain.components.optim import configure_optimizer
+from pretrain.config.train_config import OptimConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from test_train import launch
 
-from pretrain.checkpoint import MARKER, find_latest, read_state, tag_for
-from pretrain.metrics import read_metrics
+from pretrain.components.checkpoint import MARKER, find_latest, read_state, tag_for
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -21,8 +21,14 @@ import torch
 from preemption import rank_process, run_and_signal
 from test_train import _cmd, launch, losses
 
-from pretrain.checkpoint import STATE_FILE, find_latest, is_complete, list_complete, tag_for
-from pretrain.metrics import read_metrics
+from pretrain.components.checkpoint import (
+    STATE_FILE,
+    find_latest,
+    is_complete,
+    list_complete,
+    tag_for,
+)
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -163,8 +169,9 @@ def test_resume_after_sigterm_matches_the_uninterrupted_run(zero3_bf16):
 def test_zero3_bf16_export_loads_in_transformers_and_predicts_like_our_model(zero3_bf16, tmp_path):
     import transformers
 
-    from pretrain.export import consolidated_state_dict, export
-    from pretrain.model import ModelConfig, build_model
+    from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.export.hf_export import export
+    from pretrain.model.bert import ModelConfig, build_model
 
     run, out = zero3_bf16["run"], tmp_path / "hf"
     assert export(run, out)["step"] == zero3_bf16["stop"] + 3  # in-process: the CLI's function

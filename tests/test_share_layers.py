@@ -21,9 +21,9 @@ import torch
 from test_train import ds_config, launch  # the trainer as a user runs it (tests/ is on sys.path)
 
 from kernels import IGNORE_INDEX
-from pretrain.checkpoint import tag_for
-from pretrain.metrics import read_metrics
-from pretrain.model import ModelConfig, build_model, layer_groups, preset
+from pretrain.components.checkpoint import tag_for
+from pretrain.components.metrics import read_metrics
+from pretrain.model.bert import ModelConfig, build_model, layer_groups, preset
 
 VOCAB = 300
 TINY4 = dataclasses.replace(
@@ -128,7 +128,7 @@ def _layer_numel(cfg: ModelConfig) -> int:
     """Parameters of one encoder layer, counted from transformers' own BertLayer."""
     from transformers.models.bert.modeling_bert import BertLayer
 
-    from pretrain.model import bert_config
+    from pretrain.model.bert import bert_config
 
     with torch.device("meta"):
         return sum(p.numel() for p in BertLayer(bert_config(cfg, 100)).parameters())
@@ -252,7 +252,8 @@ def test_exact_resume_with_shared_layers(shared_runs, english_shards, tmp_path):
 def test_export_copies_shared_weights_and_matches_trained_logits(shared_runs, tmp_path):
     import transformers
 
-    from pretrain.export import consolidated_state_dict, export
+    from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.export.hf_export import export
 
     run = shared_runs[3]  # ZeRO-3 shards: the consolidation must restore every layer's name
     res = export(run, tmp_path / "hf")
@@ -288,7 +289,7 @@ def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent / "helpers"))
     from tiny_bert import build_tiny_bert
 
-    from pretrain.init_from import InitError, init_model_config, load_initial_weights
+    from pretrain.model.init_from import InitError, init_model_config, load_initial_weights
 
     folder = build_tiny_bert(tmp_path / "bert", layers=2)
     cfg = init_model_config(folder, dataclasses.replace(TINY4, share_layers="all"), {})
@@ -300,9 +301,9 @@ def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
 
 
 def test_dry_run_reports_distinct_parameters(english_shards):
-    from pretrain.data import DataConfig
+    from pretrain.data.loader import DataConfig
+    from pretrain.data.masking import MaskingConfig
     from pretrain.dry_run import run_dry_run
-    from pretrain.masking import MaskingConfig
 
     counts, out = {}, io.StringIO()
     for spec in ("none", "groups:2"):

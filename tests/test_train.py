@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.checkpoint import MARKER, find_latest, list_complete, tag_for
-from pretrain.metrics import read_metrics
+from pretrain.components.checkpoint import MARKER, find_latest, list_complete, tag_for
+from pretrain.components.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "helpers"
@@ -262,8 +262,9 @@ def test_export_loads_in_transformers(zero2_run, tmp_path):
     import torch
     import transformers
 
-    from pretrain.export import consolidated_state_dict, export
-    from pretrain.model import ModelConfig, build_model
+    from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.export.hf_export import export
+    from pretrain.model.bert import ModelConfig, build_model
 
     out = tmp_path / "hf"
     res = export(zero2_run, out)

@@ -8,11 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.batching import BatchSizeError, apply_batch, resolve_batch
-from pretrain.checkpoint import MARKER, CheckpointError, find_latest, resolve_resume, tag_for
-from pretrain.config import OptimConfig, PrecisionConfig
-from pretrain.optim import OptimizerConfigError, WarmupDecay, build_schedule, configure_optimizer
-from pretrain.precision import PrecisionError, resolve_precision
+from pretrain.components.checkpoint import (
+    MARKER,
+    CheckpointError,
+    find_latest,
+    resolve_resume,
+    tag_for,
+)
+from pretrain.components.optim import (
+    OptimizerConfigError,
+    WarmupDecay,
+    build_schedule,
+    configure_optimizer,
+)
+from pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
+from pretrain.config.precision import PrecisionError, resolve_precision
+from pretrain.config.train_config import OptimConfig, PrecisionConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -181,9 +192,9 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
     import torch
 
     from data_prep.reader import ShardReader
-    from pretrain.data import DataConfig, build_loader
-    from pretrain.masking import MaskingConfig
-    from pretrain.model import PRESETS, build_model
+    from pretrain.data.loader import DataConfig, build_loader
+    from pretrain.data.masking import MaskingConfig
+    from pretrain.model.bert import PRESETS, build_model
 
     reader = ShardReader(english_shards, "train")
     batch = next(
@@ -227,7 +238,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
 
 
 def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
-    from pretrain.checkpoint import check_compatible
+    from pretrain.components.checkpoint import check_compatible
 
     state = {
         "tokenizer_fingerprint": "aaa",
@@ -268,7 +279,7 @@ def test_help_prints_each_default_once():
 
 
 def test_mfu_peak_matches_the_exact_card():
-    from pretrain.metrics import peak_tflops_for
+    from pretrain.components.metrics import peak_tflops_for
 
     assert peak_tflops_for("NVIDIA H100 80GB HBM3", "bf16") == 989.0
     assert peak_tflops_for("NVIDIA H100 PCIe", "bf16") == 756.0

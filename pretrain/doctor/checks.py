@@ -177,8 +177,8 @@ def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list
 
 
 def batch_plan(cfg: dict, world: int, flags: dict[str, int | None]) -> Any:
-    """The trainer's own batch resolution (raises pretrain.batching.BatchSizeError)."""
-    from pretrain.batching import resolve_batch
+    """The trainer's own batch resolution (raises pretrain.config.batching.BatchSizeError)."""
+    from pretrain.config.batching import resolve_batch
 
     return resolve_batch(cfg, world, **flags)
 

@@ -26,8 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from pretrain.batching import BatchPlan
-from pretrain.config import TrainConfig, config_from_args, trainer_parser
+from pretrain.config.batching import BatchPlan
+from pretrain.config.ds_config import activation_checkpointing_mode
+from pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
+from pretrain.data.mixture import MixtureError, parse_mixture
 from pretrain.doctor import probe as doctor_probe
 from pretrain.doctor.checks import (
     FAIL,
@@ -41,8 +43,6 @@ from pretrain.doctor.checks import (
     version_rows,
 )
 from pretrain.doctor.memory_estimate import model_shape
-from pretrain.ds_config import activation_checkpointing_mode
-from pretrain.mixture import MixtureError, parse_mixture
 
 # Variables the DeepSpeed launcher forwards to remote ranks (runner.py EXPORT_ENVS + NCCL).
 EXPORT_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")

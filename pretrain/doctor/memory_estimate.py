@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pretrain.model import ModelConfig
+    from pretrain.model.bert import ModelConfig
 
 GIB = 1 << 30
 RUNTIME_BYTES = 1 * GIB  # CUDA context / allocator slack, or the Python+torch process on a CPU
@@ -87,8 +87,8 @@ def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[
     included), built on the meta device (no memory used)."""
     import torch
 
-    from pretrain.model import build_model, padded_vocab
-    from pretrain.model import preset as preset_config
+    from pretrain.model.bert import build_model, padded_vocab
+    from pretrain.model.bert import preset as preset_config
 
     cfg = preset_config(model) if isinstance(model, str) else model
     with torch.device("meta"):

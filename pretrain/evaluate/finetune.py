@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from pretrain.data.masking import IGNORE_INDEX
 from pretrain.evaluate.metrics import score
 from pretrain.evaluate.tasks import TaskData, TaskError
-from pretrain.masking import IGNORE_INDEX
 
 MISSING_TAG = "<none>"  # the prediction of a plain-tag word the model never saw (truncated)
 

@@ -1,7 +1,8 @@
 """Models to evaluate: our run folders (a checkpoint step, every step, or the newest complete one)
 and Hugging Face folders, named on the command line as ``PATH``, ``RUN@STEP`` or ``RUN@all``.
 
-A run's checkpoint is turned into a Hugging Face folder by ``pretrain.export.export`` (into a
+A run's checkpoint is turned into a Hugging Face folder by ``pretrain.export.hf_export.export``
+(into a
 temporary folder, so there is one conversion path for export, evaluation and attention maps); a
 Hugging Face folder is used as it is. ``ModelSource.build`` then makes a fresh task model
 (``AutoModelForSequenceClassification`` / ``AutoModelForTokenClassification``) whose encoder
@@ -50,7 +51,7 @@ def _is_hf_folder(path: Path) -> bool:
 
 def resolve(spec: str) -> list[ModelRef]:
     """Turn ``PATH``, ``RUN@STEP`` or ``RUN@all`` into model references."""
-    from pretrain.checkpoint import list_complete
+    from pretrain.components.checkpoint import list_complete
 
     m = _SPEC_RE.match(spec)
     path, step = Path(m.group("path")), m.group("step")
@@ -87,7 +88,7 @@ def materialize(ref: ModelRef, workdir: str | Path | None = None) -> Path:
     if ref.checkpoint is None:
         ref.hf_dir = ref.path
         return ref.path
-    from pretrain.export import export
+    from pretrain.export.hf_export import export
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="bertforge_eval_"))
     out = workdir / f"{ref.path.name}_step{ref.step}"

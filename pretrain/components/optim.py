@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pretrain.config import OptimConfig
+from pretrain.config.train_config import OptimConfig
 
 _NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
 
@@ -118,9 +118,9 @@ class WarmupDecay:
 
 def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay:
     """The schedule for a run of ``max_steps`` optimizer steps; with ``schedule_clock`` "time",
-    over :data:`~pretrain.budget.TICKS_PER_BUDGET` ticks of the time budget instead."""
+    over :data:`~pretrain.components.budget.TICKS_PER_BUDGET` ticks of the time budget instead."""
     if cfg.schedule_clock == "time":
-        from pretrain.budget import TICKS_PER_BUDGET
+        from pretrain.components.budget import TICKS_PER_BUDGET
 
         return WarmupDecay(
             warmup_steps=int(cfg.warmup_ratio * TICKS_PER_BUDGET),

@@ -5,7 +5,8 @@ the global stream is sample `perm(epoch)[k % N]` with `epoch = k // N`, where `p
 seeded permutation per epoch. Every optimizer step takes the next `micro * accum * world` positions;
 within each block of `micro * world` positions rank r takes slots [r*micro, (r+1)*micro). So a run
 resumes at the exact next sample on any world size, and the union of the ranks' slices is the
-global order. Masking (pretrain.masking) depends only on (seed, epoch, sample index, position), so
+global order. Masking (pretrain.data.masking) depends only on (seed, epoch, sample index,
+position), so
 worker counts, world sizes and restarts never change a mask.
 
 Each DataLoader item is a whole micro-batch: the GlobalSampler is the loader's batch_sampler and
@@ -14,7 +15,7 @@ batched call (`ShardReader.get_batch`: numpy gathers over the memory maps, padde
 length rounded up to a multiple of 8), masks the batch in one vectorised pass and returns tensors,
 pinned by the loader when a GPU is present.
 
-Mixtures (pretrain.mixture): a reader with a `sampler(...)` method supplies the training order
+Mixtures (pretrain.data.mixture): a reader with a `sampler(...)` method supplies the training order
 (build_loader uses it for train=True); its batches carry `source` (each row's source number, put
 into the batch as the tensor `batch["source"]`, which the trainer pops like `masking_stats`) and
 `mask_prob` (per-row rates handed to the Masker).
@@ -30,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.reader import SampleBatch
-from pretrain.masking import Masker, MaskingConfig
+from pretrain.data.masking import Masker, MaskingConfig
 
 
 @dataclass
@@ -270,7 +271,7 @@ def build_loader(
     """
     if reader.max_seq_len <= 0 or len(reader) == 0:
         raise ValueError(f"{getattr(reader, 'root', reader)}: the split has no sequences")
-    if train and hasattr(reader, "sampler"):  # a mixture (pretrain.mixture) orders its sources
+    if train and hasattr(reader, "sampler"):  # a mixture (pretrain.data.mixture) orders its sources
         sampler = reader.sampler(
             micro_batch_size,
             rank,

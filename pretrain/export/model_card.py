@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from pretrain.metrics import read_metrics
+from pretrain.components.metrics import read_metrics
 
 LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
 TAGS = ("bert", "fill-mask", "masked-lm", "deepspeed", "bertforge")

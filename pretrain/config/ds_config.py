@@ -2,8 +2,9 @@
 
 The DeepSpeed JSON stays the source of ZeRO, precision and optimizer settings; flags given on the
 command line win over it. :func:`resolve_deepspeed_config` reads the file and applies, in order,
-the batch sizes for this world size (:mod:`pretrain.batching`), the precision checked against
-the device (:mod:`pretrain.precision`), the optimizer block (:mod:`pretrain.optim`), the run's
+the batch sizes for this world size (:mod:`pretrain.config.batching`), the precision checked against
+the device (:mod:`pretrain.config.precision`), the optimizer block
+(:mod:`pretrain.components.optim`), the run's
 TensorBoard folder (a relative CSV-monitor folder too) and, on a resume onto another world size,
 the universal-checkpoint load. Each of those helpers returns an edited copy; nothing else in the
 trainer touches the dict.
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pretrain.batching import BatchPlan, apply_batch, resolve_batch
-from pretrain.optim import configure_optimizer
-from pretrain.precision import resolve_precision
+from pretrain.components.optim import configure_optimizer
+from pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
+from pretrain.config.precision import resolve_precision
 
 if TYPE_CHECKING:
-    from pretrain.config import TrainConfig
+    from pretrain.config.train_config import TrainConfig
 
 # DeepSpeed prints its own step lines every steps_per_print steps; our metrics replace them.
 _QUIET_STEPS_PER_PRINT = 10**9

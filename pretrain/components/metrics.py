@@ -227,7 +227,8 @@ class MetricsWriter:
             )
 
     def guard(self, record: dict[str, Any]) -> None:
-        """Write a ``"split": "guard"`` record (pretrain.guard: a skipped step, a rollback, the
+        """Write a ``"split": "guard"`` record (pretrain.components.guard: a skipped step, a
+        rollback, the
         guard giving up) to metrics.jsonl and say it in one console line."""
         if self.rank != 0:
             return

@@ -4,7 +4,8 @@ PATH is a transformers folder (`BertForMaskedLM`, `BertForPreTraining` or a bare
 `model.safetensors`, `pytorch_model.bin` or their sharded `*.index.json` forms; keys with or
 without the `bert.`, `model.` or `module.` prefixes, `LayerNorm.gamma/beta` as old TF-converted
 files spell them) or a pretrain run: its folder, its `checkpoints/` folder or one `step_N` folder
-(ZeRO-2 or ZeRO-3 shards, consolidated with `pretrain.export.consolidated_state_dict`).
+(ZeRO-2 or ZeRO-3 shards, consolidated with
+`pretrain.components.checkpoint_files.consolidated_state_dict`).
 
 The contract:
 - the architecture comes from the checkpoint (`read_init_config`); fields the user gave
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from pretrain.checkpoint import (
+from pretrain.components.checkpoint import (
     CheckpointError,
     CorruptCheckpointError,
     read_state,
@@ -77,7 +78,9 @@ class InitSource:
     path: Path  # as given to --init_from
     kind: str  # "hf" (transformers folder) or "run" (a checkpoint of our trainer)
     checkpoint: Path  # the HF folder, or the run's step_N folder
-    model_fields: dict[str, Any]  # ModelConfig architecture fields (pretrain.model._ARCH_FIELDS)
+    model_fields: dict[
+        str, Any
+    ]  # ModelConfig architecture fields (pretrain.model.bert._ARCH_FIELDS)
     tokenizer_dir: Path | None  # the checkpoint's tokenizer, when it has one
 
 
@@ -118,7 +121,7 @@ class InitReport:
 
 
 def _arch_fields() -> tuple[str, ...]:
-    from pretrain.model import _ARCH_FIELDS
+    from pretrain.model.bert import _ARCH_FIELDS
 
     return _ARCH_FIELDS
 
@@ -156,8 +159,8 @@ def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
 
 
 def _run_source(path: Path, ckpt: Path) -> InitSource:
-    from pretrain.export import _tokenizer_dir
-    from pretrain.model import ModelConfig, resolve_config
+    from pretrain.export.hf_export import _tokenizer_dir
+    from pretrain.model.bert import ModelConfig, resolve_config
 
     state = read_state(ckpt)
     vocab = int(state["vocab_size"])
@@ -396,7 +399,7 @@ def _source_state_dict(src: InitSource) -> tuple[dict[str, torch.Tensor], Path]:
     if src.kind == "hf":
         sd, file = read_hf_weights(src.checkpoint)
     else:
-        from pretrain.export import consolidated_state_dict
+        from pretrain.components.checkpoint_files import consolidated_state_dict
 
         sd, file = consolidated_state_dict(src.checkpoint), src.checkpoint
     return canonical_keys(sd, src.path), file
@@ -479,7 +482,7 @@ def load_initial_weights(
     max_seq_len: int | None = None,
     base_tokenizer_dir: str | Path | None = None,
 ) -> InitReport:
-    """Fill `model` (pretrain.model.BertForPretrainingMasked, before deepspeed.initialize) from
+    """Fill `model` (pretrain.model.bert.BertForPretrainingMasked, before deepspeed.initialize) from
     --init_from `path`; returns what was loaded, newly initialised and ignored.
 
     tokenizer_dir_of_shards: the shard folder's tokenizer/. max_seq_len: the shards'.
@@ -550,7 +553,7 @@ def init_architecture(cfg: Any, max_seq_len: int | None) -> Any:
     """The ModelConfig of a run started with --init_from (``cfg``: its TrainConfig): the
     checkpoint's architecture at the first launch; on a resume the run's own checkpoint's (it
     took the architecture from the source then, and the source folder may be gone now)."""
-    from pretrain.model import ModelConfig
+    from pretrain.model.bert import ModelConfig
 
     resume = resolve_resume(cfg.run.resume, cfg.run.output_dir)
     if resume is not None:

@@ -7,7 +7,7 @@ rendezvous); a legacy plain-text marker (``step_XXXXXXXX``) records no files and
 
 :class:`DeferredWriteErrors` wraps DeepSpeed's save so that a write error on one rank is recorded
 rather than raised: the rank still runs every collective of the save, and the caller
-(:meth:`pretrain.checkpoint.CheckpointManager.save`) tells all ranks with one all-gather.
+(:meth:`pretrain.components.checkpoint.CheckpointManager.save`) tells all ranks with one all-gather.
 """
 
 from __future__ import annotations
@@ -167,3 +167,10 @@ class DeferredWriteErrors:
                 owner.__dict__.pop(name, None)
             else:
                 setattr(owner, name, own)
+
+
+def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
+    """fp32 weights of a ZeRO-2/3 checkpoint folder (all ranks' shards merged)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pretrain.masking import IGNORE_INDEX, unit_starts
+from pretrain.data.masking import IGNORE_INDEX, unit_starts
 
 
 def render_sequence(
@@ -67,7 +67,7 @@ def render_sequence(
 
 
 def show_masks(loader, n: int, tokenizer_file: str) -> list[dict[str, Any]]:
-    """The first ``n`` training sequences of ``loader`` (a :func:`pretrain.data.build_loader`
+    """The first ``n`` training sequences of ``loader`` (a :func:`pretrain.data.loader.build_loader`
     loader), each with its marked text and counts; ``index`` is its dataset index."""
     from tokenizers import Tokenizer
 

@@ -17,7 +17,8 @@ work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag
 ``engine.load_checkpoint("RUN/checkpoints")``. A folder without ``COMPLETE`` is ignored by
 :func:`find_latest` and removed before the same tag is saved again.
 
-Verified checkpoints (:mod:`pretrain.checkpoint_files`): ``COMPLETE`` is a JSON manifest of every
+Verified checkpoints (:mod:`pretrain.components.checkpoint_files`): ``COMPLETE`` is a JSON manifest
+of every
 file of the tag folder (relative path -> size in bytes), made from each rank's own list of the
 files it wrote (gathered to rank 0, so it holds on any filesystem layout). :func:`verify` compares
 it with the folder (``stat`` only, cheap enough to run before the rendezvous); ``--resume auto``
@@ -59,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from data_prep.layout import write_text_atomic
-from pretrain.checkpoint_files import (
+from pretrain.components.checkpoint_files import (
     MARKER,
     DeferredWriteErrors,
     describe_problems,
@@ -71,9 +72,9 @@ from pretrain.checkpoint_files import (
     write_marker,
     written_sizes,
 )
-from pretrain.config import CheckpointConfig
-from pretrain.distributed import sum_across_ranks
-from pretrain.faults import FaultPlan
+from pretrain.components.distributed import sum_across_ranks
+from pretrain.components.faults import FaultPlan
+from pretrain.config.train_config import CheckpointConfig
 
 LATEST_FILE = "latest"  # DeepSpeed's name (engine.load_checkpoint, zero_to_fp32 read it)
 STATE_FILE = "trainer_state.json"

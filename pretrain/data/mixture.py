@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from data_prep.reader import Sample, SampleBatch, ShardReader
-from pretrain.data import BatchPlan, GlobalSampler
+from pretrain.data.loader import BatchPlan, GlobalSampler
 
 COMPARED = ("tokenizer fingerprint", "max_seq_len", "format")
 
@@ -255,7 +255,7 @@ class MixtureReader:
         seed: int = 1234,
         shuffle: bool = True,
     ) -> MixtureSampler:
-        """The training order (used by pretrain.data.build_loader for train=True)."""
+        """The training order (used by pretrain.data.loader.build_loader for train=True)."""
         empty = [s.name for s, n in zip(self.sources, self.lengths) if n == 0]
         if empty:
             raise MixtureError(

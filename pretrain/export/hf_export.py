@@ -5,7 +5,7 @@
 Consolidates the ZeRO-2 or ZeRO-3 shards with DeepSpeed's ``zero_to_fp32`` helper, loads them
 into the training model (strict), maps to ``BertForMaskedLM`` / ``BertForPreTraining`` names, slices
 the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` + the tokenizer
-+ a model card (README.md, see :mod:`pretrain.model_card`).
++ a model card (README.md, see :mod:`pretrain.export.model_card`).
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
 
@@ -24,19 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
-from pretrain.model_card import write_model_card
-
-
-def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
-    """fp32 weights of a ZeRO-2/3 checkpoint folder (all ranks' shards merged)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+from pretrain.components.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
+from pretrain.components.checkpoint_files import consolidated_state_dict
+from pretrain.export.model_card import write_model_card
 
 
 def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
-    from pretrain.mixture import parse_mixture
+    from pretrain.data.mixture import parse_mixture
 
     if (run / "tokenizer").is_dir():
         return run / "tokenizer"
@@ -81,7 +75,7 @@ def export(
     import torch
     import transformers
 
-    from pretrain.model import ModelConfig, build_model
+    from pretrain.model.bert import ModelConfig, build_model
 
     run = Path(run)
     flag = "export"  # names the command in resolve_resume's messages

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pretrain.config import PrecisionConfig
+from pretrain.config.train_config import PrecisionConfig
 
 DEFAULT_FP16 = {
     "enabled": True,

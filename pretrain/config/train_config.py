@@ -4,7 +4,7 @@ The trainer's own concerns live here (run, batch, optimizer/schedule, precision,
 logging). The model, data and masking dataclasses belong to their modules; their fields get flags
 automatically (``--<field>``, or ``--<group>_<field>`` when two groups share a field name).
 The DeepSpeed JSON stays the source of ZeRO and precision settings; flags that touch it
-(batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.ds_config`.
+(batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.config.ds_config`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pretrain.data import DataConfig
-    from pretrain.masking import MaskingConfig
-    from pretrain.model import ModelConfig
+    from pretrain.data.loader import DataConfig
+    from pretrain.data.masking import MaskingConfig
+    from pretrain.model.bert import ModelConfig
 
 
 @dataclass
@@ -33,8 +33,8 @@ class RunConfig:
     # optimizer)
     data_sources: list[str] = field(default_factory=list)  # shard folder written by `python -m
     # data_prep build`, or a weighted mixture: name=DIR:weight[:mask_prob] per source (see
-    # pretrain.mixture)
-    model_preset: str = "tiny"  # model preset name (see pretrain.model.PRESETS)
+    # pretrain.data.mixture)
+    model_preset: str = "tiny"  # model preset name (see pretrain.model.bert.PRESETS)
     output_dir: str = "runs/default"  # run folder: config.json, metrics.jsonl, checkpoints/,
     # tensorboard/
     max_steps: int = 100  # optimizer steps to train (including steps skipped on an fp16 overflow
@@ -56,7 +56,8 @@ class RunConfig:
 
 @dataclass
 class BatchConfig:
-    """Batch-size overrides; unset values come from the DeepSpeed config (see pretrain.batching)."""
+    """Batch-size overrides; unset values come from the DeepSpeed config (see
+    pretrain.config.batching)."""
 
     global_batch_size: int | None = None  # sequences per optimizer step over all ranks
     micro_batch_size: int | None = None  # sequences per forward pass per rank
@@ -111,7 +112,8 @@ class CheckpointConfig:
 
 @dataclass
 class GuardConfig:
-    """The stability guard (pretrain.guard): skip a loss spike's update, roll back on divergence."""
+    """The stability guard (pretrain.components.guard): skip a loss spike's update, roll back on
+    divergence."""
 
     stability_guard: bool = True  # judge every step's loss and grad norm (skip spikes, roll back
     # on NaN/inf or repeated spikes); --no_stability_guard turns it off
@@ -163,9 +165,9 @@ CONCERNS: dict[str, type] = {
 
 def _foreign_concerns() -> dict[str, type]:
     """Dataclasses owned by the model and data modules (flags are generated from their fields)."""
-    from pretrain.data import DataConfig
-    from pretrain.masking import MaskingConfig
-    from pretrain.model import ModelConfig
+    from pretrain.data.loader import DataConfig
+    from pretrain.data.masking import MaskingConfig
+    from pretrain.model.bert import ModelConfig
 
     return {"model_cfg": ModelConfig, "data_cfg": DataConfig, "masking": MaskingConfig}
 
@@ -362,7 +364,7 @@ def config_from_args(
 ) -> TrainConfig:
     """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
     doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
-    from pretrain.model import preset
+    from pretrain.model.bert import preset
 
     cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
     foreign = _foreign_concerns()
@@ -423,7 +425,9 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     _check_guard(cfg.guard, parser)
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
-    from pretrain.model import layer_groups  # (a --config_json depth is checked again at build)
+    from pretrain.model.bert import (
+        layer_groups,
+    )  # (a --config_json depth is checked again at build)
 
     try:
         layer_groups(cfg.model_cfg.share_layers, cfg.model_cfg.num_hidden_layers)
@@ -472,7 +476,7 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
-    from pretrain.mixture import MixtureError, parse_mixture
+    from pretrain.data.mixture import MixtureError, parse_mixture
 
     if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")

@@ -1,0 +1,1 @@
+"""What the trainer is made of: checkpoints, metrics, guard, budget, optimizer, jobs."""

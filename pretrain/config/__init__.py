@@ -1,0 +1,1 @@
+"""Typed configuration: flags, the DeepSpeed-config resolver, batch sizes, precision."""

@@ -1,0 +1,1 @@
+"""The data path of training: shard loader, dynamic masking, mixtures, shard checks."""
