@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from domain_text import DEFAULT_PACKAGES, write_domain_text  # noqa: E402
 
-from data_prep.layout import write_json_atomic  # noqa: E402
+from bertforge.files import write_json_atomic  # noqa: E402
 from pretrain.demo import run_step, write_corpus  # noqa: E402
 
 # Whole domain terms for extend-tokenizer and for whole-word masking (the README recipe's list).

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from data_prep.layout import write_text_atomic  # noqa: E402
+from bertforge.files import write_text_atomic  # noqa: E402
 
 DEFAULT_PACKAGES = ("email", "http", "urllib")
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(REPO))
 
-from data_prep.layout import write_bytes_atomic
+from bertforge.files import write_bytes_atomic
 
 PARTS = ("data", "kernel_tests", "kernel_sweep", "head", "train", "hf_baseline", "resume")
 

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.gpu_check_common import PartResult, Plan, write_json
-from data_prep.layout import write_bytes_atomic
+from bertforge.files import write_bytes_atomic
 
 
 def environment() -> dict:

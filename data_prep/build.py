@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bertforge.errors import UserError
+from bertforge.files import write_json_atomic
 from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
 from data_prep.inputs import (
     MAX_BAD_EXAMPLES,
@@ -55,7 +57,6 @@ from data_prep.layout import (
     WORK_DIR,
     remove_stale_temporaries,
     token_dtype_for,
-    write_json_atomic,
 )
 from data_prep.lock import FolderLock, LockError
 from data_prep.partition import (
@@ -77,7 +78,7 @@ _MERGE_TRIES = 30  # seconds a finishing part waits for another part's merge
 DECONTAM_INDEX = "decontam-index.pkl"  # under OUT/.work: the validation documents' MinHash index
 
 
-class BuildError(ValueError):
+class BuildError(UserError, ValueError):
     """A build that cannot start or finish; the message says what to do."""
 
 

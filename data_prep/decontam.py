@@ -140,7 +140,7 @@ class NearDuplicateIndex:
 
     def save(self, path: Path) -> None:
         """Pickle next to the build (written under a temporary name, then renamed)."""
-        from data_prep.layout import write_bytes_atomic
+        from bertforge.files import write_bytes_atomic
 
         write_bytes_atomic(path, pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
 

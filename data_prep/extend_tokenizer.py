@@ -35,8 +35,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
+from bertforge.files import write_json_atomic
 from data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
-from data_prep.layout import write_json_atomic
 from data_prep.tokenizer import TokenizerError, _lowercases, _save_hf, import_tokenizer
 from data_prep.wordstart import _CJK_RE, read_protected_terms
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from bertforge.errors import UserError
+
 _COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL = {".jsonl", ".ndjson", ".json"}
 _TEXT = {".txt", ".text", ".md", ".raw"}
@@ -53,7 +55,7 @@ _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an invalid byte as surrogateesc
 MAX_BAD_EXAMPLES = 20  # bad records kept (with file and line) in the manifest
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """An input that cannot be used at all; the message names the file and what to do."""
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bertforge.files import write_bytes_atomic
 
 # 2: offsets uint32 when the shard's token count fits (each shard names its `offsets_dtype` in the
 # manifest). 1: offsets always uint64, no `offsets_dtype` key. The reader reads both.
@@ -52,43 +52,9 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f"{path.name}.tmp-{os.getpid()}")
-
-
-def write_bytes_atomic(path: Path, data: bytes | memoryview) -> dict[str, Any]:
-    """Write under a temporary name, fsync, rename; return {bytes, sha256} of what was written."""
-    tmp = _tmp_name(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
 def write_array_atomic(path: Path, array: np.ndarray) -> dict[str, Any]:
     """Write a numpy array's raw bytes (C order) atomically; return {bytes, sha256}."""
     return write_bytes_atomic(path, memoryview(np.ascontiguousarray(array)).cast("B"))
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write UTF-8 text atomically (temporary name, fsync, rename); creates the parent folder.
-
-    The project's one writer of small files: readers never see half a file, and a crash leaves
-    either the old content or the new one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_json_atomic(
-    path: str | os.PathLike, obj: Any, *, indent: int = 1, sort_keys: bool = False
-) -> None:
-    """Write JSON atomically (see :func:`write_text_atomic`); non-JSON values become strings."""
-    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False, default=str)
-    write_text_atomic(path, text + "\n")
 
 
 def remove_stale_temporaries(folder: Path) -> int:

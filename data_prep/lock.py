@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from bertforge.errors import UserError
 
-class LockError(RuntimeError):
+
+class LockError(UserError, RuntimeError):
     """The folder is in use by another job (the message names it and what to do)."""
 
 

@@ -17,7 +17,9 @@ import re
 from pathlib import Path
 from typing import Any, Self
 
-from data_prep.layout import WORK_DIR, write_json_atomic
+from bertforge.errors import UserError
+from bertforge.files import write_json_atomic
+from data_prep.layout import WORK_DIR
 from data_prep.lock import FolderLock, LockError
 
 MERGE_LOCK = "merge.lock"
@@ -25,7 +27,7 @@ _PART_FILE = re.compile(r"part-(\d+)-of-(\d+)\.json$")
 _UNIT_OF_TEMP = re.compile(r"^(?:shard|unit)-(\d+)\..*\.tmp-\d+$")  # shard-00003.tokens.tmp-PID
 
 
-class PartitionError(ValueError):
+class PartitionError(UserError, ValueError):
     """A partitioned build that cannot be merged yet or was run inconsistently."""
 
 

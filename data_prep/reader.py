@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.errors import UserError
 from data_prep.layout import (
     FORMAT_VERSION,
     MANIFEST,
@@ -42,7 +43,7 @@ _VERIFY_MODES = ("none", "size", "full")
 _MIN_GROUP = 8
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """A shard folder that cannot be read as it is; the message names the file and the fix."""
 
 

@@ -17,11 +17,13 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from bertforge.errors import UserError
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SPECIAL_KEYS = ("cls", "sep", "pad", "mask", "unk")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer that cannot be used; the message names the path and what to do."""
 
 

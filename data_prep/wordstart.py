@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertforge.errors import UserError
+
 # The CJK Unicode blocks BERT treats as Chinese characters (BasicTokenizer._is_chinese_char).
 _CJK_RANGES = (
     (0x4E00, 0x9FFF),
@@ -28,7 +30,7 @@ _CJK_RANGES = (
 _CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "]")
 
 
-class ProtectedTermsError(ValueError):
+class ProtectedTermsError(UserError, ValueError):
     """A protected-terms file that cannot be used; the message names the file and line."""
 
 

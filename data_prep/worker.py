@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from bertforge.files import write_json_atomic
 from data_prep.decontam import Decontaminator
 from data_prep.layout import (
     NSP_DTYPE,
@@ -26,7 +27,6 @@ from data_prep.layout import (
     offsets_dtype_for,
     shard_name,
     write_array_atomic,
-    write_json_atomic,
 )
 from data_prep.sequences import SequenceConfig, Sequences, nsp_instances, pack
 from data_prep.tokenizer import continuation_flags

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.layout import write_json_atomic
+from bertforge.files import write_json_atomic
 
 PROBE_CHAR = "中"
 # fonts that claim every code point but draw boxes (matplotlib ships "Last Resort")

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from data_prep.layout import write_json_atomic, write_text_atomic
+from bertforge.files import write_json_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "demo.json"  # written into the output folder: marks it as ours (safe to redo)

@@ -231,7 +231,7 @@ def write_run_files(cfg: TrainConfig, setup, reader, world: int, init_report: di
     export does not need the shard folder."""
     import shutil
 
-    from data_prep.layout import write_json_atomic
+    from bertforge.files import write_json_atomic
 
     run = Path(cfg.run.output_dir)
     if not (run / "tokenizer").is_dir():

@@ -59,7 +59,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.layout import write_text_atomic
+from bertforge.errors import UserError
+from bertforge.files import write_text_atomic
 from pretrain.components.checkpoint_files import (
     MARKER,
     DeferredWriteErrors,
@@ -91,7 +92,7 @@ _FREE_MODEL_FIELDS = {
 }
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that does not exist, is incomplete, or does not fit this run."""
 
 

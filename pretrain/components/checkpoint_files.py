@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from data_prep.layout import write_text_atomic
+from bertforge.files import write_text_atomic
 
 MARKER = "COMPLETE"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from data_prep.layout import write_text_atomic
+from bertforge.files import write_text_atomic
 from data_prep.progress import Progress
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.

@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
+from bertforge.errors import UserError
 from pretrain.config.train_config import OptimConfig
 
 _NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
 
 
-class OptimizerConfigError(ValueError):
+class OptimizerConfigError(UserError, ValueError):
     """An optimizer block that cannot run on this machine or has unset values."""
 
 

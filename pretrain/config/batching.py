@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bertforge.errors import UserError
+
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-class BatchSizeError(ValueError):
+class BatchSizeError(UserError, ValueError):
     """Batch sizes that cannot be satisfied on this world size."""
 
 

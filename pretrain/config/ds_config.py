@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bertforge.errors import UserError
 from pretrain.components.optim import configure_optimizer
 from pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
 from pretrain.config.precision import resolve_precision
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 _QUIET_STEPS_PER_PRINT = 10**9
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration file that cannot be used; the message names the file and line."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from bertforge.errors import UserError
 from pretrain.config.train_config import PrecisionConfig
 
 DEFAULT_FP16 = {
@@ -22,7 +23,7 @@ DEFAULT_FP16 = {
 }
 
 
-class PrecisionError(RuntimeError):
+class PrecisionError(UserError, RuntimeError):
     """The requested precision cannot run on this device."""
 
 

@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.errors import UserError
 from data_prep.reader import Sample, SampleBatch, ShardReader
 from pretrain.data.loader import BatchPlan, GlobalSampler
 
 COMPARED = ("tokenizer fingerprint", "max_seq_len", "format")
 
 
-class MixtureError(ValueError):
+class MixtureError(UserError, ValueError):
     """A mixture that cannot be used; the message names the source and what to change."""
 
 

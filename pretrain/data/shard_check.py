@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bertforge.files import write_json_atomic
 from data_prep import layout
-from data_prep.layout import MANIFEST, write_json_atomic
+from data_prep.layout import MANIFEST
 from data_prep.reader import ShardError, check_file, load_manifest
 
 RECORD = "verified_shards.json"

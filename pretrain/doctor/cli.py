@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from bertforge.errors import UserError
 from pretrain.config.batching import BatchPlan
 from pretrain.config.ds_config import activation_checkpointing_mode
 from pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
@@ -49,7 +50,7 @@ EXPORT_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)(\s.*)?$")  # DeepSpeed's pattern, anchored
 
 
-class HostfileError(ValueError):
+class HostfileError(UserError, ValueError):
     """A hostfile DeepSpeed would reject; the message names the line."""
 
 

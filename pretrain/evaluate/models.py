@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
+from bertforge.errors import UserError
+
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
 _HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # new in every task model
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model argument that names no usable model (the message says what to give instead)."""
 
 

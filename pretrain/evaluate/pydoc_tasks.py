@@ -17,7 +17,7 @@ import random
 import sys
 from pathlib import Path
 
-from data_prep.layout import write_bytes_atomic, write_json_atomic
+from bertforge.files import write_bytes_atomic, write_json_atomic
 
 MIN_CHARS = 80
 

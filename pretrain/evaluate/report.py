@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_prep.layout import write_bytes_atomic, write_json_atomic
+from bertforge.files import write_bytes_atomic, write_json_atomic
 
 
 def write_results(out_dir: Path, results: dict[str, Any]) -> tuple[Path, Path]:

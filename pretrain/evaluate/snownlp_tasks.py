@@ -26,7 +26,7 @@ import random
 import sys
 from pathlib import Path
 
-from data_prep.layout import write_bytes_atomic, write_json_atomic
+from bertforge.files import write_bytes_atomic, write_json_atomic
 
 ENTITY_TYPES = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
 SENTENCE_END = {"。", "！", "？"}

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from bertforge.errors import UserError
+
 TASK_TYPES = ("classification", "token_classification")
 FORMATS = ("jsonl", "csv", "tsv", "conll")
 BIO_PREFIXES = ("B-", "I-", "E-", "S-")
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task file or task description that cannot be used (the message says where and why)."""
 
 

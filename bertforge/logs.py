@@ -1,0 +1,75 @@
+"""One log voice for ``data_prep``, ``pretrain`` and ``benchmarks``.
+
+Modules log through the standard :mod:`logging` module (``log = get_logger(__name__)``); every
+line reads ``[package] message`` and, for warnings and errors, ``[package] WARNING: message``,
+with the rank after the package when a job has several (``[pretrain rank 3] ERROR: ...``).
+Rank 0 speaks for the job: other ranks print errors only, unless a record is marked
+``extra={"all_ranks": True}``. Info and warnings go to stdout (beside the progress lines they
+explain), errors to stderr. Progress bars and reports a user reads stay plain stdout output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+#: The top-level packages whose loggers get the project's handler.
+PACKAGES = ("pretrain", "data_prep", "benchmarks", "kernels", "bertforge")
+
+
+def process_rank() -> int:
+    """This process's global rank as the launcher set it (0 alone or before any launcher)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+class RankFormatter(logging.Formatter):
+    """``[package] LEVEL: message``; the rank appears when the job has more than one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        who = record.name.split(".", 1)[0]
+        if who == "__main__":
+            who = "pretrain"
+        if _world_size() > 1:
+            who += f" rank {process_rank()}"
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname}: "
+        text = f"[{who}] {level}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class _StdStreams(logging.Handler):
+    """Writes to the *current* sys.stdout / sys.stderr (so redirection and capture see it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if process_rank() != 0 and record.levelno < logging.ERROR:
+            if not getattr(record, "all_ranks", False):
+                return
+        try:
+            stream = sys.stderr if record.levelno >= logging.ERROR else sys.stdout
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # a closed pipe must not take the run down
+            self.handleError(record)
+
+
+_HANDLER = _StdStreams()
+_HANDLER.setFormatter(RankFormatter())
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger of module ``name`` (pass ``__name__``), its package wired to the one handler."""
+    top = name.split(".", 1)[0]
+    if top == "__main__":
+        top = name = "pretrain"
+    root = logging.getLogger(top)
+    if _HANDLER not in root.handlers:
+        root.addHandler(_HANDLER)
+        root.setLevel(logging.INFO)
+        root.propagate = False  # one line per record, whatever the root logger does
+    return logging.getLogger(name)
