@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import json
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +52,7 @@ class ArgumentParser(argparse.ArgumentParser):
         return action
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: D102 (argparse's)
+        self._argv = list(sys.argv[1:] if args is None else args)
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._is_subcommand:  # else the top-level parser would blame itself
             self.error("unrecognized arguments: " + " ".join(extras))
@@ -60,8 +62,20 @@ class ArgumentParser(argparse.ArgumentParser):
         """Every flag this parser accepts (for "did you mean")."""
         return [s for a in self._actions for s in a.option_strings if s.startswith("--")]
 
+    def unknown_flags(self) -> list[str]:
+        """The ``--flags`` of the command line being parsed that this parser does not know."""
+        if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            return []  # the flags belong to a subcommand, not to this parser
+        known = set(self.option_strings())
+        argv = getattr(self, "_argv", [])
+        argv = argv[: argv.index("--")] if "--" in argv else argv
+        return [a for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
+
     def error(self, message: str) -> NoReturn:
         """Print ``PROG: error: MESSAGE`` and where to read more; exit with status 2."""
+        unknown = self.unknown_flags()
+        if message.startswith("the following arguments are required") and unknown:
+            message = "unrecognized arguments: " + " ".join(unknown)  # the likely cause
         self.exit(
             USER_ERROR_EXIT,
             f"{self.prog}: error: {explain(message, self.option_strings())}\n"
@@ -90,7 +104,7 @@ def explain(message: str, options: Iterable[str]) -> str:
     """argparse's message, reduced to the one offending flag with a "did you mean"."""
     if message.startswith("unrecognized arguments: "):
         extras = message.removeprefix("unrecognized arguments: ").split()
-        bad = next((x for x in extras if x.startswith("-")), extras[0])
+        bad = next((x for x in extras if x.startswith("-") and x != "--"), extras[0])
         if not bad.startswith("-"):
             return f"unexpected argument {bad!r} (a value without its flag, or one value too many)"
         flag = bad.split("=", 1)[0]
