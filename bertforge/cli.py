@@ -290,36 +290,29 @@ def _add_given(parser, s: _FlagSpec) -> None:
     """A flag whose argparse default is None ("not given"); its real default shown in --help."""
     meta, f = s.meta, s.field
     negation = meta.pop("negatable", None)
-    required = meta.pop("required", False)
     default_text = meta.pop("default_text", None)
-    if required:
+    if meta.pop("required", False):  # shown, not enforced: the caller checks it (or reports it)
         shown = "(required)"
     elif default_text is not None:
         shown = f"(default: {default_text})"
     else:
         value = field_default(f)
         shown = f"(default: {value!r})" if value == "" else f"(default: {value})"
-    h = f"{s.help} {shown}"
+    kw: dict[str, Any] = {"dest": s.dest, "default": None, "help": f"{s.help} {shown}"}
     if typing.get_origin(s.type) is list:  # one or more values after the flag
-        elem = typing.get_args(s.type)[0]
-        metavar = s.flags[0].lstrip("-").upper()
-        parser.add_argument(
-            *s.flags, dest=s.dest, nargs="+", type=elem, default=None, help=h, metavar=metavar
-        )
+        kw.update(nargs="+", type=typing.get_args(s.type)[0])
+        kw["metavar"] = s.flags[0].lstrip("-").upper()
     elif s.type is bool:
-        parser.add_argument(
-            *s.flags, dest=s.dest, nargs="?", const=True, default=None, type=str2bool, help=h
-        )
-        if negation is not None:
-            neg_help = negation if isinstance(negation, str) else f"turn --{s.dest} off"
-            parser.add_argument(
-                f"--no_{s.dest}", dest=s.dest, action="store_const", const=False, help=neg_help
-            )
+        kw.update(nargs="?", const=True, type=str2bool)
     elif s.type in (int, float, str):
-        parser.add_argument(*s.flags, dest=s.dest, type=s.type, default=None, help=h)
+        kw["type"] = s.type
     else:  # tuples / dicts: JSON on the command line
+        kw.update(type=json.loads, help=kw["help"] + " [JSON]")
+    parser.add_argument(*s.flags, **{**kw, **meta})
+    if s.type is bool and negation is not None:
+        neg_help = negation if isinstance(negation, str) else f"turn --{s.dest} off"
         parser.add_argument(
-            *s.flags, dest=s.dest, type=json.loads, default=None, help=h + " [JSON]"
+            f"--no_{s.dest}", dest=s.dest, action="store_const", const=False, help=neg_help
         )
 
 
