@@ -51,7 +51,7 @@ class ArgumentParser(argparse.ArgumentParser):
         action.add_parser = add_parser
         return action
 
-    def parse_known_args(self, args=None, namespace=None):  # noqa: D102 (argparse's)
+    def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._is_subcommand:  # else the top-level parser would blame itself

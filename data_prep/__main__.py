@@ -115,7 +115,7 @@ def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
-    """Run one parsed command (not extend-tokenizer); a UserError is the user's to fix."""
+    """Run one parsed command other than extend-tokenizer (a UserError is the user's to fix)."""
     from data_prep.report import print_summary, summary, verify
 
     if args.command in ("build", "prepare"):
@@ -147,9 +147,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input or a bad shard folder)."""
     args = _parser().parse_args(argv)
-    if args.command == "extend-tokenizer":
-        return extend_tokenizer.run_command(args)
     try:
+        if args.command == "extend-tokenizer":
+            return extend_tokenizer.run_command(args)
         _run(args, argv)
     except UserError as e:  # bad input, bad folder, bad terms file: the message says what to do
         log.error(str(e))
