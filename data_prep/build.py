@@ -25,6 +25,7 @@ import datetime as _dt
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import shutil
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bertforge.cli import checked, opt
 from bertforge.errors import UserError
 from bertforge.files import write_json_atomic
 from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
@@ -67,7 +69,7 @@ from data_prep.partition import (
     remove_own_temporaries,
     write_part_record,
 )
-from data_prep.progress import Progress
+from data_prep.progress import Progress, normalize_mode
 from data_prep.sequences import SequenceConfig
 from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
 from data_prep.wordstart import read_protected_terms
@@ -84,28 +86,61 @@ class BuildError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Arguments of one build (the CLI flags of `python -m data_prep build`)."""
+    """Arguments of one build (the CLI flags of `python -m data_prep build`, generated from these
+    fields by data_prep.__main__; each field's help is its flag's)."""
 
-    inputs: tuple[str, ...]  # files, folders, globs
-    output: Path  # OUT folder
-    tokenizer: str | None = None  # existing HF tokenizer folder or BERT vocab.txt; else train
-    vocab_size: int = 30522  # WordPiece vocabulary to train when no --tokenizer is given
-    lowercase: bool | None = None  # None: True when training, the tokenizer's own otherwise
-    min_frequency: int = 2  # WordPiece trainer: minimum pair frequency
+    inputs: tuple[str, ...] = opt(
+        help="text/.jsonl/.parquet files (optionally .gz/.zst), folders, globs, or a "
+        "dataset saved with datasets' save_to_disk",
+        flags=("--input",),
+        metavar="PATH",
+    )
+    output: Path = opt(help="output folder")
+    tokenizer: str | None = opt(
+        None, "existing HF tokenizer folder or BERT vocab.txt", exclusive="tokenizer"
+    )  # None: train one
+    vocab_size: int = opt(
+        30522,
+        "train a WordPiece vocabulary of this size (default %(default)s)",
+        exclusive="tokenizer",
+    )
+    lowercase: bool | None = opt(
+        None, "lowercase (default when training a vocabulary)", negatable=True
+    )  # None: True when training, the tokenizer's own otherwise
+    min_frequency: int = opt(2, "WordPiece trainer min frequency")
     sequences: SequenceConfig = field(default_factory=SequenceConfig)
     input: InputConfig = field(default_factory=InputConfig)
-    validation_fraction: float = 0.01  # share of documents in the validation split
-    protected_terms: str | None = None  # file of terms kept whole (one per line)
-    workers: int = 1  # pool processes (does not change the output)
-    shard_docs: int = 10000  # a work unit (= one shard per split) closes after this many docs
-    shard_bytes: int = 32 << 20  # ... or this many characters of text, whichever comes first
-    seed: int = 12345  # nsp random choices
-    overwrite: bool = False  # delete an existing build in OUT first
-    num_partitions: int = 1  # the build is split into this many parts (one per machine)
-    partition: int = 0  # which part this process builds (units u with u % num_partitions == it)
-    decontaminate: float | None = None  # drop train docs this similar to a validation doc
-    progress: str = "auto"  # auto (a bar on a terminal, else lines), bar, lines or off
-    progress_interval_s: float = 30.0  # lines: at most one per this many seconds (0: per shard)
+    validation_fraction: float = opt(0.01)  # share of documents in the validation split
+    protected_terms: str | None = opt(None, "file of terms kept whole for masking, one per line")
+    workers: int = opt(1, cli_default=lambda: os.cpu_count() or 1)  # pool processes (does not
+    # change the output); the command line's default is one per CPU
+    shard_docs: int = opt(10000, "documents per work unit / shard (resume granularity)")
+    shard_bytes: int = opt(32 << 20, "characters of text per work unit / shard")
+    seed: int = opt(12345)  # nsp random choices
+    overwrite: bool = opt(False, "delete an existing build in --output first")
+    num_partitions: int = opt(
+        1,
+        "split the build into N parts (one per machine, same --output on a "
+        "shared file system); run `prepare` with the same arguments first",
+    )
+    partition: int = opt(0, "the part this process builds, 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+    decontaminate: float | None = opt(
+        None,
+        "drop training documents whose estimated Jaccard similarity (MinHash "
+        "over 5-word / 5-CJK-character shingles) to a validation document is at "
+        "least JACCARD (default 0.8 when the flag is given without a value)",
+        nargs="?",
+        const=0.8,
+        metavar="JACCARD",
+    )
+    progress: str = opt(
+        "auto",
+        "auto (a bar when stderr is a terminal, plain lines in a log), bar, lines or off",
+        type=checked(normalize_mode),
+    )
+    progress_interval_s: float = opt(
+        30.0, "lines: at most one line per this many seconds (0: one per shard)"
+    )
 
 
 def _check(cfg: BuildConfig) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from bertforge.cli import opt
 from bertforge.errors import UserError
 
 _COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -63,9 +64,12 @@ class InputError(UserError, ValueError):
 class InputConfig:
     """How documents are cut out of the input files."""
 
-    text_field: str = "text"  # jsonl key / parquet or datasets column holding the text
-    one_doc_per_line: bool = False  # text files: one document per line (else blank-line blocks)
-    max_line_bytes: int = 8 << 20  # longer lines are skipped (counted as line_too_long)
+    text_field: str = opt("text", "jsonl key / parquet column")  # or datasets column
+    one_doc_per_line: bool = opt(
+        False, "text files: one document per line (default: blank-line-separated blocks)"
+    )
+    max_line_bytes: int = opt(8 << 20, "longer input lines are skipped and counted")  # as
+    # line_too_long in the manifest's bad_records
     max_doc_bytes: int = 64 << 20  # blank-line blocks longer than this (characters) are cut
 
 

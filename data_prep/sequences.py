@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertforge.cli import opt
+
 
 @dataclass
 class Sequences:
@@ -33,10 +35,14 @@ class Sequences:
 class SequenceConfig:
     """How sequences are built."""
 
-    format: str = "packed"  # "packed" | "nsp"
-    max_seq_len: int = 128  # tokens per sequence including [CLS] and [SEP]
-    stride: int | None = None  # packed: sliding windows over each document with this stride
-    short_seq_prob: float = 0.1  # nsp: probability of a shorter target length (as BERT)
+    format: str = opt("packed", choices=("packed", "nsp"))
+    max_seq_len: int = opt(128, "tokens per sequence including [CLS]/[SEP]")
+    stride: int | None = opt(
+        None,
+        "packed: sliding windows of max_seq_len-2 tokens over each document "
+        "with this stride (documents are then not concatenated)",
+    )
+    short_seq_prob: float = opt(0.1, "nsp: as BERT")  # probability of a shorter target length
 
 
 def _assemble(

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.cli import ArgumentParser
 from bertforge.files import write_json_atomic
 
 PROBE_CHAR = "中"
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     from pretrain.evaluate.models import ModelError
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m pretrain.attention",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

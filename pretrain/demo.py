@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from bertforge.cli import ArgumentParser
 from bertforge.files import write_json_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,7 +350,7 @@ def print_summary(s: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m pretrain.demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -7,12 +7,12 @@ added up over resumes), so that runs of different speed compare by time.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from pathlib import Path
 
+from bertforge.cli import ArgumentParser
 from pretrain.components.metrics import read_metrics
 
 # (file stem, title, [(split, key), ...]) — one PNG per panel, plus one overview.
@@ -216,7 +216,7 @@ def plot_sources(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = argparse.ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
+    p = ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
     p.add_argument("metrics", help="RUN/metrics.jsonl")
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     args = p.parse_args(argv)

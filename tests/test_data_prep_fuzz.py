@@ -340,7 +340,7 @@ def check_build(
     if exp.failure:
         assert rc == 2, err
         last = err.strip().splitlines()[-1]
-        assert last.startswith("error: ") and re.search(exp.failure, last), last
+        assert last.startswith("[data_prep] ERROR: ") and re.search(exp.failure, last), last
         assert not (out / "manifest.json").exists()
         return
     assert rc == 0, err
@@ -574,7 +574,7 @@ def test_fuzzed_random_and_corrupt_files(tok, tokenizer, data):
         if rc != 0:
             assert rc == 2
             last = err.strip().splitlines()[-1]
-            assert last.startswith("error: ") and str(src) in last, last
+            assert last.startswith("[data_prep] ERROR: ") and str(src) in last, last
             assert not (out / "manifest.json").exists()
             return
         m = json.loads((out / "manifest.json").read_text())

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from bertforge.cli import opt
 from data_prep.reader import SampleBatch
 from pretrain.data.masking import Masker, MaskingConfig
 
@@ -38,15 +39,19 @@ from pretrain.data.masking import Masker, MaskingConfig
 class DataConfig:
     """How batches are read, ordered and delivered."""
 
-    num_workers: int = (
-        2  # DataLoader worker processes per rank (0: build batches in the main process)
+    num_workers: int = opt(
+        2, "DataLoader worker processes per rank (0: build batches in the main process)"
     )
-    prefetch_factor: int = 4  # batches each worker prepares ahead (ignored without workers)
-    pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (only with CUDA)
-    pad_to_multiple_of: int = 8  # pad each batch's length up to a multiple of this
-    shuffle: bool = True  # reshuffle the training order every epoch (validation stays in order)
-    seed: int = 1234  # seed of the per-epoch permutation of the training order
-    verify: str = "size"  # shard check when opening: size (fast), full (sha256), none
+    prefetch_factor: int = opt(4, "batches each worker prepares ahead (ignored without workers)")
+    pin_memory: bool = opt(
+        True, "page-locked batches for faster host-to-GPU copies (only with CUDA)"
+    )
+    pad_to_multiple_of: int = opt(8, "pad each batch's length up to a multiple of this")
+    shuffle: bool = opt(
+        True, "reshuffle the training order every epoch (validation stays in order)"
+    )
+    seed: int = opt(1234, "seed of the per-epoch permutation of the training order")
+    verify: str = opt("size", "shard check when opening: size (fast), full (sha256), none")
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:

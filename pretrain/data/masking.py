@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertforge.cli import opt
 from kernels import IGNORE_INDEX  # re-exported: tests and callers import it from here too
 
 _U = np.uint64
@@ -32,16 +33,22 @@ _TWO_POW_M53 = 1.0 / (1 << 53)
 class MaskingConfig:
     """How tokens are selected and replaced for the masked-LM objective."""
 
-    mask_prob: float = 0.15  # fraction of maskable tokens selected (the start value of a schedule)
-    mask_prob_end: float | None = (
-        None  # end value of a linear schedule; None keeps mask_prob constant
+    mask_prob: float = opt(
+        0.15, "fraction of maskable tokens selected (the start value of a schedule)"
     )
-    schedule_samples: int = 0  # global samples over which mask_prob goes linearly to mask_prob_end
-    mask_token_frac: float = 0.8  # fraction of the selected tokens replaced by [MASK]
-    random_token_frac: float = 0.1  # fraction of the selected tokens replaced by a random token
-    max_predictions: int | None = None  # cap on selected tokens per sequence (None: no cap)
-    whole_word: bool = False  # select whole words / protected terms (word-start bits) as units
-    seed: int = 1234  # masking seed: with (epoch, sample index) it fixes every mask
+    mask_prob_end: float | None = opt(
+        None, "end value of a linear schedule; None keeps mask_prob constant"
+    )
+    schedule_samples: int = opt(
+        0, "global samples over which mask_prob goes linearly to mask_prob_end"
+    )
+    mask_token_frac: float = opt(0.8, "fraction of the selected tokens replaced by [MASK]")
+    random_token_frac: float = opt(
+        0.1, "fraction of the selected tokens replaced by a random token"
+    )
+    max_predictions: int | None = opt(None, "cap on selected tokens per sequence (None: no cap)")
+    whole_word: bool = opt(False, "select whole words / protected terms (word-start bits) as units")
+    seed: int = opt(1234, "masking seed: with (epoch, sample index) it fixes every mask")
 
     def __post_init__(self) -> None:
         for name in ("mask_prob", "mask_token_frac", "random_token_frac"):

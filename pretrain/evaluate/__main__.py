@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bertforge.cli import ArgumentParser
 from pretrain.evaluate.finetune import Recipe
 from pretrain.evaluate.models import ModelError
 from pretrain.evaluate.report import markdown_table, plot_steps, write_results
@@ -25,7 +26,7 @@ from pretrain.evaluate.tasks import TASK_TYPES, TaskError, TaskSpec, load_task, 
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m pretrain.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

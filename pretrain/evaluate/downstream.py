@@ -23,7 +23,6 @@ N``, and the trainer copies finished ones into metrics.jsonl / TensorBoard.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from bertforge.cli import ArgumentParser
 from pretrain.evaluate.finetune import encode, recipe_for, run_once
 from pretrain.evaluate.models import ModelSource
 from pretrain.evaluate.runner import default_device
@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.evaluate.models import ModelError, materialize, resolve
     from pretrain.evaluate.tasks import TaskError
 
-    p = argparse.ArgumentParser(
-        prog="python -m pretrain.evaluate.downstream", description=main.__doc__
-    )
+    p = ArgumentParser(prog="python -m pretrain.evaluate.downstream", description=main.__doc__)
     p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")
     p.add_argument("--tasks", required=True, help="tasks JSON file")
     p.add_argument("--out", required=True, help="JSONL file the records are appended to")

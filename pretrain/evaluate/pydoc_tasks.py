@@ -17,6 +17,7 @@ import random
 import sys
 from pathlib import Path
 
+from bertforge.cli import ArgumentParser
 from bertforge.files import write_bytes_atomic, write_json_atomic
 
 MIN_CHARS = 80
@@ -89,7 +90,7 @@ def write_tasks(out: str | Path, topics: int = 8, per_topic: int = 40) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m pretrain.evaluate.pydoc_tasks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

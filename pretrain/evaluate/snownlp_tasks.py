@@ -26,6 +26,7 @@ import random
 import sys
 from pathlib import Path
 
+from bertforge.cli import ArgumentParser
 from bertforge.files import write_bytes_atomic, write_json_atomic
 
 ENTITY_TYPES = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
@@ -149,7 +150,7 @@ def write_tasks(out: str | Path, max_examples: int | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m pretrain.evaluate.snownlp_tasks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

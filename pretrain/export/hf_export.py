@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bertforge.cli import ArgumentParser
 from pretrain.components.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
 from pretrain.components.checkpoint_files import consolidated_state_dict
 from pretrain.export.model_card import write_model_card
@@ -143,7 +144,7 @@ def export(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m pretrain.export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

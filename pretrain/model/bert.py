@@ -34,6 +34,7 @@ from transformers.models.bert.modeling_bert import (
 )
 
 import kernels
+from bertforge.cli import opt
 from kernels import IGNORE_INDEX
 
 CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
@@ -44,23 +45,28 @@ SHARE_LAYERS_HELP = "none, all, or groups:G with G dividing num_hidden_layers"
 class ModelConfig:
     """Architecture of the encoder (a preset, optionally overridden, or a BERT config JSON)."""
 
-    name: str = "custom"  # preset name this config came from (informational)
-    hidden_size: int = 128  # width of the encoder
-    num_hidden_layers: int = 2  # number of transformer layers
-    num_attention_heads: int = 2  # attention heads per layer (must divide hidden_size)
-    intermediate_size: int = 512  # width of the feed-forward layer
-    max_position_embeddings: int = 512  # longest sequence the position embeddings cover
-    type_vocab_size: int = 2  # token-type (segment) vocabulary
-    hidden_act: str = "gelu"  # activation of the feed-forward layer and the MLM transform
-    hidden_dropout_prob: float = 0.1  # dropout on embeddings and layer outputs
-    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
-    layer_norm_eps: float = 1e-12  # LayerNorm epsilon
-    initializer_range: float = 0.02  # std of the normal initialisation
-    vocab_multiple: int = 8  # pad the vocabulary (embedding/decoder rows) to this multiple
-    config_json: str | None = None  # BERT config.json whose architecture replaces the fields above
-    loss_impl: str = "auto"  # kernels.masked_lm_loss implementation: auto | triton | torch
-    share_layers: str = "none"  # cross-layer weight sharing (ALBERT): none | all (one set of
-    # layer weights for every layer) | groups:G (G groups of consecutive layers, one set each)
+    name: str = opt("custom", "preset name this config came from (informational)")
+    hidden_size: int = opt(128, "width of the encoder")
+    num_hidden_layers: int = opt(2, "number of transformer layers")
+    num_attention_heads: int = opt(2, "attention heads per layer (must divide hidden_size)")
+    intermediate_size: int = opt(512, "width of the feed-forward layer")
+    max_position_embeddings: int = opt(512, "longest sequence the position embeddings cover")
+    type_vocab_size: int = opt(2, "token-type (segment) vocabulary")
+    hidden_act: str = opt("gelu", "activation of the feed-forward layer and the MLM transform")
+    hidden_dropout_prob: float = opt(0.1, "dropout on embeddings and layer outputs")
+    attention_probs_dropout_prob: float = opt(0.1, "dropout on attention probabilities")
+    layer_norm_eps: float = opt(1e-12, "LayerNorm epsilon")
+    initializer_range: float = opt(0.02, "std of the normal initialisation")
+    vocab_multiple: int = opt(8, "pad the vocabulary (embedding/decoder rows) to this multiple")
+    config_json: str | None = opt(
+        None, "BERT config.json whose architecture replaces the fields above"
+    )
+    loss_impl: str = opt("auto", "kernels.masked_lm_loss implementation: auto | triton | torch")
+    share_layers: str = opt(
+        "none",
+        "cross-layer weight sharing (ALBERT): none | all (one set of layer weights for every "
+        "layer) | groups:G (G groups of consecutive layers, one set each)",
+    )
 
 
 PRESETS: dict[str, ModelConfig] = {

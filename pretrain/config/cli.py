@@ -1,0 +1,220 @@
+"""The trainer's command line: one flag per field of its dataclasses, values checked.
+
+``python pretrain/main.py --help`` lists the flags by concern; each one's help is its field's
+(:func:`bertforge.cli.opt`) followed by its default, written once. Every argparse default is
+None so that a flag "not given" stays apart from one given with the default's value (the
+DeepSpeed config decides the former). The doctor extends the same parser, so a launch line
+pastes into it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from bertforge.cli import ArgumentParser, add_fields
+from pretrain.config.train_config import CONCERNS, GuardConfig, TrainConfig, foreign_concerns
+
+_SKIP_FOREIGN = {"preset", "name"}  # the model preset's name comes from --model
+
+
+def _flag_names(groups: dict[str, type]) -> dict[tuple[str, str], str]:
+    """Map (group, field) -> dest; a field name used by two groups gets the group as prefix."""
+    counts: dict[str, int] = {}
+    for cls in groups.values():
+        for f in dataclasses.fields(cls):
+            counts[f.name] = counts.get(f.name, 0) + 1
+    out = {}
+    for g, cls in groups.items():
+        for f in dataclasses.fields(cls):
+            prefix = g.removesuffix("_cfg")
+            # The trainer's own fields keep their plain names (--seed, --output_dir, ...).
+            plain = counts[f.name] == 1 or g in CONCERNS
+            out[(g, f.name)] = f.name if plain else f"{prefix}_{f.name}"
+    return out
+
+
+def build_parser(
+    groups: dict[str, type],
+    prog: str = "pretrain/main.py",
+    description: str = "Pretrain a BERT-style masked LM on DeepSpeed.",
+) -> tuple[argparse.ArgumentParser, dict]:
+    """Argument parser with one flag per dataclass field, one argument group per dataclass, and
+    its (group, field) -> dest map."""
+    p = ArgumentParser(prog=prog, description=description)
+    p.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        default=None,
+        help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)",
+    )
+    names = _flag_names(groups)
+    for g, cls in groups.items():
+        skip = _SKIP_FOREIGN if g not in CONCERNS else ()
+        dests = {f: d for (group, f), d in names.items() if group == g}
+        add_fields(p.add_argument_group(g), cls, exclude=skip, dests=dests, track_given=True)
+    return p, names
+
+
+def _overrides(ns: argparse.Namespace, names: dict, group: str) -> dict[str, Any]:
+    return {
+        fname: getattr(ns, dest)
+        for (g, fname), dest in names.items()
+        if g == group and getattr(ns, dest, None) is not None
+    }
+
+
+def trainer_parser(
+    prog: str = "pretrain/main.py",
+    description: str = "Pretrain a BERT-style masked LM on DeepSpeed.",
+) -> tuple[argparse.ArgumentParser, dict]:
+    """The trainer's parser and its (group, field) -> dest map; the doctor extends the same one,
+    so a launch line pastes into it unchanged."""
+    return build_parser({**CONCERNS, **foreign_concerns()}, prog, description)
+
+
+def config_from_args(
+    ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
+) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
+    doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
+    from pretrain.model.bert import preset
+
+    cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
+    foreign = foreign_concerns()
+    try:
+        base = preset(cfg.run.model_preset)
+    except ValueError as e:
+        parser.error(str(e))
+    flags = _overrides(ns, names, "model_cfg")
+    cfg.model_cfg = dataclasses.replace(base, **flags)
+    chosen = dataclasses.asdict(base) if getattr(ns, "model_preset", None) is not None else {}
+    cfg.explicit_model = {**{k: v for k, v in chosen.items() if k != "name"}, **flags}
+    data_over = _overrides(ns, names, "data_cfg")
+    mask_over = _overrides(ns, names, "masking")
+    # One --seed drives data order and masking too, unless they are given their own seeds.
+    for over, cls in ((data_over, foreign["data_cfg"]), (mask_over, foreign["masking"])):
+        if "seed" in {f.name for f in dataclasses.fields(cls)}:
+            over.setdefault("seed", cfg.run.seed)
+    try:
+        cfg.data_cfg = foreign["data_cfg"](**data_over)
+        cfg.masking = foreign["masking"](**mask_over)
+    except ValueError as e:
+        parser.error(str(e))
+    _check_values(cfg, parser)
+    return cfg
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
+    parser, names = trainer_parser()
+    cfg = config_from_args(parser.parse_args(argv), names, parser)
+    _check_paths(cfg, parser)
+    return cfg
+
+
+def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail on flag values that cannot work, naming the flag."""
+    if cfg.run.max_steps <= 0:
+        parser.error(f"--max_steps must be positive, got {cfg.run.max_steps}")
+    if cfg.precision.precision not in (None, "fp32", "bf16", "fp16"):
+        parser.error(f"--precision must be fp32, bf16 or fp16, got {cfg.precision.precision!r}")
+    if cfg.memory.activation_checkpointing not in (None, "none", "torch", "deepspeed"):
+        parser.error("--activation_checkpointing must be none, torch or deepspeed")
+    if cfg.optim.decay not in ("linear", "poly", "constant"):
+        parser.error(f"--decay must be linear, poly or constant, got {cfg.optim.decay!r}")
+    if cfg.optim.optimizer not in (None, "adamw", "lamb"):
+        parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
+    from data_prep.progress import normalize_mode
+
+    try:
+        cfg.log.progress = normalize_mode(cfg.log.progress)
+    except ValueError as e:
+        parser.error(str(e))
+    if cfg.run.show_masks < 0 or (cfg.run.show_masks and not cfg.run.dry_run):
+        parser.error(
+            "--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
+            "instead of training"
+        )
+    _check_guard(cfg.guard, parser)
+    if cfg.checkpoint.keep_last < 1:
+        parser.error("--keep_last must be at least 1")
+    from pretrain.model.bert import (
+        layer_groups,
+    )  # (a --config_json depth is checked again at build)
+
+    try:
+        layer_groups(cfg.model_cfg.share_layers, cfg.model_cfg.num_hidden_layers)
+    except ValueError as e:
+        parser.error(str(e))
+    log = cfg.log
+    if bool(log.downstream_eval) != (log.downstream_interval > 0):
+        parser.error("--downstream_eval and --downstream_interval go together")
+    if log.downstream_interval and (
+        cfg.checkpoint.save_interval <= 0 or log.downstream_interval % cfg.checkpoint.save_interval
+    ):
+        parser.error(
+            f"--downstream_interval {log.downstream_interval} must be a multiple of "
+            f"--save_interval (now {cfg.checkpoint.save_interval}): it evaluates checkpoints"
+        )
+    if cfg.run.max_time_hours < 0:
+        parser.error(f"--max_time_hours must be >= 0, got {cfg.run.max_time_hours}")
+    if cfg.optim.schedule_clock not in ("steps", "time"):
+        parser.error(f"--schedule_clock must be steps or time, got {cfg.optim.schedule_clock!r}")
+    if cfg.optim.schedule_clock == "time" and cfg.run.max_time_hours <= 0:
+        parser.error("--schedule_clock time needs a budget: give --max_time_hours")
+    if cfg.optim.schedule_clock == "time" and cfg.optim.warmup_steps is not None:
+        parser.error(
+            "--warmup_steps counts steps; with --schedule_clock time give the warmup as "
+            "--warmup_ratio (a fraction of the time budget)"
+        )
+
+
+def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail on guard thresholds that cannot work, naming the flag."""
+    if not 2 <= g.guard_min_history <= g.guard_window:
+        parser.error(
+            f"--guard_min_history ({g.guard_min_history}) must be at least 2 and at most "
+            f"--guard_window ({g.guard_window})"
+        )
+    if g.guard_z <= 0 or g.guard_min_ratio < 1.0:
+        parser.error("--guard_z must be positive and --guard_min_ratio at least 1.0")
+    if g.guard_spikes < 1 or g.guard_spike_window < 1 or g.guard_max_rollbacks < 0:
+        parser.error(
+            "--guard_spikes and --guard_spike_window must be at least 1, "
+            "--guard_max_rollbacks at least 0"
+        )
+    if not 0.0 < g.guard_lr_factor <= 1.0:
+        parser.error(f"--guard_lr_factor must be in (0, 1], got {g.guard_lr_factor}")
+
+
+def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail before any work on files that are not there, naming the flag and the fix."""
+    from pretrain.data.mixture import MixtureError, parse_mixture
+
+    if not cfg.run.data_sources:
+        parser.error("--data is required: the shard folder from `python -m data_prep build`")
+    try:
+        sources = parse_mixture(cfg.run.data_sources)
+    except MixtureError as e:
+        parser.error(str(e))
+    for s in sources:
+        if not Path(s.path, "manifest.json").is_file():
+            parser.error(
+                f"--data {s.path}: no manifest.json there (missing folder or an "
+                "incomplete build); run `python -m data_prep build --output "
+                f"{s.path} ...` first"
+            )
+    if not Path(cfg.run.ds_config).is_file():
+        parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
+    if cfg.log.downstream_eval and not os.path.isfile(cfg.log.downstream_eval):
+        parser.error(f"--downstream_eval {cfg.log.downstream_eval}: no such tasks file")
+    if cfg.run.init_from and not os.path.exists(cfg.run.init_from):
+        parser.error(f"--init_from {cfg.run.init_from}: no such folder (a HF BERT folder or a run)")
+    r = cfg.run.resume
+    if r not in ("auto", "none") and not os.path.exists(r):
+        parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")
