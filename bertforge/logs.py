@@ -32,8 +32,6 @@ class RankFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         who = record.name.split(".", 1)[0]
-        if who == "__main__":
-            who = "pretrain"
         if _world_size() > 1:
             who += f" rank {process_rank()}"
         level = "" if record.levelno < logging.WARNING else f"{record.levelname}: "
@@ -64,9 +62,10 @@ _HANDLER.setFormatter(RankFormatter())
 
 def get_logger(name: str) -> logging.Logger:
     """The logger of module ``name`` (pass ``__name__``), its package wired to the one handler."""
+    if name == "__main__":  # `python -m pkg.mod` names the module __main__; its spec knows better
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        name = spec.name if spec is not None else "pretrain"  # a script: pretrain/main.py
     top = name.split(".", 1)[0]
-    if top == "__main__":
-        top = name = "pretrain"
     root = logging.getLogger(top)
     if _HANDLER not in root.handlers:
         root.addHandler(_HANDLER)

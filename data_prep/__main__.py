@@ -15,7 +15,7 @@ from bertforge.logs import get_logger
 from data_prep import extend_tokenizer
 from data_prep.build import BuildConfig, build, prepare
 
-log = get_logger("data_prep.__main__")  # not __name__: under `python -m` that is "__main__"
+log = get_logger(__name__)
 
 
 # Fields that are no flag of `build` (InputConfig's is a safety limit); `prepare` makes the
