@@ -69,6 +69,7 @@ from data_prep.partition import (
     write_part_record,
 )
 from data_prep.progress import Progress
+from data_prep.reader import load_manifest
 from data_prep.sequences import SequenceConfig
 from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
 from data_prep.wordstart import read_protected_terms
@@ -574,7 +575,7 @@ def merge(out: Path) -> dict[str, Any]:
     while a part is missing or was built with other arguments."""
     out = Path(out)
     if (out / MANIFEST).is_file():
-        return json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        return load_manifest(out)
     state = out / WORK_DIR / BUILD_STATE
     if not state.is_file():
         raise PartitionError(f"{state} not found: {out} is not a prepared data_prep build.")
@@ -620,7 +621,7 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
     files, terms, key, done = _setup(cfg)
     if done:
         log.info(f"{cfg.output} already holds this build, nothing to do")
-        return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+        return load_manifest(cfg.output)
     info = describe(cfg.output / TOKENIZER_DIR)
     spec = WorkerSpec(
         tokenizer_json=str(cfg.output / TOKENIZER_DIR / "tokenizer.json"),
@@ -671,7 +672,7 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
                     log.info(f"part {cfg.partition} of {cfg.num_partitions} done; {e}")
                     return None
         if (cfg.output / MANIFEST).is_file():
-            return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+            return load_manifest(cfg.output)
         time.sleep(1.0)
     log.info(
         f"part {cfg.partition} of {cfg.num_partitions} done; another part holds "
