@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -67,10 +66,9 @@ def token_labels(tokens: list[str], ids: list[int]) -> tuple[list[str], str | No
     font = cjk_font()
     if font is not None:
         return tokens, font
-    warnings.warn(
+    log.warning(
         "no font with Chinese glyphs found by matplotlib (install one, e.g. Debian's "
-        "fonts-noto-cjk, then remove ~/.cache/matplotlib); labelling tokens as id:escaped",
-        stacklevel=2,
+        "fonts-noto-cjk, then remove ~/.cache/matplotlib); labelling tokens as id:escaped"
     )
     escaped = [tok.encode("ascii", "backslashreplace").decode("ascii") for tok in tokens]
     return [f"{i}:{e}" for i, e in zip(ids, escaped)], None
