@@ -40,6 +40,7 @@ from typing import Any
 from bertforge.cli import checked, opt
 from bertforge.errors import UserError
 from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
 from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
 from data_prep.inputs import (
     MAX_BAD_EXAMPLES,
@@ -70,10 +71,13 @@ from data_prep.partition import (
     write_part_record,
 )
 from data_prep.progress import Progress, normalize_mode
+from data_prep.reader import load_manifest
 from data_prep.sequences import SequenceConfig
 from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
 from data_prep.wordstart import read_protected_terms
 from data_prep.worker import WorkerSpec, done_record_path, init_worker, is_validation, run_unit
+
+log = get_logger(__name__)
 
 BUILD_STATE = "build.json"
 _MERGE_TRIES = 30  # seconds a finishing part waits for another part's merge
@@ -330,10 +334,7 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
     if cfg.tokenizer:
         import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, tok_dir)
         return
-    print(
-        f"data_prep: training a WordPiece vocabulary of {cfg.vocab_size} on the training documents",
-        file=sys.stderr,
-    )
+    log.info(f"training a WordPiece vocabulary of {cfg.vocab_size} on the training documents")
     train_docs = (
         d
         for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
@@ -411,7 +412,7 @@ def _run_units(
                 collect(pending.popleft().get())
     bar.close()
     if skipped:
-        print(f"data_prep: resumed, {skipped} finished shard(s) kept", file=sys.stderr)
+        log.info(f"resumed, {skipped} finished shard(s) kept")
     return sorted(records, key=lambda r: r["unit"]), total
 
 
@@ -510,7 +511,7 @@ def _decontam_index(cfg: BuildConfig, files: list[Path]) -> None:
     path = _index_path(cfg.output)
     if cfg.decontaminate is None or path.is_file():
         return
-    print("data_prep: indexing the validation documents for decontamination", file=sys.stderr)
+    log.info("indexing the validation documents for decontamination")
     val_docs = (
         d
         for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
@@ -600,7 +601,7 @@ def prepare(cfg: BuildConfig) -> Path:
     with _output_lock(cfg):
         _, _, _, done = _setup(cfg)
     if done:
-        print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
+        log.info(f"{cfg.output} already holds this build, nothing to do")
     return cfg.output
 
 
@@ -609,7 +610,7 @@ def merge(out: Path) -> dict[str, Any]:
     while a part is missing or was built with other arguments."""
     out = Path(out)
     if (out / MANIFEST).is_file():
-        return json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        return load_manifest(out)
     state = out / WORK_DIR / BUILD_STATE
     if not state.is_file():
         raise PartitionError(f"{state} not found: {out} is not a prepared data_prep build.")
@@ -654,8 +655,8 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
     """:func:`build` while this part's lock is held."""
     files, terms, key, done = _setup(cfg)
     if done:
-        print(f"data_prep: {cfg.output} already holds this build, nothing to do", file=sys.stderr)
-        return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+        log.info(f"{cfg.output} already holds this build, nothing to do")
+        return load_manifest(cfg.output)
     info = describe(cfg.output / TOKENIZER_DIR)
     spec = WorkerSpec(
         tokenizer_json=str(cfg.output / TOKENIZER_DIR / "tokenizer.json"),
@@ -703,18 +704,14 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
                 try:
                     return merge(cfg.output)
                 except PartitionError as e:
-                    print(
-                        f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; {e}",
-                        file=sys.stderr,
-                    )
+                    log.info(f"part {cfg.partition} of {cfg.num_partitions} done; {e}")
                     return None
         if (cfg.output / MANIFEST).is_file():
-            return json.loads((cfg.output / MANIFEST).read_text(encoding="utf-8"))
+            return load_manifest(cfg.output)
         time.sleep(1.0)
-    print(
-        f"data_prep: part {cfg.partition} of {cfg.num_partitions} done; another part holds "
+    log.info(
+        f"part {cfg.partition} of {cfg.num_partitions} done; another part holds "
         f"{cfg.output / WORK_DIR / 'merge.lock'}: run `python -m data_prep merge "
-        f"{cfg.output}` once every part has finished.",
-        file=sys.stderr,
+        f"{cfg.output}` once every part has finished."
     )
     return None

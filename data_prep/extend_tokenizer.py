@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
@@ -35,10 +34,14 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
-from bertforge.files import write_json_atomic
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.files import publish_dir, write_json_atomic
+from bertforge.logs import get_logger
 from data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
-from data_prep.tokenizer import TokenizerError, _lowercases, _save_hf, import_tokenizer
+from data_prep.tokenizer import TokenizerError, _lowercases, _write_hf, import_tokenizer
 from data_prep.wordstart import _CJK_RE, read_protected_terms
+
+log = get_logger(__name__)
 
 UNUSED_RE = re.compile(r"^\[unused\d+\]$")  # BERT's reserved vocabulary slots
 REPORT_FILE = "extension_report.json"  # written next to the tokenizer files
@@ -195,7 +198,8 @@ def build_extended(
 
 
 def _save(base_hf, tok: Tokenizer, output: Path) -> None:
-    """Save as an HF folder with the base's special tokens and casing."""
+    """Save into the folder ``output`` as an HF tokenizer with the base's special tokens and
+    casing."""
     from transformers import BertTokenizerFast
 
     normalizer = json.loads(tok.to_str()).get("normalizer")
@@ -207,7 +211,7 @@ def _save(base_hf, tok: Tokenizer, output: Path) -> None:
             for k in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
         },
     )
-    _save_hf(hf, output)
+    _write_hf(hf, output)
 
 
 def check_one_token_each(folder: Path, new_tokens: list[NewToken]) -> None:
@@ -301,13 +305,10 @@ def extend_tokenizer(cfg: ExtendConfig) -> ExtensionReport:
     report.after, occurrences = text_stats(tok, docs(), unk_id)
     for t in report.new_tokens:
         t.count, t.saved = occurrences[t.id], occurrences[t.id] * (t.pieces - 1)
-    cfg.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cfg.output.with_name(cfg.output.name + ".check")
-    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
-    _save(base_hf, tok, tmp)
-    check_one_token_each(tmp, report.new_tokens)
-    write_json_atomic(tmp / REPORT_FILE, report.to_dict())
-    tmp.rename(cfg.output)
+    with publish_dir(cfg.output) as tmp:  # a failed check publishes nothing
+        _save(base_hf, tok, tmp)
+        check_one_token_each(tmp, report.new_tokens)
+        write_json_atomic(tmp / REPORT_FILE, report.to_dict())
     return report
 
 
@@ -382,11 +383,6 @@ def add_parser(sub) -> None:
 
 def run_command(args) -> int:
     """Run the parsed `extend-tokenizer` command; 2 on bad input."""
-    import sys
-
-    from data_prep.inputs import InputError
-    from data_prep.wordstart import ProtectedTermsError
-
     cfg = ExtendConfig(
         tokenizer=args.tokenizer,
         inputs=tuple(args.input),
@@ -399,7 +395,7 @@ def run_command(args) -> int:
     )
     try:
         print_report(extend_tokenizer(cfg))
-    except (TokenizerError, InputError, ProtectedTermsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     return 0

@@ -34,7 +34,6 @@ import hashlib
 import io
 import json
 import re
-import sys
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -44,6 +43,9 @@ from typing import IO
 
 from bertforge.cli import opt
 from bertforge.errors import UserError
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
 
 _COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL = {".jsonl", ".ndjson", ".json"}
@@ -101,7 +103,7 @@ class DropCounter:
         n = self._reported[reason]
         if not self.quiet and n <= self.report_first:
             more = " (further ones are only counted)" if n == self.report_first else ""
-            print(f"data_prep: skipped {where}: {detail} [{reason}]{more}", file=sys.stderr)
+            log.warning(f"skipped {where}: {detail} [{reason}]{more}")
 
 
 def _kind(path: Path) -> tuple[str, str | None]:
@@ -137,10 +139,8 @@ def _walk(folder: Path) -> list[Path]:
             if suffixes and suffixes[-1] in (_TEXT | _JSONL | {".parquet"}):
                 found.append(child)
             else:
-                print(
-                    f"data_prep: ignoring {child} (unknown extension; name it explicitly to "
-                    "read it as text)",
-                    file=sys.stderr,
+                log.warning(
+                    f"ignoring {child} (unknown extension; name it explicitly to read it as text)"
                 )
     return found
 

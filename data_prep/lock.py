@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any, Self
 
 from bertforge.errors import UserError
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class LockError(UserError, RuntimeError):
@@ -115,11 +118,9 @@ class FolderLock:
         """Remove a lock whose holder died on this host (so the caller retries), else raise."""
         host, pid = holder.get("host"), holder.get("pid")
         if host == self.host and isinstance(pid, int) and not _pid_alive(pid):
-            print(
-                f"WARNING: {self.path}: taking over the lock of {self.what} from pid {pid} on "
-                f"{host}, which is no longer running (it crashed or was killed)",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                f"{self.path}: taking over the lock of {self.what} from pid {pid} on "
+                f"{host}, which is no longer running (it crashed or was killed)"
             )
             self.path.unlink(missing_ok=True)
             return

@@ -73,6 +73,12 @@ class SampleBatch:
 def load_manifest(root: Path) -> dict[str, Any]:
     """Read and sanity-check `root/manifest.json`; raises ShardError naming what is wrong."""
     path = Path(root) / MANIFEST
+    if not Path(root).is_dir():
+        raise ShardError(
+            f"{root}: no such folder, so it is not a finished data_prep build (no {MANIFEST}). "
+            f"Run `python -m data_prep build --input ... --output {root}` first, or give the "
+            "--output folder of a finished build."
+        )
     if not path.is_file():
         raise ShardError(
             f"{path} not found: {root} is not a finished data_prep build (the manifest is "

@@ -8,9 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.logs import get_logger
 from data_prep.layout import MANIFEST, TOKENIZER_DIR
 from data_prep.reader import ShardError, ShardReader, check_file, load_manifest
 from data_prep.tokenizer import TokenizerError, describe
+
+log = get_logger(__name__)
 
 
 def summary(
@@ -157,7 +160,7 @@ def print_summary(s: dict[str, Any]) -> None:
 def _print_terms(s: dict[str, Any], top: int = 30) -> None:
     """Per-term counts, most frequent first, and the terms never found."""
     if "protected_terms_warning" in s:
-        print(f"\nwarning: {s['protected_terms_warning']}")
+        log.warning(s["protected_terms_warning"])
     pt = s.get("protected_terms")
     if not pt:
         return

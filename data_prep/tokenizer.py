@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from bertforge.errors import UserError
+from bertforge.files import publish_dir
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SPECIAL_KEYS = ("cls", "sep", "pad", "mask", "unk")
@@ -121,14 +122,17 @@ def import_tokenizer(source: Path, lowercase: bool | None, out_dir: Path) -> Non
     _save_hf(hf, out_dir)
 
 
+def _write_hf(hf, folder: Path) -> None:
+    """save_pretrained into ``folder``; raises TokenizerError when no tokenizer.json came out."""
+    hf.save_pretrained(str(folder))
+    if not (folder / "tokenizer.json").is_file():
+        raise TokenizerError(f"saving the tokenizer produced no tokenizer.json in {folder}.")
+
+
 def _save_hf(hf, out_dir: Path) -> None:
-    """save_pretrained into a temporary folder, then rename it to `out_dir`."""
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf.save_pretrained(str(tmp))
-    if not (tmp / "tokenizer.json").is_file():
-        raise TokenizerError(f"saving the tokenizer produced no tokenizer.json in {tmp}.")
-    tmp.rename(out_dir)
+    """Save as ``out_dir``, published only once it holds a tokenizer.json."""
+    with publish_dir(out_dir) as tmp:
+        _write_hf(hf, tmp)
 
 
 def _special_ids(tok_dir: Path, tok: Tokenizer) -> dict[str, int]:

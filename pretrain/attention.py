@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,11 @@ from typing import Any
 import numpy as np
 
 from bertforge.cli import ArgumentParser
+from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
 
 PROBE_CHAR = "中"
 # fonts that claim every code point but draw boxes (matplotlib ships "Last Resort")
@@ -64,13 +67,16 @@ def token_labels(tokens: list[str], ids: list[int]) -> tuple[list[str], str | No
     font = cjk_font()
     if font is not None:
         return tokens, font
-    warnings.warn(
+    log.warning(
         "no font with Chinese glyphs found by matplotlib (install one, e.g. Debian's "
-        "fonts-noto-cjk, then remove ~/.cache/matplotlib); labelling tokens as id:escaped",
-        stacklevel=2,
+        "fonts-noto-cjk, then remove ~/.cache/matplotlib); labelling tokens as id:escaped"
     )
     escaped = [tok.encode("ascii", "backslashreplace").decode("ascii") for tok in tokens]
     return [f"{i}:{e}" for i, e in zip(ids, escaped)], None
+
+
+class AttentionError(UserError, ValueError):
+    """A --layers/--heads selection or a model argument that cannot be used."""
 
 
 def parse_indices(spec: str | None, count: int, what: str) -> list[int]:
@@ -83,11 +89,11 @@ def parse_indices(spec: str | None, count: int, what: str) -> list[int]:
         try:
             rng = range(int(lo), int(hi or lo) + 1)
         except ValueError as e:
-            raise ValueError(f"--{what} {spec!r}: use numbers like 0,2 or 1-3") from e
+            raise AttentionError(f"--{what} {spec!r}: use numbers like 0,2 or 1-3") from e
         out += rng
     bad = [i for i in out if not 0 <= i < count]
     if bad:
-        raise ValueError(f"--{what} {bad}: the model has {count} {what} (0..{count - 1})")
+        raise AttentionError(f"--{what} {bad}: the model has {count} {what} (0..{count - 1})")
     return sorted(set(out))
 
 
@@ -99,7 +105,7 @@ def load_model(spec: str, workdir: Path):
 
     refs = resolve(spec)
     if len(refs) != 1:
-        raise ValueError(f"{spec}: name one model (RUN@STEP or RUN), not {len(refs)}")
+        raise AttentionError(f"{spec}: name one model (RUN@STEP or RUN), not {len(refs)}")
     hf_dir = materialize(refs[0], workdir)
     transformers.logging.set_verbosity_error()  # the MLM head is unused here
     transformers.logging.disable_progress_bar()
@@ -211,8 +217,6 @@ def attention_maps(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    from pretrain.evaluate.models import ModelError
-
     p = ArgumentParser(
         prog="python -m pretrain.attention",
         description=__doc__,
@@ -226,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         res = attention_maps(args.model, args.text, args.out, args.layers, args.heads)
-    except (ValueError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     print(f"{len(res['tokens'])} tokens: {' '.join(res['tokens'])}")
     print("layer head entropy  to_cls to_sep to_prev to_next")
     for h in res["heads"]:

@@ -30,7 +30,11 @@ import time
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser
+from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic, write_text_atomic
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "demo.json"  # written into the output folder: marks it as ours (safe to redo)
@@ -41,6 +45,10 @@ SENTENCES = (
     "Strings are immutable sequences of {mask} code points.",
     "A class definition creates a new {mask} object.",
 )
+
+
+class DemoError(UserError):
+    """An output folder or model folder the demo cannot use (the message says what to do)."""
 
 
 class StepFailed(RuntimeError):
@@ -139,6 +147,13 @@ def train_command(
 
 def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
     """Top-3 predictions of the exported model for SENTENCES (transformers' fill-mask pipeline)."""
+    if not (Path(hf_dir) / "config.json").is_file():
+        what = "no such folder" if not Path(hf_dir).exists() else "no config.json in it"
+        raise DemoError(
+            f"--fill_mask {hf_dir}: {what}, so no exported model there. Export one first: "
+            f"`python -m pretrain.export RUN --output {hf_dir}` (RUN: a training run's "
+            "--output_dir)."
+        )
     from transformers import pipeline
 
     fill = pipeline("fill-mask", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
@@ -166,8 +181,8 @@ def prepare_output(out: Path) -> None:
     """Start clean in a folder this demo made before; refuse anyone else's non-empty folder."""
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).is_file():
-            raise SystemExit(
-                f"error: --output_dir {out} exists, is not empty and was not made by "
+            raise DemoError(
+                f"--output_dir {out} exists, is not empty and was not made by "
                 "the demo: choose another folder (or delete it)"
             )
         shutil.rmtree(out)
@@ -397,17 +412,21 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo (or one of its helper steps); 0 on success, 1 when a step failed."""
+    """Run the demo (or one of its helper steps); 0 on success, 1 when a step failed, 2 on
+    bad input."""
     p = build_parser()
     args = p.parse_args(argv)
-    if args.fill_mask:
-        fill_mask(args.fill_mask, args.fill_mask_out)
-        return 0
-    check_args(p, args)
     try:
+        if args.fill_mask:
+            fill_mask(args.fill_mask, args.fill_mask_out)
+            return 0
+        check_args(p, args)
         summary = run_demo(args)
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     except StepFailed as e:
-        print(f"\n[demo] {e}", file=sys.stderr)
+        log.error(str(e))
         return 1
     if summary:
         print_summary(summary)

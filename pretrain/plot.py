@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.logs import get_logger
 from pretrain.components.metrics import read_metrics
+
+log = get_logger(__name__)
 
 # (file stem, title, [(split, key), ...]) — one PNG per panel, plus one overview.
 PANELS = [
@@ -47,6 +51,10 @@ def _time_series(records: list[dict], key: str, elapsed_by_step: dict[int, float
                 xs.append(float(t))
                 ys.append(float(v))
     return xs, ys
+
+
+class PlotError(UserError, ValueError):
+    """A metrics file that is missing or holds nothing to plot."""
 
 
 def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
@@ -87,14 +95,16 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
 
     metrics_path = Path(metrics_path)
     if not metrics_path.is_file():
-        raise FileNotFoundError(f"{metrics_path}: no such metrics file (RUN/metrics.jsonl)")
+        raise PlotError(
+            f"{metrics_path}: no such metrics file (give RUN/metrics.jsonl of a training run)"
+        )
     # A mixture's per-source validation records have "source"; the overall one has none.
     data = {
         "train": read_metrics(metrics_path, "train"),
         "validation": [r for r in read_metrics(metrics_path, "validation") if "source" not in r],
     }
     if not data["train"]:
-        raise ValueError(f"{metrics_path}: no training records")
+        raise PlotError(f"{metrics_path}: no training records")
     out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -226,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             + plot_downstream(args.metrics, args.out)
             + plot_sources(args.metrics, args.out)
         )
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     for path in paths:
         print(path)
     return 0

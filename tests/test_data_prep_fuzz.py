@@ -294,9 +294,10 @@ def jsonl_lines(draw) -> list[Line]:
 
 
 def run_build(inputs: Path, out: Path, *extra: str) -> tuple[int, str]:
-    """`python -m data_prep build` in-process; (exit status, stderr). A traceback fails."""
+    """`python -m data_prep build` in-process; (exit status, its log: warnings on stdout, errors
+    on stderr, in order). A traceback fails."""
     err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
         rc = main(
             ["build", "--input", str(inputs), "--output", str(out), "--workers", "1"]
             + ["--progress", "off", *extra]
@@ -355,7 +356,7 @@ def check_build(
     where = {(bucket or {}).get(r, r): set() for r, _ in bad}
     for r, w in bad:
         where[(bucket or {}).get(r, r)].add(w)
-    warned = re.findall(r"^data_prep: skipped (.+?): .* \[(\w+)\]", err, re.M)
+    warned = re.findall(r"^\[data_prep\] WARNING: skipped (.+?): .* \[(\w+)\]", err, re.M)
     for reason, n in Counter((bucket or {}).get(r, r) for _, r in warned).items():
         assert n == min(by_reason[reason], REPORT_FIRST), (reason, err)
     for w, r in warned:
@@ -580,7 +581,7 @@ def test_fuzzed_random_and_corrupt_files(tok, tokenizer, data):
         m = json.loads((out / "manifest.json").read_text())
         bad = m["bad_records"]
         assert bad["count"] == sum(bad["by_reason"].values()) == sum(m["dropped"].values())
-        warned = re.findall(r"^data_prep: skipped .* \[(\w+)\]", err, re.M)
+        warned = re.findall(r"^\[data_prep\] WARNING: skipped .* \[(\w+)\]", err, re.M)
         for reason, n in Counter(warned).items():
             assert n == min(bad["by_reason"][reason], REPORT_FIRST)
         specials = {m["special_tokens"]["cls"], m["special_tokens"]["sep"]}

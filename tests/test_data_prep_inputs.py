@@ -34,7 +34,7 @@ def docs() -> list[str]:
 
 
 def build(capsys, inputs, out: Path, *extra: str, tokenizer: str | None = None) -> tuple[int, str]:
-    """Run `python -m data_prep build` in-process; returns (exit status, stderr)."""
+    """Run `python -m data_prep build` in-process; returns (exit status, stdout + stderr)."""
     args = [
         "build",
         "--input",
@@ -50,7 +50,8 @@ def build(capsys, inputs, out: Path, *extra: str, tokenizer: str | None = None) 
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     rc = main(args)
-    return rc, capsys.readouterr().err
+    got = capsys.readouterr()  # warnings and notes on stdout, errors on stderr
+    return rc, got.out + got.err
 
 
 def all_tokens(out: Path) -> list[np.ndarray]:
@@ -425,7 +426,7 @@ def test_killed_build_resumes_to_identical_shards(tmp_path, capsys, tok):
     assert (
         main(["build", "--input", str(corpus), "--output", str(out), "--workers", "2", *args]) == 0
     )
-    kept = re.search(r"resumed, (\d+) finished shard", capsys.readouterr().err)
+    kept = re.search(r"resumed, (\d+) finished shard", capsys.readouterr().out)
     assert kept and int(kept.group(1)) >= 5
     a, b = manifest(ref), manifest(out)
     assert a["splits"] == b["splits"] and a["dropped"] == b["dropped"]

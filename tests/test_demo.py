@@ -7,7 +7,7 @@ import shlex
 import pytest
 from conftest import run_cli
 
-from pretrain.demo import MARKER, prepare_output, write_corpus
+from pretrain.demo import MARKER, DemoError, prepare_output, write_corpus
 
 
 def test_plan_lists_every_step_with_its_command(tmp_path):
@@ -57,7 +57,7 @@ def test_output_dir_of_someone_else_is_not_overwritten(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "precious.txt").write_text("keep me")
-    with pytest.raises(SystemExit, match="was not made by the demo"):
+    with pytest.raises(DemoError, match="was not made by the demo"):
         prepare_output(theirs)
     assert (theirs / "precious.txt").read_text() == "keep me"
     ours = tmp_path / "ours"

@@ -367,6 +367,24 @@ def test_export_then_init_from_gives_identical_logits(own_run, english_shards, t
     torch.testing.assert_close(ours, ref[batch["labels"] != IGNORE_INDEX], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("own_run", [2], ids=["zero2"], indirect=True)
+def test_an_export_that_fails_its_check_publishes_nothing(own_run, tmp_path, monkeypatch):
+    from pretrain.components.checkpoint import CheckpointError
+    from pretrain.export import hf_export
+
+    def broken(out, nsp, mask_token=None):
+        raise CheckpointError(f"exported folder {out} does not load cleanly")
+
+    monkeypatch.setattr(hf_export, "verify_export", broken)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "earlier_export.txt").write_text("kept")
+    with pytest.raises(CheckpointError, match="does not load cleanly"):
+        hf_export.export(own_run, out)
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left
+    assert [p.name for p in out.iterdir()] == ["earlier_export.txt"]
+
+
 _ZERO3_SCRIPT = """
 import os, socket, sys
 with socket.socket() as s:

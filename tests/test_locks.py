@@ -57,8 +57,9 @@ def test_crashed_holder_on_this_host_is_taken_over_with_a_warning(tmp_path, caps
     _plant(path, HOST, dead)
     lock = FolderLock(path, "run folder X").acquire()
     assert lock.held and json.loads(path.read_text())["pid"] == os.getpid()
-    err = capsys.readouterr().err
-    assert f"taking over the lock of run folder X from pid {dead}" in err
+    out = capsys.readouterr().out  # a warning: stdout, as every log line below ERROR
+    said = f"[data_prep] WARNING: {path}: taking over the lock of run folder X from pid {dead}"
+    assert said in out
     lock.release()
 
 
@@ -134,7 +135,7 @@ def test_second_build_on_an_output_being_built_is_refused(english_corpus, tmp_pa
         timeout=300,
     )
     assert last.returncode == 0, last.stderr
-    assert f"taking over the lock of the merge of {out} from pid {dead}" in last.stderr
+    assert f"taking over the lock of the merge of {out} from pid {dead}" in last.stdout
     assert (out / "manifest.json").is_file() and not (out / ".work").exists()
 
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
 
 # Exit status of a rank whose group did not come up (distinct from Python's 1 for a traceback).
 EXIT_RENDEZVOUS = 3
@@ -239,7 +242,7 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         info = resolve_env()
         store = rendezvous(info, timeout_s)
     except RendezvousError as e:
-        print(f"[pretrain.distributed] ERROR: {e}", file=sys.stderr, flush=True)
+        log.error(str(e))
         raise SystemExit(EXIT_RENDEZVOUS) from None
     kwargs = {}
     if accel.device_name() == "cuda":

@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
+
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -52,15 +56,15 @@ class DownstreamJobs:
     @classmethod
     def for_run(cls, cfg, rank: int, metrics) -> DownstreamJobs:
         """The jobs of a run from its TrainConfig (inactive without --downstream_eval)."""
-        log = cfg.log
+        opts = cfg.log
         return cls(
             cfg.run.output_dir,
-            log.downstream_eval,
-            log.downstream_interval,
+            opts.downstream_eval,
+            opts.downstream_interval,
             rank=rank,
             metrics=metrics,
-            max_examples=log.downstream_max_examples,
-            device=log.downstream_device,
+            max_examples=opts.downstream_max_examples,
+            device=opts.downstream_device,
         )
 
     def after_save(self, step: int) -> None:
@@ -83,7 +87,7 @@ class DownstreamJobs:
             "--device",
             self.device,
         ]
-        log = open(self.root / f"step_{step:08d}.log", "w", encoding="utf-8")  # noqa: SIM115
+        job_log = open(self.root / f"step_{step:08d}.log", "w", encoding="utf-8")  # noqa: SIM115
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(
@@ -91,11 +95,16 @@ class DownstreamJobs:
             ),
         }
         self.running[step] = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_REPO, env=env
+            cmd,
+            stdout=job_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=_REPO,
+            env=env,
         )
-        log.close()  # the child holds its own descriptor
-        self.metrics.print(
-            f"[pretrain] downstream evaluation of step {step} started "
+        job_log.close()  # the child holds its own descriptor
+        log.info(
+            f"downstream evaluation of step {step} started "
             f"(log: {self.root / f'step_{step:08d}.log'})"
         )
 
@@ -119,12 +128,12 @@ class DownstreamJobs:
 
     def _collect(self, step: int, returncode: int) -> None:
         del self.running[step]
-        out, log = self.root / f"step_{step:08d}.jsonl", self.root / f"step_{step:08d}.log"
+        out, job_log = self.root / f"step_{step:08d}.jsonl", self.root / f"step_{step:08d}.log"
         if returncode != 0 or not out.is_file():
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
-            self.metrics.print(
-                f"[pretrain] WARNING: downstream evaluation of step {step} failed "
-                f"(exit {returncode}); see {log}: {' | '.join(tail)}"
+            tail = job_log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
+            log.warning(
+                f"downstream evaluation of step {step} failed "
+                f"(exit {returncode}); see {job_log}: {' | '.join(tail)}"
             )
             return
         for line in out.read_text(encoding="utf-8").splitlines():

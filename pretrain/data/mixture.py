@@ -22,7 +22,6 @@ masking key is (its source epoch, its index in the concatenation of the sources)
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,11 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import UserError
+from bertforge.logs import get_logger
 from data_prep.reader import Sample, SampleBatch, ShardReader
 from pretrain.data.loader import BatchPlan, GlobalSampler
+
+log = get_logger(__name__)
 
 COMPARED = ("tokenizer fingerprint", "max_seq_len", "format")
 
@@ -340,17 +342,15 @@ def validation_readers(
         try:
             reader = MixtureReader([s], "validation", verify=verify, source_ids=[k])
         except ValueError as e:  # no validation split in that build
-            print(
-                f"warning: source {s.name} ({s.path}) has no validation split ({e}); it gets "
-                "no validation records",
-                file=sys.stderr,
+            log.warning(
+                f"source {s.name} ({s.path}) has no validation split ({e}); it gets "
+                "no validation records"
             )
             continue
         if len(reader) == 0:
-            print(
-                f"warning: source {s.name} ({s.path}) has no validation sequences; it gets no "
-                "validation records",
-                file=sys.stderr,
+            log.warning(
+                f"source {s.name} ({s.path}) has no validation sequences; it gets no "
+                "validation records"
             )
             continue
         out.append((s.name, reader))

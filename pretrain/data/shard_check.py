@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
 from data_prep import layout
 from data_prep.layout import MANIFEST
 from data_prep.reader import ShardError, check_file, load_manifest
+
+log = get_logger(__name__)
 
 RECORD = "verified_shards.json"
 
@@ -33,7 +36,7 @@ def _read_record(path: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        print(f"[pretrain] WARNING: {path} is unreadable; verifying the shards again", flush=True)
+        log.warning(f"{path} is unreadable; verifying the shards again")
         return {}
     return record.get("folders", {}) if isinstance(record, dict) else {}
 
@@ -50,12 +53,11 @@ def verify_folder(root: Path, rank: int = 0, world: int = 1) -> int:
         for fname, expected in shard["files"].items()
     ]
     total = sum(int(expected.get("bytes", 0)) for _, expected in files)
-    if rank == 0:  # said first: on a large corpus the read takes minutes
-        print(
-            f"[pretrain] checking the sha256 of {len(files)} shard files ({total / 1e9:.2f} GB) "
-            f"in {root} on {world} rank(s), once for this run folder",
-            flush=True,
-        )
+    # Said first (rank 0 speaks): on a large corpus the read takes minutes.
+    log.info(
+        f"checking the sha256 of {len(files)} shard files ({total / 1e9:.2f} GB) "
+        f"in {root} on {world} rank(s), once for this run folder"
+    )
     mine = files[rank::world]
     for path, expected in mine:
         check_file(path, expected, "full")
@@ -93,12 +95,9 @@ def verify_once(
                 f"{root}: a shard file failed its sha256 check on another rank "
                 "(its log names the file); rebuild or re-copy the shard folder"
             )
-        if rank == 0:
-            print(
-                f"[pretrain] sha256 of the shard files in {root} verified (done once; "
-                f"remembered in {record_path})",
-                flush=True,
-            )
+        log.info(
+            f"sha256 of the shard files in {root} verified (done once; remembered in {record_path})"
+        )
         done[str(root)] = {
             "manifest_sha256": digest,
             "verified": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),

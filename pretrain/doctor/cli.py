@@ -26,11 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from bertforge.errors import UserError
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.logs import get_logger
 from pretrain.config.batching import BatchPlan
-from pretrain.config.ds_config import activation_checkpointing_mode
+from pretrain.config.ds_config import ConfigError, activation_checkpointing_mode, load_user_config
 from pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
-from pretrain.data.mixture import MixtureError, parse_mixture
+from pretrain.data.mixture import parse_mixture
 from pretrain.doctor import probe as doctor_probe
 from pretrain.doctor.checks import (
     FAIL,
@@ -44,6 +45,8 @@ from pretrain.doctor.checks import (
     version_rows,
 )
 from pretrain.doctor.memory_estimate import model_shape
+
+log = get_logger(__name__)
 
 # Variables the DeepSpeed launcher forwards to remote ranks (runner.py EXPORT_ENVS + NCCL).
 EXPORT_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
@@ -291,12 +294,11 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     raises for a finding (each becomes a row)."""
     cwd = Path(opts.workdir).absolute()
     sources = parse_mixture(cfg.run.data_sources)
-    try:
-        ds = json.loads(Path(cfg.run.ds_config).read_text())
-    except (OSError, ValueError) as e:
-        return [
-            Row("ds_config", "-", FAIL, f"{cfg.run.ds_config}: {e}", "pass a readable JSON file")
-        ]
+    try:  # the trainer's reader: a syntax error is named by file:line:column
+        ds = load_user_config(cfg.run.ds_config)
+    except (OSError, ConfigError) as e:
+        detail = str(e) if isinstance(e, ConfigError) else f"{cfg.run.ds_config}: {e}"
+        return [Row("ds_config", "-", FAIL, detail, "pass a readable JSON file")]
     hosts, rows = host_rows(opts)
     if hosts is None:
         return rows
@@ -368,8 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--data is required: the shard folder the launch will train on")
     try:
         rows = run_checks(cfg, opts)
-    except MixtureError as e:
-        parser.error(str(e))
+    except UserError as e:  # a --data mixture that cannot be used
+        log.error(str(e))
+        return USER_ERROR_EXIT
     failed = [r for r in rows if r.status == FAIL]
     if cfg.run.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))

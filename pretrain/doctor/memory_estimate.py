@@ -11,10 +11,12 @@ each layer's input (2·s·b·h) is kept, plus one layer being recomputed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from data_prep.layout import MANIFEST
+from data_prep.reader import ShardError, load_manifest
 
 if TYPE_CHECKING:
     from pretrain.model.bert import ModelConfig
@@ -107,10 +109,14 @@ def model_shape(
     folder is not on this node). Shared layers hold their weights once but still each compute
     (and keep activations) per layer, so `layers` stays num_hidden_layers."""
     vocab, nsp, max_len = 30522, False, 128
-    manifest = data / "manifest.json"
-    if manifest.is_file():
-        m = json.loads(manifest.read_text())
-        vocab, nsp, max_len = m["tokenizer"]["vocab_size"], m["format"] == "nsp", m["max_seq_len"]
+    if (data / MANIFEST).is_file():
+        try:
+            m = load_manifest(data)
+        except ShardError:  # the data check reports the folder; estimate with the defaults
+            m = None
+        if m is not None:
+            vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
+            max_len = m["max_seq_len"]
     n, (cfg, padded) = count_params(model, vocab, nsp)
     return ModelShape(
         cfg.name,

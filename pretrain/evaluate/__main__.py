@@ -19,10 +19,13 @@ import sys
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import Recipe
-from pretrain.evaluate.models import ModelError
 from pretrain.evaluate.report import markdown_table, plot_steps, write_results
 from pretrain.evaluate.tasks import TASK_TYPES, TaskError, TaskSpec, load_task, load_task_file
+
+log = get_logger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,11 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.evaluate.runner import evaluate_models
 
     args = _parser().parse_args(argv)
-    if args.seeds < 1:
-        print("error: --seeds must be at least 1", file=sys.stderr)
-        return 2
     out = Path(args.out)
     try:
+        if args.seeds < 1:
+            raise TaskError("--seeds must be at least 1")
         tasks = [load_task(s) for s in _task_specs(args)]
         device = torch.device(args.device) if args.device else None
         results = evaluate_models(
@@ -112,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             device,
             workdir=str(out / "models"),
         )
-    except (TaskError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     json_path, md_path = write_results(out, results)
     print(markdown_table(results))
     for path in [json_path, md_path, *plot_steps(results, out)]:

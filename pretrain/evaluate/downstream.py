@@ -36,10 +36,14 @@ from typing import Any
 import torch
 
 from bertforge.cli import ArgumentParser
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import encode, recipe_for, run_once
 from pretrain.evaluate.models import ModelSource
 from pretrain.evaluate.runner import default_device
 from pretrain.evaluate.tasks import TaskData, load_task, load_task_file
+
+log = get_logger(__name__)
 
 
 def load_downstream_tasks(path: str | Path, max_examples: int | None = 2000) -> list[TaskData]:
@@ -124,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     Lets the trainer run the evaluation in a background process after a checkpoint (no rank
     waits for it) and read the records back when the process has finished.
     """
-    from pretrain.evaluate.models import ModelError, materialize, resolve
-    from pretrain.evaluate.tasks import TaskError
+    from pretrain.evaluate.models import materialize, resolve
 
     p = ArgumentParser(prog="python -m pretrain.evaluate.downstream", description=main.__doc__)
     p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")
@@ -140,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         tasks = load_downstream_tasks(args.tasks, args.max_examples)
         workdir = Path(tempfile.mkdtemp(prefix="bertforge_downstream_"))
         source = ModelSource.from_hf_dir(materialize(refs[-1], workdir))
-    except (TaskError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     device = torch.device(args.device) if args.device else None
     records = [
         {"step": refs[-1].step, **r} for r in evaluate_source(source, tasks, args.seed, device)

@@ -19,15 +19,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser
-from pretrain.components.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
-from pretrain.components.checkpoint_files import consolidated_state_dict
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.files import publish_dir
+from bertforge.logs import get_logger
+from pretrain.components.checkpoint import (
+    CheckpointError,
+    is_complete,
+    list_complete,
+    read_state,
+    resolve_resume,
+)
+from pretrain.components.checkpoint_files import MARKER, consolidated_state_dict
 from pretrain.export.model_card import write_model_card
+
+log = get_logger(__name__)
 
 
 def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
@@ -41,6 +51,33 @@ def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
     if data and Path(data, "tokenizer").is_dir():
         return Path(data, "tokenizer")
     raise CheckpointError(f"no tokenizer found in {run}/tokenizer or the run's --data folder")
+
+
+def find_checkpoint(run: Path, checkpoint: str | None = None) -> Path:
+    """The checkpoint to export: ``checkpoint``, else the newest complete one of ``run``; a
+    CheckpointError naming the path and where checkpoints are found when there is none."""
+    where = Path(checkpoint) if checkpoint else run
+    flag = "--checkpoint" if checkpoint else "export"  # names the command in the messages
+    how = (
+        "Give the --output_dir of a training run that saved a checkpoint (its checkpoints/ "
+        f"folder holds step_* folders with a {MARKER} marker), or one such folder with "
+        "--checkpoint; `ls RUN/checkpoints` lists them."
+    )
+    if not where.exists():
+        raise CheckpointError(
+            f"{flag} {where}: no such folder, so no complete checkpoint there. {how}"
+        )
+    if not (
+        is_complete(where)
+        or list_complete(where)
+        or list_complete(where / "checkpoints")
+        or where.name.startswith("step_")  # an unfinished one: resolve_resume says so
+    ):
+        raise CheckpointError(f"{flag} {where}: no complete checkpoint there. {how}")
+    ckpt = resolve_resume(str(where), run, flag=flag)  # a run folder: its newest
+    if ckpt is None or not is_complete(ckpt):
+        raise CheckpointError(f"{run}: no complete checkpoint to export")
+    return ckpt
 
 
 def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[str, Any]:
@@ -79,10 +116,7 @@ def export(
     from pretrain.model.bert import ModelConfig, build_model
 
     run = Path(run)
-    flag = "export"  # names the command in resolve_resume's messages
-    ckpt = resolve_resume(checkpoint or str(run), run, flag=flag)  # a run folder: its newest
-    if ckpt is None or not is_complete(ckpt):
-        raise CheckpointError(f"{run}: no complete checkpoint to export")
+    ckpt = find_checkpoint(run, checkpoint)
     state = read_state(ckpt)
     model_cfg = ModelConfig(**state["config"]["model_cfg"])
     nsp = bool(state.get("nsp", False))
@@ -112,22 +146,6 @@ def export(
         )
     hf_model.tie_weights()
     output = Path(output)
-    tmp = output.with_name(output.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with torch.no_grad():
-        hf_model.save_pretrained(str(tmp), safe_serialization=True)
-    tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
-    tok.save_pretrained(str(tmp))
-    write_model_card(
-        tmp,
-        run,
-        state,
-        architecture=model.hf_architecture,
-        tokenizer=tok,
-        parameters=sum(p.numel() for p in hf_model.parameters()),
-        language=language,
-        datasets=datasets,
-    )
     result: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "step": state["step"],
@@ -135,10 +153,25 @@ def export(
         "architecture": model.hf_architecture,
         "share_layers": model.share_layers,
     }
-    if verify:
-        result.update(verify_export(tmp, nsp))
-    shutil.rmtree(output, ignore_errors=True)
-    os.replace(tmp, output)
+    # Published (replacing an earlier export) only once it is written and, unless --no_verify,
+    # reloads cleanly: a failed check leaves the old folder as it was.
+    with publish_dir(output, replace=True) as tmp:
+        with torch.no_grad():
+            hf_model.save_pretrained(str(tmp), safe_serialization=True)
+        tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
+        tok.save_pretrained(str(tmp))
+        write_model_card(
+            tmp,
+            run,
+            state,
+            architecture=model.hf_architecture,
+            tokenizer=tok,
+            parameters=sum(p.numel() for p in hf_model.parameters()),
+            language=language,
+            datasets=datasets,
+        )
+        if verify:
+            result.update(verify_export(tmp, nsp))
     return result
 
 
@@ -170,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             language=args.language,
             datasets=args.dataset,
         )
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     print(
         f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
         f"to {res['output']}"

@@ -15,6 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from data_prep.reader import ShardError, load_manifest
 from pretrain.components.metrics import read_metrics
 
 LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
@@ -67,13 +68,21 @@ def _header(language: list[str], datasets: list[str]) -> list[str]:
     return lines
 
 
+def _manifest_or_none(folder: Path) -> dict[str, Any] | None:
+    """The shard folder's manifest, or None when it is gone or unreadable (the card then says
+    what the checkpoint recorded)."""
+    try:
+        return load_manifest(folder)
+    except ShardError:
+        return None
+
+
 def _data_lines(data: list[dict[str, Any]]) -> list[str]:
     out = []
     for src in data:
         line = f"- `{src.get('name')}` ({src.get('path')}), weight {src.get('weight')}"
-        manifest = Path(str(src.get("path")), "manifest.json")
-        if manifest.is_file():
-            m = json.loads(manifest.read_text(encoding="utf-8"))
+        m = _manifest_or_none(Path(str(src.get("path"))))
+        if m is not None:
             splits = ", ".join(
                 f"{name}: {s.get('documents', 0):,} documents, "
                 f"{s.get('sequences', 0):,} sequences, {s.get('tokens', 0):,} tokens"
