@@ -26,8 +26,9 @@ python pretrain/main.py --data runs/domain/shards --init_from $BASE --output_dir
     --global_batch_size 32 --micro_batch_size 32 --eval_interval 100 --progress false
 # 6. export (the extended tokenizer goes with the model), then fill-mask before and after
 python -m pretrain.export runs/domain/run --output runs/domain/hf_model
-python -m pretrain.demo --fill_mask $BASE                 # the demo's general sentences
-python -m pretrain.demo --fill_mask runs/domain/hf_model
+for model in $BASE runs/domain/hf_model; do             # the demo's general sentences, both models
+    echo "$model"; python -m pretrain.demo --fill_mask $model
+done
 python - <<'PY'                                           # domain sentences, both models
 from transformers import pipeline
 sentences = [

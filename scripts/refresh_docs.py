@@ -58,8 +58,8 @@ def _continued(lines: list[str]) -> list[str]:
     """The continued-pretraining recipe's excerpt: what each step reports, not its progress."""
     keep = re.compile(
         r"^(\d+ docstrings|added \d+ tokens|    \d+ '|tokens per character|train: |validation: "
-        r"|\[pretrain\S*\] (initialised|vocabulary)|validation step|exported |runs/|  \S.*\[MASK\]"
-        r"|      -> )"
+        r"|\[pretrain[^\]]*\] (initialised|vocabulary)|validation step|exported |runs/"
+        r"|  \S.*\[MASK\]|      -> )"
     )
     out, token_rows = [], 0
     for line in lines:
