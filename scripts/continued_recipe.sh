@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The continued-pretraining recipe of docs/continued.md, line for line (tests/test_docs.py keeps the
 # two equal): `make demo` first (its runs/demo/hf_model is the base), then `bash
-# scripts/continued_recipe.sh` from the repository root (about 3 minutes on 2 CPU cores).
+# scripts/continued_recipe.sh` from the repository root (about 4 minutes on 2 CPU cores).
 # `make docs` runs it to refresh the output pasted in docs/continued.md.
 set -euo pipefail
+rm -rf runs/domain  # the recipe starts afresh in its own folder (a rerun would resume or refuse)
 mkdir -p runs/domain
 # --- the recipe, as docs/continued.md prints it ---
 export OMP_NUM_THREADS=1
