@@ -29,9 +29,9 @@ def test_readme_is_short_and_links_every_page():
         assert f"(docs/{page.name}" in readme, f"README.md does not link docs/{page.name}"
 
 
-def test_every_fenced_output_is_marked_and_every_marker_parses():
-    # Any block right after a marker is one the script refreshes; a marker with a typo in its
-    # flags would raise in blocks(); a marker not followed by a fenced block is an error too.
+def test_every_marker_has_its_block_and_parses():
+    # The block right after a marker is the one the script refreshes; a typo in a marker's flags
+    # raises in blocks(); a marker not followed by a fenced block would be skipped silently.
     for doc in refresh_docs.pages():
         text = doc.read_text(encoding="utf-8")
         markers = len(re.findall(r"^<!-- output", text, flags=re.MULTILINE))
