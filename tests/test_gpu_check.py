@@ -116,7 +116,7 @@ def test_unknown_part_is_refused(tmp_path, capsys):
 
 
 def documented_gpu_check_commands() -> list[list[str]]:
-    """argv of every gpu_check command line in README.md and docs/benchmarks.md, and the one
+    """argv of every gpu_check command line in README.md and docs/*.md, and the one
     `make gpu-check` runs."""
     from test_kernels_bench import documented_commands
 

@@ -1,6 +1,6 @@
 """The kernel benchmark (benchmarks/bench_kernels.py, also `python -m kernels.bench`).
 
-Every command line that README.md and docs/benchmarks.md show runs, at a tiny shape, exactly as
+Every command line that README.md and the docs/ pages show runs, at a tiny shape, exactly as
 written plus shape flags; the report never hides a failure; the thin entry explains itself when the
 benchmark is not next to the package.
 """
@@ -19,7 +19,8 @@ from conftest import REPO, run_cli
 
 from benchmarks import bench_kernels
 
-DOCS = ("README.md", "docs/benchmarks.md")
+# The README and every page of the manual in docs/ (docs/kernel.md, docs/gpu_check.md, ...).
+DOCS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
 ENTRIES = ("kernels.bench", "benchmarks/bench_kernels.py")
 # Appended to every documented command: later flags win in argparse, so the command stays as
 # written and only gets small. --no-compile: torch.compile takes minutes on the CI's 2 cores.
