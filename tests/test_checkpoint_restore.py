@@ -107,7 +107,7 @@ def _train_two_steps(cfg):
 
 
 def _resume_point(cfg, reader):
-    from pretrain.components.checkpoint import find_resume
+    from pretrain.components.resume import find_resume
 
     return find_resume(
         "auto",
@@ -159,7 +159,8 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
     english_shards, tmp_path, one_rank_group
 ):
-    from pretrain.components.checkpoint import CheckpointManager, ResumePoint
+    from pretrain.components.checkpoint import CheckpointManager
+    from pretrain.components.resume import ResumePoint
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)

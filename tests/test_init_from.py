@@ -16,12 +16,8 @@ from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
 from data_prep.tokenizer import import_tokenizer, train_wordpiece
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.model.bert import PRESETS, build_model, padded_vocab
-from pretrain.model.init_from import (
-    InitError,
-    init_model_config,
-    load_initial_weights,
-    read_init_config,
-)
+from pretrain.model.init_from import load_initial_weights
+from pretrain.model.init_source import InitError, init_model_config, read_init_config
 
 ARCH = {
     "hidden_size": 32,
@@ -333,8 +329,8 @@ def own_run(request, english_shards, tmp_path_factory) -> Path:
 
 
 def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
-    from pretrain.components.checkpoint import find_latest
     from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.components.resume import find_latest
 
     ckpt = find_latest(own_run / "checkpoints")
     source = consolidated_state_dict(ckpt)
@@ -376,7 +372,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
                   LOCAL_RANK="0")
 import dataclasses, torch, deepspeed
 from safetensors.torch import load_file
-from pretrain.model.init_from import init_model_config, load_initial_weights
+from pretrain.model.init_from import load_initial_weights
+from pretrain.model.init_source import init_model_config
 from pretrain.model.bert import PRESETS, build_model
 folder, vocab = sys.argv[1], int(sys.argv[2])
 deepspeed.init_distributed("gloo")

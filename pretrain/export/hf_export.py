@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pretrain.components.checkpoint import CheckpointError, is_complete, read_state, resolve_resume
-from pretrain.components.checkpoint_files import consolidated_state_dict
+from pretrain.components.checkpoint_files import consolidated_state_dict, is_complete
+from pretrain.components.resume import CheckpointError, read_state, resolve_resume
 from pretrain.export.model_card import write_model_card
 
 
