@@ -97,9 +97,9 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
 
 def _tiny_engine(shards: Path, run: Path, *extra: str):
     from data_prep.reader import ShardReader
+    from pretrain.build import build_encoder, build_engine
     from pretrain.config.ds_config import resolve_deepspeed_config
     from pretrain.config.train_config import parse_args
-    from pretrain.main import build_engine, build_model
 
     cfg = parse_args(
         ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards)]
@@ -107,7 +107,7 @@ def _tiny_engine(shards: Path, run: Path, *extra: str):
         + ["--micro_batch_size", "4", "--progress", "false", *extra]
     )
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=False)
-    model, _ = build_model(cfg, ShardReader(cfg.run.data_sources[0], "train"), setup)
+    model, _ = build_encoder(cfg, ShardReader(cfg.run.data_sources[0], "train"), setup)
     engine, _ = build_engine(cfg, model, setup.config)
     return cfg, engine
 

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 def _engine(shards: Path, run: Path):
     from data_prep.reader import ShardReader
+    from pretrain.build import build_encoder, build_engine
     from pretrain.config.ds_config import resolve_deepspeed_config
     from pretrain.config.train_config import parse_args
-    from pretrain.main import build_engine, build_model
 
     cfg = parse_args(
         [
@@ -44,7 +44,7 @@ def _engine(shards: Path, run: Path):
     )
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=False)
     reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_model(cfg, reader, setup)
+    model, _ = build_encoder(cfg, reader, setup)
     engine, _ = build_engine(cfg, model, setup.config)
     return cfg, engine
 

@@ -69,21 +69,21 @@ class InitReport:
         return asdict(self)
 
     def summary(self) -> str:
-        """One paragraph for the rank-0 console."""
+        """One paragraph for the rank-0 console (one log line per line)."""
         v = self.vocabulary
         new = f" {self.newly_initialised}" if self.newly_initialised else ""
         ignored = f" {self.ignored}" if self.ignored else ""
         head = (
-            f"[pretrain] initialised from {self.source} ({self.kind}): {len(self.loaded)} "
+            f"initialised from {self.source} ({self.kind}): {len(self.loaded)} "
             f"tensors loaded, {len(self.newly_initialised)} newly initialised{new}, "
             f"{len(self.ignored)} ignored{ignored}"
         )
         vocab = (
-            f"[pretrain] vocabulary: {v.get('relation')}, {v.get('new_count', 0)} new rows "
+            f"vocabulary: {v.get('relation')}, {v.get('new_count', 0)} new rows "
             "initialised as the mean of their base pieces"
         )
         lines = [head, vocab]
-        lines += [f"[pretrain] note: {n}" for n in self.notes]
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
