@@ -1,10 +1,13 @@
 """`python pretrain/main.py --data DIR --dry-run [--json] [--show_masks N]`: build everything,
 train nothing.
 
-Opens the shards, builds the model and the training loader exactly as a run would, draws the first
-batches and reports the resolved configuration, the parameter count, FLOPs per token, the shards'
-summary and the realised masking statistics (so a wrong mask_prob, a missing whole-word setting or
-a mismatched vocabulary shows before any GPU time is spent).
+Runs the checks a real launch runs before its rendezvous (:func:`pretrain.build.resolve_run`: the
+shards, --init_from, the resume point, the DeepSpeed config for this world size) and fails the same
+way (exit 2 with the same message), then builds the model and the training loader exactly as a
+run would, draws the first batches at the resolved micro-batch and reports the resolved
+configuration, the parameter count, FLOPs per token, the shards' summary and the realised masking
+statistics (so a wrong mask_prob, a missing whole-word setting or a mismatched vocabulary shows
+before any GPU time is spent).
 """
 
 from __future__ import annotations
@@ -14,9 +17,30 @@ import json
 import sys
 from typing import Any
 
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.logs import get_logger
+from pretrain.build import resolve_run, resolved_flags
 from pretrain.data.loader import DataConfig, build_loader
 from pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
+from pretrain.data.mixture import open_training, parse_mixture
+from pretrain.data.show_masks import format_shown
+from pretrain.data.show_masks import show_masks as shown_masks
 from pretrain.model.bert import ModelConfig, build_model, padded_vocab, resolve_config
+
+log = get_logger(__name__)
+DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with every float rounded to :data:`DISPLAY_DIGITS` significant digits, for
+    display (nested dicts and lists too)."""
+    if isinstance(value, float):
+        return float(f"{value:.{DISPLAY_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
 
 
 def shards_summary(reader) -> dict[str, Any]:
@@ -78,6 +102,7 @@ def run_dry_run(
     extra_config: dict | None = None,
     stream=None,
     show_masks: int = 0,
+    reader=None,
 ) -> dict[str, Any]:
     """Build reader, model and loader; draw `num_batches` training batches; print and return
     the report.
@@ -86,11 +111,11 @@ def run_dry_run(
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
     show_masks: also decode that many training sequences with each masked position marked
     (:mod:`pretrain.data.show_masks`; under "show_masks" in the report).
+    reader: the training reader of ``data`` when the caller opened it already.
     """
-    from pretrain.data.mixture import open_training, parse_mixture
-
     stream = stream or sys.stdout
-    reader = open_training(parse_mixture(data), verify=data_cfg.verify)
+    if reader is None:
+        reader = open_training(parse_mixture(data), verify=data_cfg.verify)
     resolved = resolve_config(model_cfg, reader.vocab_size)
     model = build_model(
         resolved, reader.vocab_size, nsp=reader.format == "nsp", max_seq_len=reader.max_seq_len
@@ -125,10 +150,9 @@ def run_dry_run(
         "shards": shards_summary(reader),
         "masking": masking,
     }
+    report = rounded(report)
     if show_masks > 0:
-        from pretrain.data.show_masks import show_masks as shown
-
-        report["show_masks"] = shown(
+        report["show_masks"] = shown_masks(
             loader, show_masks, str(reader.tokenizer_path / "tokenizer.json")
         )
     if as_json:
@@ -191,39 +215,41 @@ def format_report(r: dict[str, Any]) -> str:
         ),
     ]
     if "show_masks" in r:
-        from pretrain.data.show_masks import format_shown
-
         lines.append(format_shown(r["show_masks"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
+def _import_deepspeed_quietly() -> None:
+    """Import DeepSpeed with its logger bound to stderr: it writes to the ``sys.stdout`` it finds
+    at import (an accelerator line on a CPU), and the report (``--json``) must be all of stdout."""
+    saved, sys.stdout = sys.stdout, sys.stderr
+    try:
+        import deepspeed  # noqa: F401
+    finally:
+        sys.stdout = saved
+
+
 def main(cfg) -> int:
     """Dry run for the trainer's parsed TrainConfig (`pretrain/main.py --dry-run [--json]`)."""
+    _import_deepspeed_quietly()
     try:
-        from data_prep.reader import ShardError
-    except ImportError:  # pragma: no cover
-        ShardError = ValueError
-    extra = {
-        k: v for k, v in cfg.to_dict().items() if k not in ("model_cfg", "masking", "data_cfg")
-    }
-    try:
-        if cfg.run.init_from:  # report the checkpoint's architecture, as the run will build it
-            from pretrain.data.mixture import open_training, parse_mixture
-            from pretrain.model.init_from import init_architecture
-
-            seq_len = open_training(parse_mixture(cfg.run.data_sources), "none").max_seq_len
-            cfg.model_cfg = init_architecture(cfg, seq_len)
+        run = resolve_run(cfg)  # the launch's own checks, before any rendezvous
+        flags = resolved_flags(cfg, run.setup)
+        extra = {k: v for k, v in flags.items() if k not in ("model_cfg", "masking", "data_cfg")}
+        extra["world_size"] = run.setup.batch.world_size
         run_dry_run(
             cfg.run.data_sources,
             cfg.model_cfg,
             cfg.masking,
             cfg.data_cfg,
             as_json=cfg.run.json,
-            micro_batch_size=cfg.batch.micro_batch_size or 32,
+            micro_batch_size=run.setup.batch.micro_batch,
             extra_config=extra,
             show_masks=cfg.run.show_masks,
+            reader=run.train_reader,
         )
-    except (ShardError, ValueError) as e:  # CheckpointError (--init_from) is a ValueError
-        print(f"[pretrain] ERROR: {e}", file=sys.stderr, flush=True)
-        return 2
+    # A shard found corrupt while drawing batches is the loader's ValueError.
+    except (UserError, ValueError) as e:
+        log.error(str(e))
+        return USER_ERROR_EXIT
     return 0

@@ -3,15 +3,18 @@
 :class:`Trainer` owns the loop and the two things it computes itself (a training step over one
 global batch and a validation pass). Everything else decides for itself when it is due: the
 :class:`~pretrain.components.checkpoint.CheckpointManager` (interval, minutes, signals, agreed
-across ranks),
-the :class:`~pretrain.components.metrics.MetricsWriter` (what goes to the console, metrics.jsonl and
-TensorBoard). Built by :func:`pretrain.main.train`.
+across ranks), the :class:`~pretrain.components.metrics.MetricsWriter` (what goes to the console,
+metrics.jsonl and TensorBoard), the stability guard's step and rollback
+(:class:`~pretrain.components.guarded_step.GuardedStep`). Built by
+:func:`pretrain.build.build_training` from a few grouped parts: :class:`StepSetup`,
+:class:`TrainData`, :class:`RunOutputs` and :class:`RunClock`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,21 +26,15 @@ from pretrain.components.checkpoint import (
     CheckpointManager,
     CheckpointSaveError,
     PreemptionHandler,
-    find_latest,
-    read_state,
 )
 from pretrain.components.distributed import sum_across_ranks
 from pretrain.components.downstream_jobs import DownstreamJobs
 from pretrain.components.faults import SPIKE_FACTOR
-from pretrain.components.guard import (
-    EXIT_GAVE_UP,
-    StabilityGuard,
-    Verdict,
-    can_discard,
-    discard_update,
-)
+from pretrain.components.guard import EXIT_GAVE_UP, Verdict
+from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, StepTimer
 from pretrain.components.optim import current_lr
+from pretrain.config.batching import BatchPlan
 from pretrain.config.train_config import TrainConfig
 from pretrain.data.loader import build_loader
 from pretrain.data.masking import merge_stats
@@ -118,69 +115,74 @@ def _iterate(loader):
         return iter(loader)
 
 
+@dataclass
+class StepSetup:
+    """What a step runs on: the DeepSpeed engine, the batch plan, this rank's device and place."""
+
+    engine: Any  # deepspeed.DeepSpeedEngine
+    plan: BatchPlan  # micro-batch, gradient accumulation, global batch
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+
+
+@dataclass
+class TrainData:
+    """The training loader (at the run's data position) and the validation readers."""
+
+    loader: Any  # torch DataLoader over a ShardReader or MixtureReader
+    val_readers: list = field(default_factory=list)  # [(source name, validation reader)]
+
+
+@dataclass
+class RunOutputs:
+    """Where the run's results go: metrics (console, metrics.jsonl, TensorBoard), checkpoints
+    and what every checkpoint records besides the step and the data position."""
+
+    metrics: MetricsWriter
+    ckpts: CheckpointManager
+    base_state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunClock:
+    """The run's time budget over all launches, and the lr clock of --schedule_clock time."""
+
+    budget: TimeBudget
+    lr_clock: TimeClockLR | None = None
+
+
 class Trainer:
     """The optimizer-step loop with validation, metrics, checkpoints and preemption."""
 
     def __init__(
         self,
         cfg: TrainConfig,
-        engine,
-        plan,
-        loader,
-        val_readers: list,
-        device: torch.device,
-        metrics: MetricsWriter,
-        ckpts: CheckpointManager,
+        place: StepSetup,
+        data: TrainData,
+        outputs: RunOutputs,
+        clock: RunClock | None = None,
         *,
-        base_state: dict[str, Any],
-        rank: int,
-        world: int,
-        budget: TimeBudget | None = None,
-        lr_clock: TimeClockLR | None = None,
         downstream: DownstreamJobs | None = None,
-        guard_state: dict[str, Any] | None = None,
+        guard: GuardedStep | None = None,
     ):
-        self.cfg, self.engine, self.plan, self.device = cfg, engine, plan, device
-        self.loader, self.val_readers = loader, val_readers  # [(source name, reader)]
-        self.metrics, self.ckpts, self.base_state = metrics, ckpts, base_state
-        self.rank, self.world = rank, world
-        self.budget = budget or TimeBudget(cfg.run.max_time_hours)
-        sources = getattr(loader.dataset.reader, "sources", None)  # a mixture's, in id order
+        self.cfg, self.place, self.data, self.outputs = cfg, place, data, outputs
+        self.clock = clock or RunClock(TimeBudget(cfg.run.max_time_hours))
+        self.downstream, self.guard = downstream, guard
+        # Shorthands the step and the loop use on every line.
+        self.engine, self.plan, self.device = place.engine, place.plan, place.device
+        self.rank, self.world = place.rank, place.world
+        self.metrics, self.ckpts, self.budget = outputs.metrics, outputs.ckpts, self.clock.budget
+        sources = getattr(data.loader.dataset.reader, "sources", None)  # a mixture's, in id order
         self.source_names = [src.name for src in sources] if sources else []
-        self.lr_clock = lr_clock
-        self.downstream = downstream
-        self.faults = ckpts.faults  # one plan per launch: the save faults fire in the manager
+        self.faults = self.ckpts.faults  # one plan per launch: the save faults fire in the manager
         if self.faults:
-            metrics.print(self.faults.describe())
-        self.guard = self._build_guard(guard_state) if cfg.guard.stability_guard else None
-
-    def _build_guard(self, state: dict[str, Any] | None) -> StabilityGuard:
-        """The stability guard with a resumed run's state; its lr factor is already in the
-        restored schedule's base lrs, or is applied here to a time clock's peak."""
-        from pretrain.config.ds_config import ConfigError
-
-        if not can_discard(self.engine.optimizer):
-            raise ConfigError(
-                f"the stability guard needs a ZeRO optimizer (stage 1-3) to skip an update; "
-                f"this one is {type(self.engine.optimizer).__name__}. Use ZeRO or "
-                "--no_stability_guard."
-            )
-        scheduler = self.engine.lr_scheduler
-        if self.cfg.guard.guard_lr_factor != 1.0 and self.lr_clock is None:
-            if not hasattr(scheduler, "base_lrs"):
-                raise ConfigError(
-                    "--guard_lr_factor needs the trainer's own lr schedule; the DeepSpeed config "
-                    "brings a scheduler block. Remove it, or keep --guard_lr_factor 1.0."
-                )
-        guard = StabilityGuard(self.cfg.guard, state, fp16=self.engine.fp16_enabled())
-        if self.lr_clock is not None:
-            self.lr_clock.peak_lr *= guard.lr_factor
-        return guard
+            self.metrics.print(self.faults.describe())
 
     def run(self, step: int, consumed: int) -> int:
         """Train from ``step`` to ``max_steps``; returns the exit status."""
         max_steps, eval_interval = self.cfg.run.max_steps, self.cfg.log.eval_interval
-        preempt, timer, batches = PreemptionHandler(), StepTimer(), _iterate(self.loader)
+        preempt, timer, batches = PreemptionHandler(), StepTimer(), _iterate(self.data.loader)
         try:
             while step < max_steps:
                 timer.restart()
@@ -196,7 +198,7 @@ class Trainer:
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
                 if self.guard:
-                    action, step = self._guard_step(verdict, rec, step, consumed)
+                    action, step = self.guard.judge(verdict, rec, step, consumed)
                     if action == "give_up":
                         return EXIT_GAVE_UP
                     if action == "rollback":
@@ -238,8 +240,8 @@ class Trainer:
         """Gradient accumulation over one global batch; returns the step's (global) numbers and
         the guard's verdict on its loss (None without the guard), judged before the update."""
         eng, accum = self.engine, self.plan.grad_accum
-        if self.lr_clock is not None:  # a time-clock schedule: the lr of this step from the clock
-            self.lr_clock.apply(eng.optimizer)
+        if self.clock.lr_clock is not None:  # a time-clock schedule: this step's lr from the clock
+            self.clock.lr_clock.apply(eng.optimizer)
         t0 = time.perf_counter()
         micro = [
             next(batches) for _ in range(accum)
@@ -294,18 +296,10 @@ class Trainer:
             )
         if masking:  # realised masking of this rank's micro-batches, fractions from the counts
             rec.update({f"mask_{k}": v for k, v in merge_stats(masking).items()})
-        return rec, self._boundary_step(rec)
-
-    def _boundary_step(self, rec: dict[str, Any]) -> Verdict | None:
-        """The window's optimizer step, or (when the guard rejects the step's loss) a skipped
-        one that drops the gradients; returns the guard's verdict (None without the guard)."""
-        verdict = self.guard.check_loss(rec["step"], rec["loss"]) if self.guard else None
-        if verdict is not None and verdict.action != "ok":
-            with discard_update(self.engine.optimizer):
-                self.engine.step()  # counted as a skipped step, like an fp16 overflow
-        else:
-            self.engine.step()
-        return verdict
+        if self.guard is not None:  # the guard may veto the update
+            return rec, self.guard.step(rec)
+        eng.step()
+        return rec, None
 
     def _planned_fault(self, step: int) -> float | None:
         """The loss multiplier a planned fault (pretrain.components.faults) sets for ``step``, or
@@ -318,37 +312,10 @@ class Trainer:
             return SPIKE_FACTOR
         return None
 
-    def _guard_step(
-        self, verdict: Verdict, rec: dict[str, Any], step: int, consumed: int
-    ) -> tuple[str, int]:
-        """The guard's final word on the step just taken, acted on and logged: (action, step to
-        continue from)."""
-        if verdict.action == "ok":  # the loss was fine: judge the grad norm of the update
-            verdict = self.guard.check_grad_norm(rec["step"], rec["grad_norm"])
-        event, action = verdict.event, verdict.action
-        if event is None:
-            return action, step
-        event.update(loss=rec["loss"], grad_norm=rec["grad_norm"])
-        first = consumed - self.plan.global_batch
-        if action == "skip":
-            self.guard.skipped(event, first, consumed)
-        elif action == "rollback":
-            to_step = self._rollback(event, consumed)
-            if to_step is not None:
-                step = to_step
-            else:  # nothing to go back to: a one-off is skipped, a pile-up gives up
-                action = event["action"] = self.guard.without_checkpoint(event)
-                if action == "skip":
-                    self.guard.skipped(event, first, consumed)
-        self.metrics.guard(event)
-        if action == "give_up":
-            self.metrics.print(self._give_up_message(event))
-        return action, step
-
     def evaluate(self, step: int) -> list[dict]:
         """MLM loss, accuracy and perplexity on each source's validation split (all ranks take
         part); with several sources, per-source records plus the overall one (no "source")."""
-        sums = {name: self._validation_sums(reader) for name, reader in self.val_readers}
+        sums = {name: self._validation_sums(reader) for name, reader in self.data.val_readers}
         records = []
         if len(sums) > 1:
             records = [{"source": name, **validation_record(step, *s)} for name, s in sums.items()]
@@ -391,49 +358,6 @@ class Trainer:
         self.engine.train()
         return tuple(sum_across_ranks([loss_sum, correct, masked], self.device))
 
-    def _rollback(self, event: dict[str, Any], consumed: int) -> int | None:
-        """Load the newest complete checkpoint into the engine (all ranks) and keep the data
-        position, so the samples consumed since it are skipped; returns its step, or None when
-        there is none of this world size (the caller gives up)."""
-        path = find_latest(self.ckpts.root)
-        state = read_state(path) if path is not None else None
-        if state is None or int(state["world_size"]) != self.world:
-            event["reason"] = (
-                "no complete checkpoint to roll back to"
-                if state is None
-                else f"the newest checkpoint {path} was written on {state['world_size']} ranks"
-            )
-            return None
-        self.ckpts.load(self.engine, path)
-        to_step = int(state["step"])
-        self.engine.global_steps, self.engine.global_samples = to_step, consumed
-        self.ckpts.last_saved_step = to_step
-        saved_factor = float(state.get("guard", {}).get("lr_factor", 1.0))
-        old_factor = self.guard.lr_factor
-        factor = self.guard.rolled_back(event, to_step, int(state["consumed_samples"]), consumed)
-        event["checkpoint"] = str(path)
-        if self.lr_clock is not None:  # the clock's peak is ours, not in the checkpoint
-            self.lr_clock.peak_lr *= factor / old_factor
-        elif factor != saved_factor:  # the loaded schedule carries the checkpoint's factor
-            ratio = factor / saved_factor
-            scheduler = self.engine.lr_scheduler
-            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
-            for group in self.engine.optimizer.param_groups:
-                group["lr"] *= ratio
-        return to_step
-
-    def _give_up_message(self, event: dict[str, Any]) -> str:
-        why = event.get("reason") or (
-            f"{self.guard.rollbacks} rollbacks already (--guard_max_rollbacks "
-            f"{self.cfg.guard.guard_max_rollbacks})"
-        )
-        return (
-            f"[pretrain] ERROR: the stability guard gave up at step {event['step']} "
-            f"({event['event']}, value {event['value']}): {why}. Nothing was saved after the "
-            "last checkpoint (if any). Lower --lr, set --guard_lr_factor, save more often "
-            "(--save_interval), or turn the guard off with --no_stability_guard."
-        )
-
     def save(self, step: int, consumed: int, reason: str) -> bool:
         """A checkpoint after ``step`` (all ranks), with the data position and the run's state.
 
@@ -441,7 +365,7 @@ class Trainer:
         :data:`EXIT_SAVE_FAILED`); a failed periodic save warns and returns True.
         """
         state = {
-            **self.base_state,
+            **self.outputs.base_state,
             "consumed_samples": consumed,
             "reason": reason,
             "elapsed_s": self.budget.elapsed_s(),

@@ -144,8 +144,8 @@ def test_launch_clock_counts_from_the_wrappers_launch_time(monkeypatch):
     """BERTFORGE_LAUNCHED_AT moves the budget's start back to when the launcher was started."""
     import time
 
+    from pretrain.build import launch_clock
     from pretrain.config.ds_config import ConfigError
-    from pretrain.main import launch_clock
 
     monkeypatch.delenv("BERTFORGE_LAUNCHED_AT", raising=False)
     assert abs(launch_clock() - time.monotonic()) < 1.0

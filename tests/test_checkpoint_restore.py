@@ -49,12 +49,12 @@ def _config(shards, run, *extra: str):
 def _engine(cfg, seed: int, *, load_universal: bool = False):
     """A fresh engine for ``cfg`` whose initial weights come from ``seed``."""
     from data_prep.reader import ShardReader
+    from pretrain.build import build_encoder, build_engine
     from pretrain.config.ds_config import resolve_deepspeed_config
-    from pretrain.main import build_engine, build_model
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
     reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_model(
+    model, _ = build_encoder(
         dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)), reader, setup
     )
     engine, schedule = build_engine(cfg, model, setup.config)
@@ -66,7 +66,7 @@ def _train_two_steps(cfg):
     from pretrain.components.checkpoint import CheckpointManager
     from pretrain.components.metrics import MetricsWriter
     from pretrain.data.loader import build_loader
-    from pretrain.trainer import Trainer
+    from pretrain.trainer import RunOutputs, StepSetup, TrainData, Trainer
 
     engine, _, setup, reader = _engine(cfg, cfg.run.seed)
     loader = build_loader(reader, cfg.data_cfg, cfg.masking, micro_batch_size=4, train=True)
@@ -90,16 +90,9 @@ def _train_two_steps(cfg):
     }
     trainer = Trainer(
         cfg,
-        engine,
-        setup.batch,
-        loader,
-        [],
-        torch.device("cpu"),
-        metrics,
-        ckpts,
-        base_state=state,
-        rank=0,
-        world=1,
+        StepSetup(engine, setup.batch, torch.device("cpu")),
+        TrainData(loader),
+        RunOutputs(metrics, ckpts, state),
     )
     assert trainer.run(0, 0) == 0
     metrics.close()
@@ -107,7 +100,7 @@ def _train_two_steps(cfg):
 
 
 def _resume_point(cfg, reader):
-    from pretrain.components.checkpoint import find_resume
+    from pretrain.components.resume import find_resume
 
     return find_resume(
         "auto",
@@ -159,7 +152,8 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
     english_shards, tmp_path, one_rank_group
 ):
-    from pretrain.components.checkpoint import CheckpointManager, ResumePoint
+    from pretrain.components.checkpoint import CheckpointManager
+    from pretrain.components.resume import ResumePoint
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)

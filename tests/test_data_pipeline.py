@@ -278,6 +278,7 @@ def test_dry_run_reports_model_shards_and_masking(english_nsp_shards):
         PRESETS["tiny"],
         MaskingConfig(mask_prob=0.2),
         DataConfig(),
+        micro_batch_size=m["micro_batch_size"],  # the DeepSpeed config's, as the CLI resolved it
         stream=out,
     )
     assert again["masking"] == m  # the same batches and masks in another process

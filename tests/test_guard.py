@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import train_cli
 
-from pretrain.components.checkpoint import list_complete, tag_for
 from pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import list_complete, tag_for
 from pretrain.config.train_config import GuardConfig, parse_args
 
 # --- the detector ---------------------------------------------------------------------------

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 def _engine(shards: Path, run: Path):
     from data_prep.reader import ShardReader
+    from pretrain.build import build_encoder, build_engine
     from pretrain.config.ds_config import resolve_deepspeed_config
     from pretrain.config.train_config import parse_args
-    from pretrain.main import build_engine, build_model
 
     cfg = parse_args(
         [
@@ -44,7 +44,7 @@ def _engine(shards: Path, run: Path):
     )
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=False)
     reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_model(cfg, reader, setup)
+    model, _ = build_encoder(cfg, reader, setup)
     engine, _ = build_engine(cfg, model, setup.config)
     return cfg, engine
 
@@ -53,38 +53,40 @@ def test_latest_never_names_an_incomplete_checkpoint(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
     from pretrain.components import checkpoint as ck
+    from pretrain.components import checkpoint_files as cf
+    from pretrain.components import resume
 
     cfg, engine = _engine(english_shards, tmp_path / "run")
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
-    latest = ckpts.root / ck.LATEST_FILE
+    latest = ckpts.root / resume.LATEST_FILE
     state = {"config": dataclasses.asdict(cfg.run), "consumed_samples": 0}
     ckpts.save(engine, 1, state)
-    assert latest.read_text() == ck.tag_for(1)
+    assert latest.read_text() == resume.tag_for(1)
 
     from pretrain.components import checkpoint_files  # writes COMPLETE
 
     real_write = checkpoint_files.write_text_atomic
 
     def die_before_marker(path, text):
-        if Path(path).name == ck.MARKER:
+        if Path(path).name == cf.MARKER:
             raise RuntimeError("killed before COMPLETE")
         real_write(path, text)
 
     monkeypatch.setattr(checkpoint_files, "write_text_atomic", die_before_marker)
     with pytest.raises(RuntimeError, match="killed before COMPLETE"):
         ckpts.save(engine, 2, state)
-    assert (ckpts.root / ck.tag_for(2) / ck.STATE_FILE).is_file()  # shards are there ...
-    assert not ck.is_complete(ckpts.root / ck.tag_for(2))  # ... but no marker
-    assert latest.read_text() == ck.tag_for(1)
+    assert (ckpts.root / resume.tag_for(2) / resume.STATE_FILE).is_file()  # shards are there ...
+    assert not cf.is_complete(ckpts.root / resume.tag_for(2))  # ... but no marker
+    assert latest.read_text() == resume.tag_for(1)
 
     monkeypatch.setattr(checkpoint_files, "write_text_atomic", real_write)
     ckpts.save(engine, 3, state)
-    assert latest.read_text() == ck.tag_for(3)
-    assert not (ckpts.root / ck.tag_for(2)).exists()  # the partial save was pruned
+    assert latest.read_text() == resume.tag_for(3)
+    assert not (ckpts.root / resume.tag_for(2)).exists()  # the partial save was pruned
 
     # What a DeepSpeed user calls: no tag, DeepSpeed reads `latest`.
     path, client = engine.load_checkpoint(str(ckpts.root))
-    assert path is not None and Path(path).parent.name == ck.tag_for(3)
+    assert path is not None and Path(path).parent.name == resume.tag_for(3)
     assert client["trainer_state"]["step"] == 3
 
 

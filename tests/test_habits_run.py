@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain.components.checkpoint import LATEST_FILE, find_latest, list_complete
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import LATEST_FILE, find_latest, list_complete
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -152,7 +152,7 @@ def _matches_export(run: Path, sd: dict[str, torch.Tensor], tmp: Path) -> None:
     """The script's weights, mapped to transformers' names, equal the exported folder's."""
     from safetensors.torch import load_file
 
-    from pretrain.components.checkpoint import read_state
+    from pretrain.components.resume import read_state
     from pretrain.export.hf_export import export
     from pretrain.model.bert import ModelConfig, build_model
 

@@ -16,12 +16,8 @@ from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
 from data_prep.tokenizer import import_tokenizer, train_wordpiece
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.model.bert import PRESETS, build_model, padded_vocab
-from pretrain.model.init_from import (
-    InitError,
-    init_model_config,
-    load_initial_weights,
-    read_init_config,
-)
+from pretrain.model.init_from import load_initial_weights
+from pretrain.model.init_source import InitError, init_model_config, read_init_config
 
 ARCH = {
     "hidden_size": 32,
@@ -333,8 +329,8 @@ def own_run(request, english_shards, tmp_path_factory) -> Path:
 
 
 def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
-    from pretrain.components.checkpoint import find_latest
     from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.components.resume import find_latest
 
     ckpt = find_latest(own_run / "checkpoints")
     source = consolidated_state_dict(ckpt)
@@ -369,7 +365,7 @@ def test_export_then_init_from_gives_identical_logits(own_run, english_shards, t
 
 @pytest.mark.parametrize("own_run", [2], ids=["zero2"], indirect=True)
 def test_an_export_that_fails_its_check_publishes_nothing(own_run, tmp_path, monkeypatch):
-    from pretrain.components.checkpoint import CheckpointError
+    from pretrain.components.resume import CheckpointError
     from pretrain.export import hf_export
 
     def broken(out, nsp, mask_token=None):
@@ -394,7 +390,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
                   LOCAL_RANK="0")
 import dataclasses, torch, deepspeed
 from safetensors.torch import load_file
-from pretrain.model.init_from import init_model_config, load_initial_weights
+from pretrain.model.init_from import load_initial_weights
+from pretrain.model.init_source import init_model_config
 from pretrain.model.bert import PRESETS, build_model
 folder, vocab = sys.argv[1], int(sys.argv[2])
 deepspeed.init_distributed("gloo")

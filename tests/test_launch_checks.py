@@ -129,3 +129,87 @@ def test_doctor_reports_a_broken_torch_as_a_failing_row(english_shards, tmp_path
     assert [(r.check, r.status) for r in rows] == [("devices", FAIL)]
     assert "torch fails to load (OSError: libcudart.so.12" in rows[0].detail
     assert "CPU" not in rows[0].detail and "repair torch on gpu-node" in rows[0].fix
+
+
+# --- the dry run checks what the launch checks -------------------------------------------------
+
+
+def _dry_run(shards: Path, run: Path, *extra: str, capsys) -> tuple[int, str, str]:
+    """`pretrain/main.py --dry-run` in-process: (exit status, stdout, stderr)."""
+    from pretrain.config.train_config import parse_args
+    from pretrain.main import main
+
+    capsys.readouterr()
+    argv = ["--data", str(shards), "--output_dir", str(run), "--model", "tiny", "--dry-run"]
+    code = main([*argv, "--num_workers", "0", *extra])
+    out, err = capsys.readouterr()
+    assert parse_args(argv).run.dry_run
+    return code, out, err
+
+
+def test_dry_run_fails_on_a_malformed_deepspeed_config_as_the_launch_does(
+    english_shards, tmp_path, capsys
+):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "train_batch_size": 32,\n  "train_micro_batch_size_per_gpu": 8,\n'
+                   '  "optimizer": {"type": "AdamW",, "params": {"lr": 1e-3}}\n}\n')  # fmt: skip
+    message = f"{bad}:4:33: invalid JSON"
+    code, out, err = _dry_run(
+        english_shards, tmp_path / "dry", "--ds_config", str(bad), capsys=capsys
+    )
+    assert code == 2 and message in err and "dry run" not in out
+    launch = _train(english_shards, tmp_path / "run", "--ds_config", str(bad), "--max_steps", "1")
+    assert launch.returncode == 2 and message in launch.stderr
+
+
+def test_dry_run_reports_what_the_deepspeed_config_resolves(english_shards, tmp_path, capsys):
+    """cpu.json: 32 sequences a step, micro-batch 8, AdamW at lr 5e-4; the masking statistics are
+    drawn at that micro-batch, and the mask rate prints as given (0.2, not 0.19999999999999998)."""
+    args = ("--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--mask_prob", "0.2", "--json")
+    code, out, _ = _dry_run(english_shards, tmp_path / "dry", *args, capsys=capsys)
+    assert code == 0
+    report = json.loads(out)
+    batch, optim = report["config"]["batch"], report["config"]["optim"]
+    assert batch == {"global_batch_size": 32, "micro_batch_size": 8, "grad_accum": 4}
+    assert optim["lr"] == 0.0005 and optim["optimizer"] == "AdamW" and optim["weight_decay"] == 0.01
+    assert report["config"]["precision"]["precision"] == "fp32"
+    assert report["masking"]["micro_batch_size"] == 8
+    assert report["masking"]["sequences"] == 8 * 8  # 8 batches of the resolved micro-batch
+    assert report["masking"]["mask_prob"] == 0.2 and report["masking"]["mask_prob_start"] == 0.2
+    assert "99999" not in out
+    # A flag still wins over the config, as in the launch.
+    code, out, _ = _dry_run(
+        english_shards, tmp_path / "dry", *args, "--micro_batch_size", "4", capsys=capsys
+    )
+    report = json.loads(out)
+    assert (
+        report["masking"]["micro_batch_size"] == 4 and report["config"]["batch"]["grad_accum"] == 8
+    )
+    code, human, _ = _dry_run(english_shards, tmp_path / "dry", *args[:-1], capsys=capsys)
+    assert code == 0 and "over 8 batches of 8:" in human and '"lr": 0.0005' in human
+
+
+def test_dry_run_refuses_a_checkpoint_that_does_not_fit_as_the_launch_does(
+    english_shards, tmp_path, capsys
+):
+    from pretrain.components.checkpoint_files import folder_sizes, write_marker
+    from pretrain.components.resume import STATE_FILE, tag_for
+
+    ckpt = tmp_path / "run" / "checkpoints" / tag_for(2)
+    ckpt.mkdir(parents=True)
+    state = {"step": 2, "world_size": 1, "vocab_size": 999, "tokenizer_fingerprint": "other"}
+    (ckpt / STATE_FILE).write_text(json.dumps(state))
+    write_marker(ckpt, folder_sizes(ckpt))
+    code, _, err = _dry_run(english_shards, tmp_path / "run", "--resume", "auto", capsys=capsys)
+    assert code == 2 and "does not fit this run" in err and "vocab size 999" in err
+
+
+def test_rounded_for_display():
+    from pretrain.dry_run import rounded
+
+    assert rounded({"a": [1 - 0.8, 3], "b": 0.1 + 0.2, "c": "x"}) == {
+        "a": [0.2, 3],
+        "b": 0.3,
+        "c": "x",
+    }
+    assert rounded(0.1985111662531017) == 0.1985111663

@@ -24,8 +24,8 @@ from preemption import run_and_signal
 from test_train import launch
 
 from kernels import IGNORE_INDEX
-from pretrain.components.checkpoint import STATE_FILE, find_latest, tag_for
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import STATE_FILE, find_latest, tag_for
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from test_train import launch
 
-from pretrain.components.checkpoint import MARKER, find_latest, read_state, tag_for
+from pretrain.components.checkpoint_files import MARKER
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import find_latest, read_state, tag_for
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -21,14 +21,9 @@ import torch
 from preemption import rank_process, run_and_signal
 from test_train import _cmd, launch, losses
 
-from pretrain.components.checkpoint import (
-    STATE_FILE,
-    find_latest,
-    is_complete,
-    list_complete,
-    tag_for,
-)
+from pretrain.components.checkpoint_files import is_complete
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import STATE_FILE, find_latest, list_complete, tag_for
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -21,8 +21,8 @@ import torch
 from test_train import ds_config, launch  # the trainer as a user runs it (tests/ is on sys.path)
 
 from kernels import IGNORE_INDEX
-from pretrain.components.checkpoint import tag_for
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import tag_for
 from pretrain.model.bert import ModelConfig, build_model, layer_groups, preset
 
 VOCAB = 300
@@ -289,7 +289,8 @@ def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent / "helpers"))
     from tiny_bert import build_tiny_bert
 
-    from pretrain.model.init_from import InitError, init_model_config, load_initial_weights
+    from pretrain.model.init_from import load_initial_weights
+    from pretrain.model.init_source import InitError, init_model_config
 
     folder = build_tiny_bert(tmp_path / "bert", layers=2)
     cfg = init_model_config(folder, dataclasses.replace(TINY4, share_layers="all"), {})

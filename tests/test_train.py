@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.components.checkpoint import MARKER, find_latest, list_complete, tag_for
+from pretrain.components.checkpoint_files import MARKER
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import find_latest, list_complete, tag_for
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "helpers"

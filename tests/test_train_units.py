@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.components.checkpoint import (
-    MARKER,
-    CheckpointError,
-    find_latest,
-    resolve_resume,
-    tag_for,
-)
+from pretrain.components.checkpoint_files import MARKER
 from pretrain.components.optim import (
     OptimizerConfigError,
     WarmupDecay,
     build_schedule,
     configure_optimizer,
 )
+from pretrain.components.resume import CheckpointError, find_latest, resolve_resume, tag_for
 from pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
 from pretrain.config.precision import PrecisionError, resolve_precision
 from pretrain.config.train_config import OptimConfig, PrecisionConfig
@@ -238,7 +233,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
 
 
 def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
-    from pretrain.components.checkpoint import check_compatible
+    from pretrain.components.resume import check_compatible
 
     state = {
         "tokenizer_fingerprint": "aaa",

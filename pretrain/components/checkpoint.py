@@ -17,15 +17,10 @@ work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag
 ``engine.load_checkpoint("RUN/checkpoints")``. A folder without ``COMPLETE`` is ignored by
 :func:`find_latest` and removed before the same tag is saved again.
 
-Verified checkpoints (:mod:`pretrain.components.checkpoint_files`): ``COMPLETE`` is a JSON manifest
-of every
-file of the tag folder (relative path -> size in bytes), made from each rank's own list of the
-files it wrote (gathered to rank 0, so it holds on any filesystem layout). :func:`verify` compares
-it with the folder (``stat`` only, cheap enough to run before the rendezvous); ``--resume auto``
-and a run or ``checkpoints/`` folder take the newest checkpoint that verifies and warn about each
-newer one skipped; an explicit checkpoint folder that fails is an error naming its problems;
-``latest`` names only a verified checkpoint. An old plain-text marker (``step_XXXXXXXX``) still
-counts as complete (no file list).
+Verified checkpoints: ``COMPLETE`` is a JSON manifest of every file of the tag folder, made from
+each rank's own list of the files it wrote (gathered to rank 0, so it holds on any filesystem
+layout; :mod:`pretrain.components.checkpoint_files`). Finding, verifying and choosing the
+checkpoint to resume from is :mod:`pretrain.components.resume`.
 
 Failed saves: every rank catches its own write error (OSError, or torch's RuntimeError for a full
 disk) -- DeepSpeed's own writes included, which are recorded rather than raised so the rank still
@@ -45,13 +40,11 @@ import copy
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +52,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bertforge.errors import UserError
 from bertforge.files import write_text_atomic
+from bertforge.logs import get_logger
 from pretrain.components.checkpoint_files import (
     MARKER,
     DeferredWriteErrors,
-    describe_problems,
     explain_write_error,
     folder_sizes,
     injected_enospc,
@@ -75,29 +67,20 @@ from pretrain.components.checkpoint_files import (
 )
 from pretrain.components.distributed import sum_across_ranks
 from pretrain.components.faults import FaultPlan
+from pretrain.components.resume import (
+    STATE_FILE,
+    TAG_RE,
+    CheckpointError,
+    ResumePoint,
+    find_latest,
+    list_complete,
+    read_state,
+    tag_for,
+    write_latest,
+)
 from pretrain.config.train_config import CheckpointConfig
 
-LATEST_FILE = "latest"  # DeepSpeed's name (engine.load_checkpoint, zero_to_fp32 read it)
-STATE_FILE = "trainer_state.json"
-_TAG_RE = re.compile(r"^step_(\d{8})$")
-
-
-# Model settings a resumed run may change: they do not alter the weights' shapes or meaning.
-_FREE_MODEL_FIELDS = {
-    "name",
-    "loss_impl",
-    "config_json",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-}
-
-
-class CheckpointError(UserError, ValueError):
-    """A checkpoint that does not exist, is incomplete, or does not fit this run."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A complete checkpoint whose files do not match what its ``COMPLETE`` manifest records."""
+log = get_logger(__name__)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -106,11 +89,6 @@ class CheckpointSaveError(RuntimeError):
     def __init__(self, message: str, path: Path):
         super().__init__(message)
         self.path = path
-
-
-def tag_for(step: int) -> str:
-    """Folder name of the checkpoint after ``step`` optimizer steps."""
-    return f"step_{step:08d}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -137,181 +115,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "accelerator" in state:
         get_accelerator().set_rng_state(state["accelerator"])
-
-
-def _warn(message: str) -> None:
-    """Print a warning once per job: on the launcher's rank 0 (this runs before the rendezvous)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[pretrain] WARNING: {message}", flush=True)
-
-
-def list_complete(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint (marker present; see :func:`verify`) under
-    ``ckpt_dir``, oldest first."""
-    root = Path(ckpt_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _TAG_RE.match(p.name)
-        if m and is_complete(p):
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def find_latest(ckpt_dir: str | os.PathLike, *, quiet: bool = False) -> Path | None:
-    """The newest complete checkpoint under ``ckpt_dir`` that verifies, or None.
-
-    Each newer one that does not verify is skipped with a warning naming it (unless ``quiet``).
-    """
-    for _step, p in reversed(list_complete(ckpt_dir)):
-        problems = verify(p)
-        if not problems:
-            return p
-        if not quiet:
-            _warn(
-                f"skipping checkpoint {p}: its files do not match what was written "
-                f"({describe_problems(problems)}); falling back to the previous complete checkpoint"
-            )
-    return None
-
-
-def write_latest(ckpt_dir: str | os.PathLike) -> Path | None:
-    """Point DeepSpeed's ``latest`` file at the newest verified checkpoint (atomic); returns it.
-
-    Only a verified checkpoint is ever named: with none, the file is left as it is.
-    """
-    newest = find_latest(ckpt_dir, quiet=True)
-    if newest is not None:
-        write_text_atomic(Path(ckpt_dir) / LATEST_FILE, newest.name)  # no newline, as DeepSpeed
-    return newest
-
-
-def _newest_verified(root: Path, what: str) -> Path | None:
-    """:func:`find_latest` of ``root``; an error when it holds complete checkpoints but none
-    verifies (starting over silently would throw the run away)."""
-    latest = find_latest(root)
-    if latest is None and list_complete(root):
-        raise CorruptCheckpointError(
-            f"{what}: no checkpoint in {root} matches what was written (see the warnings "
-            "above). Restore the files, or "
-            + (
-                "use --resume none to start over."
-                if what.startswith("--resume")
-                else "use another."
-            )
-        )
-    return latest
-
-
-def resolve_resume(
-    resume: str, output_dir: str | os.PathLike, *, flag: str = "--resume"
-) -> Path | None:
-    """Turn ``--resume`` (auto | none | path) into a verified checkpoint folder or None.
-
-    A path may be a checkpoint folder, a ``checkpoints/`` folder or a run folder (newest verified
-    inside, skipping with a warning any newer one that does not verify). An explicit checkpoint
-    folder that does not verify is an error naming its problems. ``flag`` names the option in
-    messages (``--init_from`` reads our runs through this too).
-    """
-    if resume == "none":
-        return None
-    if resume == "auto":
-        return _newest_verified(Path(output_dir) / "checkpoints", f"{flag} auto")
-    p = Path(resume)
-    if is_complete(p):
-        problems = verify(p)
-        if problems:
-            raise CorruptCheckpointError(
-                f"{flag} {p}: the checkpoint's files do not match what was written:\n  "
-                + "\n  ".join(problems[:10])
-                + "\nUse an earlier checkpoint (a run folder or --resume auto skips this one)."
-            )
-        return p
-    for root in (p, p / "checkpoints"):
-        latest = _newest_verified(root, f"{flag} {p}")
-        if latest is not None:
-            return latest
-    if _TAG_RE.match(p.name):
-        raise CheckpointError(
-            f"{flag} {p}: the checkpoint is incomplete (no {MARKER} marker; "
-            "the run stopped while saving). Use an earlier one or --resume auto."
-        )
-    raise CheckpointError(f"{flag} {p}: no complete checkpoint there")
-
-
-def read_state(path: Path) -> dict[str, Any]:
-    """The trainer state saved with a checkpoint."""
-    with open(path / STATE_FILE, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def check_compatible(
-    state: dict[str, Any],
-    *,
-    vocab_size: int,
-    tokenizer_fingerprint: str,
-    model_config: dict[str, Any],
-    path: Path,
-) -> None:
-    """Raise CheckpointError when the checkpoint was trained with another model, vocabulary or
-    tokenizer."""
-    problems = []
-    if state.get("tokenizer_fingerprint") != tokenizer_fingerprint:
-        problems.append(
-            f"tokenizer fingerprint {state.get('tokenizer_fingerprint')} (checkpoint) "
-            f"!= {tokenizer_fingerprint} (--data)"
-        )
-    if state.get("vocab_size") != vocab_size:
-        problems.append(
-            f"vocab size {state.get('vocab_size')} (checkpoint) != {vocab_size} (--data)"
-        )
-    saved = state.get("config", {}).get("model_cfg", {})
-    for k, v in model_config.items():
-        if k in saved and saved[k] != v and k not in _FREE_MODEL_FIELDS:
-            problems.append(f"model.{k} = {saved[k]!r} (checkpoint) != {v!r} (this run)")
-    if problems:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit this run:\n  "
-            + "\n  ".join(problems)
-            + "\nUse the same --data/--model as the run that wrote it, or start "
-            "a new --output_dir."
-        )
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """A complete checkpoint this run continues from, and the trainer state saved with it."""
-
-    path: Path
-    state: dict[str, Any]
-
-    def world_size_changed(self, world_size: int) -> bool:
-        """True when the checkpoint was written by another number of ranks (universal load)."""
-        return int(self.state["world_size"]) != world_size
-
-
-def find_resume(
-    resume: str,
-    output_dir: str | os.PathLike,
-    *,
-    vocab_size: int,
-    tokenizer_fingerprint: str,
-    model_config: dict[str, Any],
-) -> ResumePoint | None:
-    """The checkpoint ``--resume`` names, checked against this run's data and model, or None."""
-    path = resolve_resume(resume, output_dir)
-    if path is None:
-        return None
-    state = read_state(path)
-    check_compatible(
-        state,
-        vocab_size=vocab_size,
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        model_config=model_config,
-        path=path,
-    )
-    return ResumePoint(path, state)
 
 
 class PreemptionHandler:
@@ -459,7 +262,7 @@ class CheckpointManager:
             write_latest(self.root)
             self._prune(keep=path)
         except OSError as e:  # the checkpoint is complete: only housekeeping was lost
-            print(f"[pretrain] WARNING: after saving {path}: {e}", flush=True)
+            log.warning(f"after saving {path}: {e}")
         return []
 
     def _discard(self, path: Path) -> None:
@@ -485,9 +288,9 @@ class CheckpointManager:
         good = [p for _, p in complete if p == keep or not verify(p)]
         kept = {p.name for p in good[-self.keep_last :]} | ({keep.name} if keep else set())
         newest = complete[-1][0] if complete else -1
-        limit = int(_TAG_RE.match(keep.name).group(1)) if keep else newest
+        limit = int(TAG_RE.match(keep.name).group(1)) if keep else newest
         for p in self.root.iterdir() if self.root.is_dir() else []:
-            m = _TAG_RE.match(p.name)
+            m = TAG_RE.match(p.name)
             if not m or p.name in kept or int(m.group(1)) > limit:
                 continue
             if is_complete(p) or int(m.group(1)) < limit:
@@ -550,29 +353,21 @@ class CheckpointManager:
         # LambdaLR.load_state_dict writes the saved schedule's fields into the callable: the run
         # continues the checkpoint's schedule. Say so when this launch's flags ask for another.
         saved = getattr(engine.lr_scheduler, "lr_lambdas", [None])[0]
-        if (
-            flags_schedule is not None
-            and saved is not None
-            and saved != flags_schedule
-            and self.rank == 0
-        ):
-            print(
-                f"[pretrain] WARNING: the learning-rate schedule continues as saved in the "
-                f"checkpoint ({saved}); this launch's flags give {flags_schedule}, which is not "
-                "applied. Start a new run (--init_from) for another schedule.",
-                flush=True,
+        if flags_schedule is not None and saved is not None and saved != flags_schedule:
+            log.warning(
+                f"the learning-rate schedule continues as saved in the checkpoint ({saved}); "
+                f"this launch's flags give {flags_schedule}, which is not applied. Start a new "
+                "run (--init_from) for another schedule."
             )
         step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
         engine.global_steps, engine.global_samples = step, consumed
         self.last_saved_step = step
         if world_changed:
             torch.manual_seed(seed + 1000003 * step + self.rank)
-        if self.rank == 0:
-            print(
-                f"[pretrain] resumed from {point.path} at step {step} ({consumed} samples "
-                f"consumed; saved on {point.state['world_size']} ranks, now {self.world_size})",
-                flush=True,
-            )
+        log.info(
+            f"resumed from {point.path} at step {step} ({consumed} samples consumed; saved on "
+            f"{point.state['world_size']} ranks, now {self.world_size})"
+        )
         return step, consumed
 
     def load(self, engine, path: Path) -> dict[str, Any]:
@@ -595,11 +390,10 @@ class CheckpointManager:
             if rng_file.is_file():
                 set_rng_state(torch.load(rng_file, weights_only=False))
             else:  # no silent fallback: the run goes on, but not bit-for-bit
-                print(
-                    f"[pretrain] WARNING: {rng_file} is missing; rank {self.rank} keeps its fresh "
-                    "RNG state, so this resume is not exact (dropout and masking differ from an "
-                    "uninterrupted run)",
-                    flush=True,
+                log.warning(
+                    f"{rng_file} is missing; rank {self.rank} keeps its fresh RNG state, so this "
+                    "resume is not exact (dropout and masking differ from an uninterrupted run)",
+                    extra={"all_ranks": True},
                 )
         return state
 

@@ -53,7 +53,7 @@ def _is_hf_folder(path: Path) -> bool:
 
 def resolve(spec: str) -> list[ModelRef]:
     """Turn ``PATH``, ``RUN@STEP`` or ``RUN@all`` into model references."""
-    from pretrain.components.checkpoint import list_complete
+    from pretrain.components.resume import list_complete
 
     m = _SPEC_RE.match(spec)
     path, step = Path(m.group("path")), m.group("step")

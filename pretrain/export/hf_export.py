@@ -27,14 +27,8 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
 from bertforge.logs import get_logger
-from pretrain.components.checkpoint import (
-    CheckpointError,
-    is_complete,
-    list_complete,
-    read_state,
-    resolve_resume,
-)
-from pretrain.components.checkpoint_files import MARKER, consolidated_state_dict
+from pretrain.components.checkpoint_files import MARKER, consolidated_state_dict, is_complete
+from pretrain.components.resume import CheckpointError, list_complete, read_state, resolve_resume
 from pretrain.export.model_card import write_model_card
 
 log = get_logger(__name__)

@@ -1,0 +1,393 @@
+"""What a training run is made of, built in order for :mod:`pretrain.main`.
+
+:func:`resolve_run` checks everything that can fail on the user's input, before any rendezvous
+(the dry run calls it too): the shards, the resume point, the DeepSpeed config for this world
+size. :func:`build_training` then joins the process group and builds the model, the engine, the
+resume position, the loader and the outputs into the grouped parts of a
+:class:`~pretrain.trainer.Trainer`.
+
+DeepSpeed is imported inside the functions that use it: ``import deepspeed`` costs about half a
+second and prints an accelerator line, which ``--help`` and ``--dry-run`` need neither of.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
+from data_prep.lock import FolderLock
+from pretrain.components.budget import TimeBudget, TimeClockLR
+from pretrain.components.checkpoint import CheckpointManager
+from pretrain.components.distributed import init_distributed, sum_across_ranks
+from pretrain.components.downstream_jobs import DownstreamJobs
+from pretrain.components.guarded_step import GuardedStep
+from pretrain.components.metrics import MetricsWriter, device_peak_tflops
+from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
+from pretrain.components.resume import ResumePoint, find_resume
+from pretrain.config.ds_config import ConfigError, DeepSpeedSetup, resolve_deepspeed_config
+from pretrain.config.train_config import TrainConfig
+from pretrain.data.loader import build_loader
+from pretrain.data.mixture import open_training, parse_mixture, validation_readers
+from pretrain.data.shard_check import verify_once
+from pretrain.model.bert import build_model
+from pretrain.model.init_from import load_initial_weights
+from pretrain.model.init_source import init_architecture
+from pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
+
+log = get_logger(__name__)
+
+
+def launch_rank() -> int:
+    """This process's global rank as the launcher set it (before any rendezvous); 0 alone."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def launch_clock() -> float:
+    """``time.monotonic()`` of this launch's start. A wrapper that started the launcher may set
+    BERTFORGE_LAUNCHED_AT (its ``time.time()`` then) so that a --max_time_hours budget also
+    counts the launcher's and the imports' seconds (the learning benchmark does)."""
+    now = time.monotonic()
+    value = os.environ.get("BERTFORGE_LAUNCHED_AT")
+    if not value:
+        return now
+    try:
+        ago = time.time() - float(value)
+    except ValueError:
+        raise ConfigError(
+            f"BERTFORGE_LAUNCHED_AT={value!r}: expected a Unix time in seconds"
+        ) from None
+    if not 0.0 <= ago < 86400.0:
+        raise ConfigError(f"BERTFORGE_LAUNCHED_AT={value!r} is {ago:.0f} s ago: not this launch's")
+    return now - ago
+
+
+def take_run_lock(cfg: TrainConfig) -> FolderLock | None:
+    """Rank 0's lock on --output_dir (one job per run folder), taken before anything is written
+    there; None on the other ranks (they stop at the rendezvous when rank 0 is refused)."""
+    if launch_rank() != 0:
+        return None
+    run = Path(cfg.run.output_dir).resolve()
+    return FolderLock(run / ".lock", f"run folder {run}").acquire()
+
+
+def open_shards(cfg: TrainConfig):
+    """(training reader, [(source name, validation reader)]) of --data: one shard folder or a
+    weighted mixture (pretrain.data.mixture); a source without validation data is warned about."""
+    sources = parse_mixture(cfg.run.data_sources)
+    verify = cfg.data_cfg.verify
+    return open_training(sources, verify=verify), validation_readers(sources, verify=verify)
+
+
+def verify_shards_once(cfg: TrainConfig, rank: int, world: int, device) -> None:
+    """With verify "size" (the default), every shard file's sha256 is checked once per shard
+    folder and run folder, split across the ranks after the rendezvous (pretrain.data.shard_check);
+    "full" checks them at every launch on every rank, "none" not at all."""
+    if cfg.data_cfg.verify != "size":
+        return
+    folders = [s.path for s in parse_mixture(cfg.run.data_sources)]
+    verify_once(
+        folders,
+        Path(cfg.run.output_dir),
+        rank,
+        world,
+        agree=lambda failed: sum_across_ranks([float(failed)], device)[0],
+    )
+
+
+@dataclass
+class Resolved:
+    """A run's inputs, all checked before any rendezvous: shards, resume point, DeepSpeed dict."""
+
+    train_reader: Any  # ShardReader, or MixtureReader for a weighted mixture
+    val_readers: list  # [(source name, validation reader)]
+    point: ResumePoint | None  # the checkpoint to continue from, or None for a fresh start
+    setup: DeepSpeedSetup  # final dict, batch plan, precision, checkpointing
+    accel: str  # DeepSpeed's accelerator name ("cuda", "cpu", ...)
+
+
+def resolve_run(cfg: TrainConfig) -> Resolved:
+    """Everything that can fail on the user's input fails here, before any rendezvous (the dry
+    run calls this too, so it fails the same way)."""
+    from deepspeed.accelerator import get_accelerator  # lazy: see the module docstring
+
+    world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
+    train_reader, val_readers = open_shards(cfg)
+    if cfg.run.init_from:  # the architecture is the checkpoint's
+        cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
+    fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
+    point = find_resume(
+        cfg.run.resume,
+        cfg.run.output_dir,
+        vocab_size=train_reader.vocab_size,
+        tokenizer_fingerprint=fingerprint,
+        model_config=dataclasses.asdict(cfg.model_cfg),
+    )
+    changed = point is not None and point.world_size_changed(world)
+    setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
+    return Resolved(train_reader, val_readers, point, setup, accel)
+
+
+def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
+    """``cfg.to_dict()`` with the values the DeepSpeed config decided filled in where the flags
+    left them unset (batch sizes, optimizer, lr, weight decay, clipping, precision)."""
+    out = cfg.to_dict()
+    ds, plan = setup.config, setup.batch
+    params = ds.get("optimizer", {}).get("params", {})
+    filled = {
+        "batch": {
+            "global_batch_size": plan.global_batch,
+            "micro_batch_size": plan.micro_batch,
+            "grad_accum": plan.grad_accum,
+        },
+        "optim": {
+            "optimizer": ds.get("optimizer", {}).get("type"),
+            "lr": params.get("lr"),
+            "weight_decay": params.get("weight_decay"),
+            "gradient_clipping": ds.get("gradient_clipping"),
+        },
+        "precision": {"precision": setup.precision},
+        "memory": {"activation_checkpointing": setup.activation_checkpointing},
+    }
+    for concern, values in filled.items():
+        section = out.get(concern, {})
+        for key, value in values.items():
+            if section.get(key) is None:
+                section[key] = value
+    return out
+
+
+def build_encoder(cfg: TrainConfig, reader, setup: DeepSpeedSetup, *, init_from: str | None = None):
+    """(model, --init_from report or None): the model, identical on every rank (seeded or
+    loaded from ``init_from`` before DeepSpeed partitions it), ready for deepspeed.initialize."""
+    import deepspeed  # lazy: see the module docstring
+
+    torch.manual_seed(cfg.run.seed)
+    model = build_model(
+        cfg.model_cfg,
+        vocab_size=reader.vocab_size,
+        nsp=reader.format == "nsp",
+        max_seq_len=reader.max_seq_len,
+    )
+    report = None
+    if init_from:
+        report = load_initial_weights(
+            model,
+            init_from,
+            tokenizer_dir_of_shards=reader.tokenizer_path,
+            max_seq_len=reader.max_seq_len,
+        )
+    model.register_zero3_external_parameters()
+    if setup.activation_checkpointing == "deepspeed":
+        deepspeed.checkpointing.configure(None, deepspeed_config=setup.config)
+    model.set_activation_checkpointing(setup.activation_checkpointing)
+    return model, report
+
+
+def build_engine(cfg: TrainConfig, model, ds_config: dict):
+    """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler).
+    A time-clock schedule is not given to DeepSpeed: the trainer's TimeClockLR applies it."""
+    import deepspeed  # lazy: see the module docstring
+
+    schedule = None if "scheduler" in ds_config else build_schedule(cfg.optim, cfg.run.max_steps)
+    by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
+    wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=param_groups(model, wd),
+        config=ds_config,
+        lr_scheduler=lr_scheduler_factory(schedule) if by_steps else None,
+    )
+    return engine, schedule
+
+
+def describe_data(reader) -> list[dict]:
+    """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
+    if hasattr(reader, "describe"):
+        return reader.describe()
+    return [
+        {
+            "name": Path(reader.root).name,
+            "path": str(reader.root),
+            "weight": 1.0,
+            "mask_prob": None,
+            "sequences": len(reader),
+        }
+    ]
+
+
+def run_state(cfg: TrainConfig, reader, setup: DeepSpeedSetup, init_report: dict | None) -> dict:
+    """What every checkpoint of this run records besides the step and data position."""
+    return {
+        "config": cfg.to_dict(),
+        "vocab_size": reader.vocab_size,
+        "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+        "precision": setup.precision,
+        "nsp": reader.format == "nsp",
+        "init_from": init_report,
+        "data_mixture": describe_data(reader),
+    }
+
+
+def warn_if_data_changed(point: ResumePoint, reader) -> None:
+    """The data position is one number of consumed samples: under other sources or weights it
+    points into another stream. Say so (the run goes on: changing a mixture is allowed)."""
+    keys = ("name", "path", "weight", "mask_prob")
+    saved = [{k: s.get(k) for k in keys} for s in point.state.get("data_mixture") or []]
+    now = [{k: s.get(k) for k in keys} for s in describe_data(reader)]
+    if saved and saved != now:
+        log.warning(
+            f"--data differs from the checkpoint's ({saved} -> {now}); the resumed run continues "
+            "at the same sample count of the new stream"
+        )
+
+
+def announce_init(cfg: TrainConfig, init, point: ResumePoint | None) -> dict | None:
+    """Say what --init_from did (or that a resume took precedence); the report for config.json
+    and the checkpoints (a resumed run keeps the one its first launch made)."""
+    if cfg.run.init_from:
+        if init is not None:
+            for line in init.summary().splitlines():
+                log.info(line)
+        else:
+            log.info(f"--init_from {cfg.run.init_from} not applied: resuming from {point.path}")
+    if init is not None:
+        return init.to_dict()
+    return point.state.get("init_from") if point is not None else None
+
+
+def start_position(
+    cfg: TrainConfig, run: Resolved, engine, ckpts: CheckpointManager, schedule
+) -> tuple[int, int]:
+    """(step, consumed samples) to start from: the resume point restored into the engine, or 0."""
+    if run.point is not None:
+        start = ckpts.restore(engine, run.point, schedule=schedule, seed=cfg.run.seed)
+        warn_if_data_changed(run.point, run.train_reader)
+        return start
+    if cfg.run.resume == "auto":
+        log.info(f"no complete checkpoint in {cfg.run.output_dir}: starting fresh")
+    return 0, 0
+
+
+def open_metrics(cfg: TrainConfig, place: StepSetup, start_step: int, model, run: Resolved):
+    """The metrics writer of this rank (rank 0 writes; DeepSpeed's monitor gets the records)."""
+    return MetricsWriter(
+        cfg.run.output_dir,
+        rank=place.rank,
+        max_steps=cfg.run.max_steps,
+        start_step=start_step,
+        log_interval=cfg.log.log_interval,
+        flops_per_token=model.flops_per_token(run.train_reader.max_seq_len),
+        peak_tflops=device_peak_tflops(run.setup.precision),
+        world_size=place.world,
+        monitor=place.engine.monitor if place.rank == 0 else None,
+        progress=cfg.log.progress,
+        progress_interval_s=cfg.log.progress_interval_s,
+    )
+
+
+def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: dict | None) -> None:
+    """The run folder's config.json (everything resolved) and a copy of the tokenizer, so that
+    export does not need the shard folder."""
+    folder, setup, reader = Path(cfg.run.output_dir), run.setup, run.train_reader
+    if not (folder / "tokenizer").is_dir():
+        tmp = folder / "tokenizer.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(reader.tokenizer_path, tmp)
+        os.replace(tmp, folder / "tokenizer")
+    write_json_atomic(
+        folder / "config.json",
+        {
+            **cfg.to_dict(),
+            "deepspeed": setup.config,
+            "batch_plan": setup.batch.as_dict(),
+            "precision_resolved": setup.precision,
+            "activation_checkpointing": setup.activation_checkpointing,
+            "world_size": world,
+            "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
+            "precision_note": setup.precision_note,
+            "argv": list(sys.argv),  # the exact command (the model card quotes it)
+            **({"init_from": init_report} if init_report else {}),
+        },
+        indent=2,
+        sort_keys=True,
+    )
+
+
+@dataclass
+class Training:
+    """A built run: the trainer and where it starts (step, consumed samples)."""
+
+    trainer: Trainer
+    start_step: int
+    consumed: int
+
+
+def join_ranks(cfg: TrainConfig, run: Resolved) -> StepSetup:
+    """The rendezvous, and this rank's device; the engine is filled in by :func:`build_training`."""
+    info = init_distributed(cfg.run.dist_timeout_s)
+    device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
+    return StepSetup(None, run.setup.batch, device, rank=info.rank, world=info.world_size)
+
+
+def build_training(cfg: TrainConfig, run: Resolved, launched: float) -> Training:
+    """Join the ranks, build model, engine, resume position, loader and outputs into a Trainer.
+    ``launched``: :func:`launch_clock` of this launch (a time budget counts start-up too)."""
+    place = join_ranks(cfg, run)
+    if run.setup.precision_note:
+        log.warning(run.setup.precision_note)
+    verify_shards_once(cfg, place.rank, place.world, place.device)
+    init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
+    model, init = build_encoder(cfg, run.train_reader, run.setup, init_from=init_from)
+    init_report = announce_init(cfg, init, run.point)
+    place.engine, schedule = build_engine(cfg, model, run.setup.config)
+    ckpts = CheckpointManager(
+        cfg.run.output_dir, cfg.checkpoint, place.rank, place.world, place.device
+    )
+    start_step, consumed = start_position(cfg, run, place.engine, ckpts, schedule)
+    if place.rank == 0:
+        write_run_files(cfg, run, place.world, init_report)
+    elapsed = run.point.state.get("elapsed_s", 0.0) if run.point else 0.0
+    budget = TimeBudget(cfg.run.max_time_hours, elapsed, start=launched)
+    loader = build_loader(
+        run.train_reader,
+        cfg.data_cfg,
+        cfg.masking,
+        rank=place.rank,
+        world_size=place.world,
+        micro_batch_size=run.setup.batch.micro_batch,
+        consumed_samples=consumed,
+        train=True,
+    )
+    metrics = open_metrics(cfg, place, start_step, model, run)
+    outputs = RunOutputs(metrics, ckpts, run_state(cfg, run.train_reader, run.setup, init_report))
+    clock = RunClock(budget, TimeClockLR.for_run(cfg.optim, schedule, run.setup.config, budget))
+    guard_state = run.point.state.get("guard") if run.point else None
+    trainer = Trainer(
+        cfg,
+        place,
+        TrainData(loader, run.val_readers),
+        outputs,
+        clock,
+        downstream=DownstreamJobs.for_run(cfg, place.rank, metrics),
+        guard=GuardedStep.for_run(cfg.guard, place, outputs, clock, guard_state),
+    )
+    return Training(trainer, start_step, consumed)
+
+
+def shutdown() -> None:
+    """Leave the process group together (otherwise ranks linger in teardown for seconds)."""
+    if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,156 @@
+"""The stability guard at work in the loop: the boundary optimizer step it may veto, its final word
+after the update, and the rollback to the newest complete checkpoint.
+
+:class:`~pretrain.components.guard.StabilityGuard` decides; :class:`GuardedStep` acts on the
+engine, the checkpoints, the lr and the metrics. The trainer calls :meth:`GuardedStep.step` in
+place of the window's last ``engine.step()`` and :meth:`GuardedStep.judge` once the step is
+recorded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pretrain.components.guard import StabilityGuard, Verdict, can_discard, discard_update
+from pretrain.components.resume import find_latest, read_state
+from pretrain.config.ds_config import ConfigError
+from pretrain.config.train_config import GuardConfig
+
+if TYPE_CHECKING:  # the trainer's groups (pretrain.trainer imports this module)
+    from pretrain.trainer import RunClock, RunOutputs, StepSetup
+
+
+class GuardedStep:
+    """The guard's optimizer step, verdicts and rollbacks for one run."""
+
+    def __init__(
+        self, guard: StabilityGuard, place: StepSetup, outputs: RunOutputs, clock: RunClock
+    ):
+        self.guard, self.place, self.outputs, self.clock = guard, place, outputs, clock
+
+    @classmethod
+    def for_run(
+        cls,
+        cfg: GuardConfig,
+        place: StepSetup,
+        outputs: RunOutputs,
+        clock: RunClock,
+        state: dict[str, Any] | None,
+    ) -> GuardedStep | None:
+        """The guard of a run with a resumed run's ``state`` (None without --stability_guard);
+        its lr factor is already in the restored schedule's base lrs, or is applied here to a
+        time clock's peak."""
+        if not cfg.stability_guard:
+            return None
+        engine = place.engine
+        if not can_discard(engine.optimizer):
+            raise ConfigError(
+                f"the stability guard needs a ZeRO optimizer (stage 1-3) to skip an update; "
+                f"this one is {type(engine.optimizer).__name__}. Use ZeRO or "
+                "--no_stability_guard."
+            )
+        if cfg.guard_lr_factor != 1.0 and clock.lr_clock is None:
+            if not hasattr(engine.lr_scheduler, "base_lrs"):
+                raise ConfigError(
+                    "--guard_lr_factor needs the trainer's own lr schedule; the DeepSpeed config "
+                    "brings a scheduler block. Remove it, or keep --guard_lr_factor 1.0."
+                )
+        guard = StabilityGuard(cfg, state, fp16=engine.fp16_enabled())
+        if clock.lr_clock is not None:
+            clock.lr_clock.peak_lr *= guard.lr_factor
+        return cls(guard, place, outputs, clock)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's state for a checkpoint (:meth:`StabilityGuard.state_dict`)."""
+        return self.guard.state_dict()
+
+    def step(self, rec: dict[str, Any]) -> Verdict:
+        """The window's optimizer step, or (when the guard rejects the step's loss) a skipped
+        one that drops the gradients; returns the guard's verdict on the loss."""
+        verdict = self.guard.check_loss(rec["step"], rec["loss"])
+        engine = self.place.engine
+        if verdict.action != "ok":
+            with discard_update(engine.optimizer):
+                engine.step()  # counted as a skipped step, like an fp16 overflow
+        else:
+            engine.step()
+        return verdict
+
+    def judge(
+        self, verdict: Verdict, rec: dict[str, Any], step: int, consumed: int
+    ) -> tuple[str, int]:
+        """The guard's final word on the step just taken, acted on and logged: (action, step to
+        continue from); action is "ok", "skip", "rollback" or "give_up"."""
+        guard = self.guard
+        if verdict.action == "ok":  # the loss was fine: judge the grad norm of the update
+            verdict = guard.check_grad_norm(rec["step"], rec["grad_norm"])
+        event, action = verdict.event, verdict.action
+        if event is None:
+            return action, step
+        event.update(loss=rec["loss"], grad_norm=rec["grad_norm"])
+        first = consumed - self.place.plan.global_batch
+        if action == "skip":
+            guard.skipped(event, first, consumed)
+        elif action == "rollback":
+            to_step = self.rollback(event, consumed)
+            if to_step is not None:
+                step = to_step
+            else:  # nothing to go back to: a one-off is skipped, a pile-up gives up
+                action = event["action"] = guard.without_checkpoint(event)
+                if action == "skip":
+                    guard.skipped(event, first, consumed)
+        self.outputs.metrics.guard(event)
+        if action == "give_up":
+            self.outputs.metrics.print(self.give_up_message(event))
+        return action, step
+
+    def rollback(self, event: dict[str, Any], consumed: int) -> int | None:
+        """Load the newest complete checkpoint into the engine (all ranks) and keep the data
+        position, so the samples consumed since it are skipped; returns its step, or None when
+        there is none of this world size (the caller gives up)."""
+        engine, ckpts = self.place.engine, self.outputs.ckpts
+        path = find_latest(ckpts.root)
+        state = read_state(path) if path is not None else None
+        if state is None or int(state["world_size"]) != self.place.world:
+            event["reason"] = (
+                "no complete checkpoint to roll back to"
+                if state is None
+                else f"the newest checkpoint {path} was written on {state['world_size']} ranks"
+            )
+            return None
+        ckpts.load(engine, path)
+        to_step = int(state["step"])
+        engine.global_steps, engine.global_samples = to_step, consumed
+        ckpts.last_saved_step = to_step
+        saved_factor = float(state.get("guard", {}).get("lr_factor", 1.0))
+        old_factor = self.guard.lr_factor
+        factor = self.guard.rolled_back(event, to_step, int(state["consumed_samples"]), consumed)
+        event["checkpoint"] = str(path)
+        self._rescale_lr(factor, old_factor, saved_factor)
+        return to_step
+
+    def _rescale_lr(self, factor: float, old_factor: float, saved_factor: float) -> None:
+        """Apply the guard's new lr ``factor`` after a rollback: to a time clock's peak (ours,
+        not in the checkpoint), or to the loaded schedule (it carries ``saved_factor``)."""
+        engine, lr_clock = self.place.engine, self.clock.lr_clock
+        if lr_clock is not None:
+            lr_clock.peak_lr *= factor / old_factor
+        elif factor != saved_factor:
+            ratio = factor / saved_factor
+            scheduler = engine.lr_scheduler
+            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+            for group in engine.optimizer.param_groups:
+                group["lr"] *= ratio
+
+    def give_up_message(self, event: dict[str, Any]) -> str:
+        """What to tell the user when the guard gives up (exit status 6)."""
+        why = event.get("reason") or (
+            f"{self.guard.rollbacks} rollbacks already (--guard_max_rollbacks "
+            f"{self.guard.cfg.guard_max_rollbacks})"
+        )
+        return (
+            f"[pretrain] ERROR: the stability guard gave up at step {event['step']} "
+            f"({event['event']}, value {event['value']}): {why}. Nothing was saved after the "
+            "last checkpoint (if any). Lower --lr, set --guard_lr_factor, save more often "
+            "(--save_interval), or turn the guard off with --no_stability_guard."
+        )
