@@ -13,7 +13,8 @@ from bertforge.cli import ArgumentParser, add_fields, from_args
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from data_prep import extend_tokenizer
-from data_prep.build import BuildConfig, build, prepare
+from data_prep.build import build, prepare
+from data_prep.build_config import BuildConfig
 
 log = get_logger(__name__)
 

@@ -21,11 +21,8 @@ mistake the inputs reveal (a --text_field no record has).
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import json
 import multiprocessing as mp
-import os
 import shutil
 import sys
 import tempfile
@@ -33,27 +30,22 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bertforge.cli import checked, opt
-from bertforge.errors import UserError
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
-from data_prep.decontam import NUM_PERM, SHINGLE, NearDuplicateIndex, Signer, sum_stats
+from data_prep.build_config import BuildConfig, BuildError, build_key, check_config, refuse_mismatch
+from data_prep.decontam import NearDuplicateIndex, Signer
 from data_prep.inputs import (
-    MAX_BAD_EXAMPLES,
     DropCounter,
-    InputConfig,
     InputError,
     expand_inputs,
-    input_signature,
     iter_documents,
     iter_located_documents,
 )
 from data_prep.layout import (
-    FORMAT_VERSION,
     MANIFEST,
     SPLITS,
     TOKENIZER_DIR,
@@ -62,6 +54,7 @@ from data_prep.layout import (
     token_dtype_for,
 )
 from data_prep.lock import FolderLock, LockError
+from data_prep.manifest import bad_records, build_manifest, no_usable_input
 from data_prep.partition import (
     MergeLock,
     PartitionError,
@@ -70,9 +63,8 @@ from data_prep.partition import (
     remove_own_temporaries,
     write_part_record,
 )
-from data_prep.progress import Progress, normalize_mode
+from data_prep.progress import Progress
 from data_prep.reader import load_manifest
-from data_prep.sequences import SequenceConfig
 from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
 from data_prep.wordstart import read_protected_terms
 from data_prep.worker import WorkerSpec, done_record_path, init_worker, is_validation, run_unit
@@ -82,173 +74,6 @@ log = get_logger(__name__)
 BUILD_STATE = "build.json"
 _MERGE_TRIES = 30  # seconds a finishing part waits for another part's merge
 DECONTAM_INDEX = "decontam-index.pkl"  # under OUT/.work: the validation documents' MinHash index
-
-
-class BuildError(UserError, ValueError):
-    """A build that cannot start or finish; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    """Arguments of one build (the CLI flags of `python -m data_prep build`, generated from these
-    fields by data_prep.__main__; each field's help is its flag's)."""
-
-    inputs: tuple[str, ...] = opt(
-        help="text/.jsonl/.parquet files (optionally .gz/.zst), folders, globs, or a "
-        "dataset saved with datasets' save_to_disk",
-        flags=("--input",),
-        metavar="PATH",
-    )
-    output: Path = opt(help="output folder")
-    tokenizer: str | None = opt(
-        None, "existing HF tokenizer folder or BERT vocab.txt", exclusive="tokenizer"
-    )  # None: train one
-    vocab_size: int = opt(
-        30522,
-        "train a WordPiece vocabulary of this size (default %(default)s)",
-        exclusive="tokenizer",
-    )
-    lowercase: bool | None = opt(
-        None, "lowercase (default when training a vocabulary)", negatable=True
-    )  # None: True when training, the tokenizer's own otherwise
-    min_frequency: int = opt(2, "WordPiece trainer min frequency")
-    sequences: SequenceConfig = field(default_factory=SequenceConfig)
-    input: InputConfig = field(default_factory=InputConfig)
-    validation_fraction: float = opt(0.01)  # share of documents in the validation split
-    protected_terms: str | None = opt(None, "file of terms kept whole for masking, one per line")
-    workers: int = opt(1, cli_default=lambda: os.cpu_count() or 1)  # pool processes (does not
-    # change the output); the command line's default is one per CPU
-    shard_docs: int = opt(10000, "documents per work unit / shard (resume granularity)")
-    shard_bytes: int = opt(32 << 20, "characters of text per work unit / shard")
-    seed: int = opt(12345)  # nsp random choices
-    overwrite: bool = opt(False, "delete an existing build in --output first")
-    num_partitions: int = opt(
-        1,
-        "split the build into N parts (one per machine, same --output on a "
-        "shared file system); run `prepare` with the same arguments first",
-    )
-    partition: int = opt(0, "the part this process builds, 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
-    decontaminate: float | None = opt(
-        None,
-        "drop training documents whose estimated Jaccard similarity (MinHash "
-        "over 5-word / 5-CJK-character shingles) to a validation document is at "
-        "least JACCARD (default 0.8 when the flag is given without a value)",
-        nargs="?",
-        const=0.8,
-        metavar="JACCARD",
-    )
-    progress: str = opt(
-        "auto",
-        "auto (a bar when stderr is a terminal, plain lines in a log), bar, lines or off",
-        type=checked(normalize_mode),
-    )
-    progress_interval_s: float = opt(
-        30.0, "lines: at most one line per this many seconds (0: one per shard)"
-    )
-
-
-def _check(cfg: BuildConfig) -> None:
-    s = cfg.sequences
-    problems = []
-    if s.format not in ("packed", "nsp"):
-        problems.append(f"--format must be packed or nsp, got {s.format!r}")
-    if not 8 <= s.max_seq_len <= 65535:
-        problems.append(f"--max_seq_len must be in [8, 65535], got {s.max_seq_len}")
-    if s.stride is not None and not 1 <= s.stride <= s.max_seq_len - 2:
-        problems.append(f"--stride must be in [1, max_seq_len - 2], got {s.stride}")
-    if s.stride is not None and s.format != "packed":
-        problems.append("--stride applies to --format packed only")
-    if not 0.0 <= cfg.validation_fraction < 1.0:
-        problems.append(f"--validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
-    if cfg.tokenizer is None and cfg.vocab_size < 100:
-        problems.append(f"--vocab_size must be at least 100, got {cfg.vocab_size}")
-    if cfg.workers < 1 or cfg.shard_docs < 1 or cfg.shard_bytes < 1:
-        problems.append("--workers, --shard_docs and --shard_bytes must be positive")
-    if cfg.num_partitions < 1 or not 0 <= cfg.partition < cfg.num_partitions:
-        problems.append(
-            f"--partition must be in [0, --num_partitions), got {cfg.partition} of "
-            f"{cfg.num_partitions}"
-        )
-    if cfg.num_partitions > 1 and cfg.overwrite:
-        problems.append(
-            "--overwrite cannot be given to a part (it would delete the other parts' "
-            "shards); pass it to `python -m data_prep prepare` instead"
-        )
-    if cfg.decontaminate is not None and not 0.0 < cfg.decontaminate <= 1.0:
-        problems.append(f"--decontaminate must be in (0, 1], got {cfg.decontaminate}")
-    if cfg.decontaminate is not None and cfg.validation_fraction <= 0:
-        problems.append("--decontaminate needs a validation split (--validation_fraction > 0)")
-    if problems:
-        raise BuildError("; ".join(problems))
-
-
-def _build_key(
-    cfg: BuildConfig, files: list[Path], terms: list[str] | None, tokenizer_fingerprint: str | None
-) -> dict[str, Any]:
-    """The arguments that determine the output; a resumed build must match them exactly."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "inputs": input_signature(files),
-        "tokenizer": (
-            {"fingerprint": tokenizer_fingerprint}
-            if cfg.tokenizer
-            else {
-                "train_vocab_size": cfg.vocab_size,
-                "min_frequency": cfg.min_frequency,
-                "lowercase": cfg.lowercase is not False,
-            }
-        ),
-        "sequences": asdict(cfg.sequences),
-        "input": asdict(cfg.input),
-        "validation_fraction": cfg.validation_fraction,
-        "protected_terms": (
-            hashlib.sha256("\n".join(terms).encode()).hexdigest() if terms else None
-        ),
-        "shard_docs": cfg.shard_docs,
-        "shard_bytes": cfg.shard_bytes,
-        "seed": cfg.seed,
-        # Only when asked for, so that builds from before the option keep their key.
-        **(
-            {
-                "decontaminate": {
-                    "threshold": cfg.decontaminate,
-                    "num_perm": NUM_PERM,
-                    "shingle": SHINGLE,
-                }
-            }
-            if cfg.decontaminate is not None
-            else {}
-        ),
-    }
-
-
-def _differences(old: dict, new: dict) -> list[str]:
-    return [
-        f"{k}: {json.dumps(old.get(k))[:120]} -> {json.dumps(new.get(k))[:120]}"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-
-
-def _refuse_mismatch(out: Path, old: dict, new: dict, what: str) -> None:
-    diffs = _differences(old, new)
-    if not diffs:
-        return
-    old_fp = (old.get("tokenizer") or {}).get("fingerprint")
-    new_fp = (new.get("tokenizer") or {}).get("fingerprint")
-    if old_fp is None and (out / TOKENIZER_DIR / "tokenizer.json").is_file():
-        old_fp = describe(out / TOKENIZER_DIR).fingerprint  # a vocabulary trained by that build
-    if old_fp and new_fp and old_fp != new_fp:
-        raise BuildError(
-            f"{out} holds shards of another tokenizer (fingerprint {old_fp[:12]}, "
-            f"yours {new_fp[:12]}). Use a new --output folder or pass --overwrite."
-        )
-    raise BuildError(
-        f"{out} holds {what} made with different arguments ("
-        + "; ".join(diffs)
-        + "). Use a new --output folder, rerun with the same "
-        "arguments, or pass --overwrite."
-    )
 
 
 def _previous_build(out: Path) -> tuple[str, dict] | None:
@@ -283,7 +108,7 @@ def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
             # A failed start with other arguments left nothing to resume: start over.
             shutil.rmtree(out)
         else:
-            _refuse_mismatch(out, old_key, key, f"an {kind} build")
+            refuse_mismatch(out, old_key, key, f"an {kind} build")
             if kind == "finished":
                 return True
     (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
@@ -416,92 +241,6 @@ def _run_units(
     return sorted(records, key=lambda r: r["unit"]), total
 
 
-def _manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> dict[str, Any]:
-    """The manifest of a complete build from its unit records and part 0's record (input-level
-    drop counts, the command and arguments)."""
-    info = describe(out / TOKENIZER_DIR)
-    dropped = Counter(first_part["input_dropped"])
-    for r in records:
-        dropped.update(r["dropped"])
-    splits = {}
-    for split in SPLITS:
-        parts = [r["splits"][split] for r in records]
-        shards = [p["shard"] for p in parts if p["shard"]]
-        splits[split] = {
-            "documents": sum(p["documents"] for p in parts),
-            "corpus_tokens": sum(p["corpus_tokens"] for p in parts),
-            "sequences": sum(s["sequences"] for s in shards),
-            "tokens": sum(s["tokens"] for s in shards),
-            "shards": shards,
-        }
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "format": key["sequences"]["format"],
-        "max_seq_len": key["sequences"]["max_seq_len"],
-        "tokenizer": {
-            "fingerprint": info.fingerprint,
-            "vocab_size": info.vocab_size,
-            "lowercase": info.lowercase,
-        },
-        "special_tokens": info.special_tokens,
-        "token_dtype": token_dtype_for(info.vocab_size).name,
-        "word_start": "numpy.packbits(bitorder='little'), 1 where a whole-word-masking unit "
-        "starts (## continuation, rjieba words, protected terms; specials set)",
-        "splits": splits,
-        "dropped": dict(sorted(dropped.items())),  # = bad_records.by_reason (older readers)
-        "bad_records": _bad_records(dropped, first_part, records),
-        "split_documents": first_part["split_documents"],
-        "protected_terms": first_part["protected_terms"],
-        "command": first_part["command"],
-        "args": first_part["args"],
-        "build_key": key,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    if "decontaminate" in key:
-        total = sum_stats(r["decontamination"] for r in records)
-        manifest["decontamination"] = {
-            **key["decontaminate"],
-            "action": "drop",
-            "validation_documents_indexed": first_part["decontam_indexed"],
-            "train_documents_checked": total["checked"],
-            "train_documents_dropped": total["dropped"],
-            "train_characters_dropped": total["dropped_characters"],
-            "examples": total["examples"],
-        }
-    if first_part["num_partitions"] > 1:
-        manifest["partitions"] = first_part["num_partitions"]
-    return manifest
-
-
-def _bad_records(dropped: Counter, first_part: dict, records: list[dict]) -> dict[str, Any]:
-    """The manifest's account of skipped input: how many, by reason, the first few with file and
-    line (input-level ones first, then those of the work units in order)."""
-    examples = [
-        *first_part.get("input_bad_examples", ()),
-        *(e for r in records for e in r.get("bad_examples", ())),
-    ]
-    return {
-        "count": sum(dropped.values()),
-        "by_reason": dict(sorted(dropped.items())),
-        "examples": examples[:MAX_BAD_EXAMPLES],
-    }
-
-
-def _no_usable_input(dropped: dict[str, int], examples: list[dict], documents: int) -> str:
-    """The error of a build that has no training document, naming the first bad record."""
-    if documents:
-        return (
-            f"all {documents} usable documents went to the validation split; lower "
-            "--validation_fraction or add input."
-        )
-    first = f"; first: {examples[0]['where']}: {examples[0]['detail']}" if examples else ""
-    return (
-        f"the inputs hold no usable document ({sum(dropped.values())} bad records: "
-        f"{dict(sorted(dropped.items()))}{first}); check --input, --text_field, "
-        "--one_doc_per_line."
-    )
-
-
 def _index_path(out: Path) -> Path:
     return out / WORK_DIR / DECONTAM_INDEX
 
@@ -523,11 +262,11 @@ def _decontam_index(cfg: BuildConfig, files: list[Path]) -> None:
 def _setup(cfg: BuildConfig) -> tuple[list[Path], list[str] | None, dict, bool]:
     """Check the arguments, compute the build key and make OUT ready; the bool says whether an
     identical build is already complete there."""
-    _check(cfg)
+    check_config(cfg)
     files = expand_inputs(list(cfg.inputs))
     terms = read_protected_terms(Path(cfg.protected_terms)) if cfg.protected_terms else None
     source_fp = _source_fingerprint(cfg) if cfg.tokenizer else None
-    key = _build_key(cfg, files, terms, source_fp)
+    key = build_key(cfg, files, terms, source_fp)
     if cfg.num_partitions > 1:
         return files, terms, key, _require_prepared(cfg, key)
     if _prepare_output(cfg, key):
@@ -555,7 +294,7 @@ def _require_prepared(cfg: BuildConfig, key: dict) -> bool:
     if previous is None:
         raise BuildError(f"{out} holds no prepared build: {hint}.")
     kind, old_key = previous
-    _refuse_mismatch(out, old_key, key, f"a build ({kind})")
+    refuse_mismatch(out, old_key, key, f"a build ({kind})")
     if kind == "finished":
         return True
     missing = [
@@ -631,13 +370,13 @@ def merge(out: Path) -> dict[str, Any]:
         for r in records:
             dropped.update(r["dropped"])
         raise InputError(
-            _no_usable_input(
+            no_usable_input(
                 dropped,
-                _bad_records(dropped, parts[0], records)["examples"],
+                bad_records(dropped, parts[0], records)["examples"],
                 sum(r["splits"]["validation"]["documents"] for r in records),
             )
         )
-    manifest = _manifest(out, key, records, parts[0])
+    manifest = build_manifest(out, key, records, parts[0])
     write_json_atomic(out / MANIFEST, manifest)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
     return manifest

@@ -157,7 +157,7 @@ def test_track_given_keeps_unset_flags_none_and_shows_the_default_once():
 
 def test_data_prep_build_flags_are_build_configs_fields():
     from data_prep.__main__ import _parser
-    from data_prep.build import BuildConfig
+    from data_prep.build_config import BuildConfig
 
     args = _parser().parse_args(["build", "--input", "a.txt", "b.txt", "--output", "out"])
     cfg = from_args(BuildConfig, args)
