@@ -27,15 +27,21 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def format_line(name: str, levelno: int, message: str) -> str:
+    """One line in the project's format, for a logger ``name`` (its package is shown) and a
+    ``logging`` level; also for lines that must go through a progress bar instead of a handler."""
+    who = name.split(".", 1)[0]
+    if _world_size() > 1:
+        who += f" rank {process_rank()}"
+    level = "" if levelno < logging.WARNING else f"{logging.getLevelName(levelno)}: "
+    return f"[{who}] {level}{message}"
+
+
 class RankFormatter(logging.Formatter):
     """``[package] LEVEL: message``; the rank appears when the job has more than one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        who = record.name.split(".", 1)[0]
-        if _world_size() > 1:
-            who += f" rank {process_rank()}"
-        level = "" if record.levelno < logging.WARNING else f"{record.levelname}: "
-        text = f"[{who}] {level}{record.getMessage()}"
+        text = format_line(record.name, record.levelno, record.getMessage())
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

@@ -1,4 +1,5 @@
-"""On-disk layout of a shard folder (docs/design.md section 1): names, dtypes, atomic writes."""
+"""On-disk layout of a shard folder (docs/design.md section 1): names, dtypes, shard arrays
+written atomically."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def fp16_gave_up(error: BaseException) -> bool:
 def fp16_give_up_message(loss_scale: float, step: int) -> str:
     """What to tell the user when fp16 gave up (see :func:`fp16_gave_up`)."""
     return (
-        f"[pretrain] ERROR: fp16 gradients kept overflowing at the minimum loss scale "
+        f"fp16 gradients kept overflowing at the minimum loss scale "
         f"({loss_scale}) at step {step}; training stopped and nothing was saved after the last "
         "checkpoint. Lower the learning rate, use bf16, or raise min_loss_scale."
     )
@@ -177,7 +177,7 @@ class Trainer:
         self.source_names = [src.name for src in sources] if sources else []
         self.faults = self.ckpts.faults  # one plan per launch: the save faults fire in the manager
         if self.faults:
-            self.metrics.print(self.faults.describe())
+            self.metrics.warning(self.faults.describe())
 
     def run(self, step: int, consumed: int) -> int:
         """Train from ``step`` to ``max_steps``; returns the exit status."""
@@ -192,7 +192,7 @@ class Trainer:
                     if not fp16_gave_up(e):
                         raise
                     scale = self.engine.optimizer.cur_scale
-                    self.metrics.print(fp16_give_up_message(scale, step + 1))
+                    self.metrics.error(fp16_give_up_message(scale, step + 1))
                     return EXIT_MIN_LOSS_SCALE
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
@@ -375,13 +375,12 @@ class Trainer:
             path = self.ckpts.save(self.engine, step, state)
         except CheckpointSaveError as e:
             if reason in PERIODIC_SAVES:
-                self.metrics.print(
-                    f"[pretrain] WARNING: {e}. Training continues and will retry at the next "
-                    "interval."
+                self.metrics.warning(
+                    f"{e}. Training continues and will retry at the next interval."
                 )
                 return True
-            self.metrics.print(
-                f"[pretrain] ERROR: the {reason} save after step {step} failed: {e}. Free space "
+            self.metrics.error(
+                f"the {reason} save after step {step} failed: {e}. Free space "
                 f"or fix the disk, then continue with --resume auto (exit status "
                 f"{EXIT_SAVE_FAILED})."
             )

@@ -67,7 +67,7 @@ class FaultPlan:
             f"{f.kind}@{f.step}" + (f"@{f.rank}" if f.rank is not None else "")
             for f in self.pending
         ]
-        return f"[pretrain] WARNING: {ENV_VAR} plans faults for this run: {', '.join(names)}"
+        return f"{ENV_VAR} plans faults for this run: {', '.join(names)}"
 
     def due(self, kind: str, step: int, rank: int) -> bool:
         """True (once) when a fault of ``kind`` is planned at ``step`` on ``rank``."""

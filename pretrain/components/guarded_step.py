@@ -101,7 +101,7 @@ class GuardedStep:
                     guard.skipped(event, first, consumed)
         self.outputs.metrics.guard(event)
         if action == "give_up":
-            self.outputs.metrics.print(self.give_up_message(event))
+            self.outputs.metrics.error(self.give_up_message(event))
         return action, step
 
     def rollback(self, event: dict[str, Any], consumed: int) -> int | None:
@@ -149,7 +149,7 @@ class GuardedStep:
             f"{self.guard.cfg.guard_max_rollbacks})"
         )
         return (
-            f"[pretrain] ERROR: the stability guard gave up at step {event['step']} "
+            f"the stability guard gave up at step {event['step']} "
             f"({event['event']}, value {event['value']}): {why}. Nothing was saved after the "
             "last checkpoint (if any). Lower --lr, set --guard_lr_factor, save more often "
             "(--save_interval), or turn the guard off with --no_stability_guard."

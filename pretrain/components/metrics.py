@@ -12,6 +12,7 @@ numeric key of the step record, masking statistics ``mask_*`` included) by sampl
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from bertforge.files import write_text_atomic
+from bertforge.logs import format_line
 from data_prep.progress import Progress
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
@@ -255,6 +257,14 @@ class MetricsWriter:
             self._bar.write(msg)
         else:
             print(msg, flush=True)
+
+    def warning(self, msg: str) -> None:
+        """A warning in the one log format (bertforge.logs), through the progress bar."""
+        self.print(format_line("pretrain", logging.WARNING, msg))
+
+    def error(self, msg: str) -> None:
+        """An error in the one log format (bertforge.logs), through the progress bar."""
+        self.print(format_line("pretrain", logging.ERROR, msg))
 
     def close(self) -> None:
         if self._bar is not None:

@@ -11,7 +11,7 @@ PACKAGES = ("bertforge", "data_prep", "kernels", "pretrain", "benchmarks")
 
 def _module_map() -> str:
     text = (REPO / "docs" / "design.md").read_text()
-    start = text.index("## Module map")
+    start = text.index(". Module map")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
 
