@@ -36,4 +36,4 @@ format: install
 GPU_CHECK_OUT ?= runs/gpu_check
 .PHONY: gpu-check
 gpu-check:
-	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)
+	$(PYTHON) -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)
