@@ -57,7 +57,11 @@ from benchmarks.kernels.measure import (
 )
 from benchmarks.kernels.sweep import loss_only, sweep_grid
 from bertforge.files import write_bytes_atomic, write_json_atomic
+from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX, api
+
+# __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
+log = get_logger(__spec__.name)
 
 
 @dataclass
@@ -458,7 +462,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.kernel
         raise SystemExit("nothing to measure: --no-head without --sweep")
     report = run(BenchConfig(**vars(args)))
     if report["failed_ours"]:
-        print(f"FAILED: {', '.join(report['failed_ours'])}", file=sys.stderr)
+        log.error(f"FAILED: {', '.join(report['failed_ours'])}")
         return 1
     return 0
 

@@ -45,10 +45,14 @@ from pathlib import Path
 from benchmarks.common import CPU_DS_CONFIG, REPO
 from benchmarks.learning.new_tokens import ARMS, new_token_eval, random_rows_folder
 from bertforge.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from bertforge.logs import get_logger
 from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
 from data_prep.sample_corpus import write_english_corpus
 from pretrain.config import command_line
 from pretrain.demo import run_step
+
+# __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
+log = get_logger(__spec__.name)
 
 # Whole domain terms for extend-tokenizer and for whole-word masking (the README recipe's list).
 TERMS = (
@@ -88,7 +92,7 @@ class Bench:
         """Run one command (log in OUT/logs/); its wall-clock seconds."""
         self.n += 1
         secs = run_step(name, [str(c) for c in cmd], self.logs / f"{self.n:02d}_{name}.log")
-        print(f"[bench] {name}: {secs:.0f} s", flush=True)
+        log.info(f"{name}: {secs:.0f} s")
         return secs
 
     def train(self, name: str, shards: Path, run: Path, steps: int, lr: float, **extra) -> None:
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         f"docstrings, {args.steps} steps, whole-word masking at 0.2",
     )
     print(json.dumps(summary, indent=1))
-    print(f"[bench] done in {result['seconds']:.0f} s")
+    log.info(f"done in {result['seconds']:.0f} s")
     return 0
 
 

@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bertforge.files import publish_dir, write_json_atomic
+from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX
+
+# __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
+log = get_logger(__spec__.name)
 
 if TYPE_CHECKING:
     from benchmarks.learning.continued import Bench
@@ -151,5 +155,5 @@ def new_token_eval(b: Bench, shards: Path, ext_report: dict) -> dict:
     }
     for arm, by_when in folders.items():
         result[arm] = {when: new_token_loss(f, batches, new_ids) for when, f in by_when.items()}
-        print(f"[bench] new-token loss {arm}: {result[arm]}", flush=True)
+        log.info(f"new-token loss {arm}: {result[arm]}")
     return result

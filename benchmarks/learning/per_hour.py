@@ -53,8 +53,12 @@ from benchmarks.learning.evaluator import (
 from benchmarks.learning.heldout import bert_vocab, split_corpus
 from benchmarks.learning.hf_side import hf_command, hf_worker
 from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX
 from pretrain.config import command_line
+
+# __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
+log = get_logger(__spec__.name)
 
 
 def ours_command(shards: Path, run: Path, args) -> list[str]:
@@ -293,7 +297,7 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
         sides["hf"] = json.loads((work / "hf" / "snapshots.json").read_text())
         launches["hf"] = {"launched": launched, "wall_s": wall}
         _save_launches(work, launches)
-        print(f"[bench] HF Trainer: {wall:.0f} s wall, {len(sides['hf'])} snapshots", flush=True)
+        log.info(f"HF Trainer: {wall:.0f} s wall, {len(sides['hf'])} snapshots")
     if "ours" in args.sides:
         run = work / "ours"
         shutil.rmtree(run, ignore_errors=True)
@@ -304,7 +308,7 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
         launches["ours"] = {"launched": launched, "wall_s": wall}
         _save_launches(work, launches)
         export_ours(sides["ours"], run, work / "ours_hf")
-        print(f"[bench] ours: {wall:.0f} s wall, {len(sides['ours'])} snapshots", flush=True)
+        log.info(f"ours: {wall:.0f} s wall, {len(sides['ours'])} snapshots")
     return sides, launches
 
 
@@ -317,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_learning_"))
     work.mkdir(parents=True, exist_ok=True)
     shards, stats, batches = prepare(args, work)
-    print(f"[bench] data: {json.dumps(stats)}; work folder {work}", flush=True)
+    log.info(f"data: {json.dumps(stats)}; work folder {work}")
     if args.dry_run:
-        print("[bench] HF:   " + " ".join(hf_command(shards, work / "hf", args, 0.0)))
-        print("[bench] ours: " + " ".join(ours_command(shards, work / "ours", args)))
+        log.info("HF:   " + " ".join(hf_command(shards, work / "hf", args, 0.0)))
+        log.info("ours: " + " ".join(ours_command(shards, work / "ours", args)))
         return 0
     if args.score_only:
         sides, launches = trained_sides(args, work)
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = {s: [(r["time_s"], r["loss"]) for r in recs] for s, recs in sides.items()}
     png = plot_curves(curves, title, work / "learning.png")
     print_table(result)
-    print(f"[bench] {work / 'learning.json'}\n[bench] {png}")
+    log.info(f"wrote {work / 'learning.json'} and {png}")
     return 0
 
 
