@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
 
+    from kernels import IGNORE_INDEX
     from pretrain.model.bert import PRESETS, build_model
 
     if args.threads:
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     tokens = batch["input_ids"].numel()
-    masked = int((batch["labels"] != -100).sum())
+    masked = int((batch["labels"] != IGNORE_INDEX).sum())
     print(
         f"batch {args.batch} x {args.seq_len} = {tokens} tokens, {masked} masked; vocab "
         f"{args.vocab_size}; torch threads {torch.get_num_threads()}; CPU, fp32"
