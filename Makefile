@@ -36,7 +36,7 @@ format: install
 GPU_CHECK_OUT ?= runs/gpu_check
 .PHONY: gpu-check
 gpu-check:
-	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)
+	$(PYTHON) -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)
 
 # Rerun the command behind every sample output pasted in README.md and docs/*.md and paste what it
 # prints now (`<!-- output: COMMAND -->` markers; scripts/refresh_docs.py --check only reports).

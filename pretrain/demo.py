@@ -31,8 +31,10 @@ from pathlib import Path
 
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.files import write_json_atomic, write_text_atomic
+from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
+from data_prep.sample_corpus import pydoc_documents, write_english_corpus
+from pretrain.config import command_line
 
 log = get_logger(__name__)
 
@@ -56,15 +58,9 @@ class StepFailed(RuntimeError):
 
 
 def write_corpus(path: Path) -> tuple[int, int]:
-    """The pydoc topics, one blank-line-separated document each; returns (documents, bytes)."""
-    from pydoc_data.topics import topics
-
-    docs = [
-        "\n".join(line for line in topics[k].splitlines() if line.strip()) for k in sorted(topics)
-    ]
-    docs = [d for d in docs if d]
-    write_text_atomic(path, "".join(d + "\n\n" for d in docs))
-    return len(docs), path.stat().st_size
+    """The English sample corpus (the pydoc topics) into `path`; returns (documents, bytes)."""
+    write_english_corpus(path)
+    return len(pydoc_documents()), path.stat().st_size
 
 
 def run_step(name: str, cmd: list[str], log: Path, stream: bool = False) -> float:
@@ -105,44 +101,24 @@ def train_command(
     args: argparse.Namespace, shards: Path, run: Path, max_steps: int, resume: str, port: int
 ) -> list[str]:
     """The DeepSpeed launcher on `args.ranks` local ranks (`deepspeed --num_gpus N ...`)."""
-    return [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(args.ranks),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(port),
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(args.ds_config),
-        "--data",
-        str(shards),
-        "--model",
-        args.model,
-        "--output_dir",
-        str(run),
-        "--max_steps",
-        str(max_steps),
-        "--resume",
-        resume,
-        "--global_batch_size",
-        str(args.global_batch_size),
-        "--micro_batch_size",
-        str(args.global_batch_size // args.ranks),
-        "--lr",
-        str(args.lr),
-        "--warmup_steps",
-        str(args.warmup_steps),
-        "--decay",
-        "constant",
-        "--eval_interval",
-        str(args.eval_interval),
-        "--log_interval",
-        "10",
-    ]
+    return command_line.trainer(
+        ranks=args.ranks,
+        master_addr="127.0.0.1",
+        master_port=port,
+        ds_config=args.ds_config,
+        data=shards,
+        model=args.model,
+        output_dir=run,
+        max_steps=max_steps,
+        resume=resume,
+        global_batch_size=args.global_batch_size,
+        micro_batch_size=args.global_batch_size // args.ranks,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        decay="constant",
+        eval_interval=args.eval_interval,
+        log_interval=10,
+    )
 
 
 def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
@@ -212,46 +188,32 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
     return [
         (
             "shards",
-            [
-                py,
-                "-m",
-                "data_prep",
-                "build",
-                "--input",
-                str(paths["corpus"]),
-                "--output",
-                str(paths["shards"]),
-                "--vocab_size",
-                str(args.vocab_size),
-                "--max_seq_len",
-                "128",
-                "--validation_fraction",
-                "0.05",
-                "--workers",
-                str(args.ranks),
-            ],
+            command_line.data_prep_build(
+                paths["corpus"],
+                paths["shards"],
+                vocab_size=args.vocab_size,
+                max_seq_len=128,
+                validation_fraction=0.05,
+                workers=args.ranks,
+            ),
             False,
         ),
         (
             "doctor",
             [
-                py,
-                "-m",
-                "pretrain.doctor",
-                "--ds_config",
-                str(args.ds_config),
-                "--data",
-                str(paths["shards"]),
-                "--slots",
-                str(args.ranks),
-                "--model",
-                args.model,
-                "--output_dir",
-                str(paths["run"]),
-                "--global_batch_size",
-                str(args.global_batch_size),
-                "--micro_batch_size",
-                str(args.global_batch_size // args.ranks),
+                *(py, "-m", "pretrain.doctor"),
+                *command_line.flags(
+                    {
+                        "ds_config": args.ds_config,
+                        "data": paths["shards"],
+                        "slots": args.ranks,
+                        "model": args.model,
+                        "output_dir": paths["run"],
+                        "global_batch_size": args.global_batch_size,
+                        "micro_batch_size": args.global_batch_size // args.ranks,
+                    },
+                    switches=False,
+                ),
             ],
             False,
         ),
@@ -272,27 +234,14 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
         ),
         (
             "fill-mask",
-            [
-                py,
-                "-m",
-                "pretrain.demo",
-                "--fill_mask",
-                str(paths["hf"]),
-                "--fill_mask_out",
-                str(paths["fill_mask"]),
-            ],
+            [py, "-m", "pretrain.demo", "--fill_mask", str(paths["hf"])]
+            + ["--fill_mask_out", str(paths["fill_mask"])],
             True,
         ),
         (
             "plot",
-            [
-                py,
-                "-m",
-                "pretrain.plot",
-                str(paths["run"] / "metrics.jsonl"),
-                "--out",
-                str(paths["plots"]),
-            ],
+            [py, "-m", "pretrain.plot", str(paths["run"] / "metrics.jsonl")]
+            + ["--out", str(paths["plots"])],
             False,
         ),
     ]

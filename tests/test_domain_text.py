@@ -1,5 +1,5 @@
-"""benchmarks/domain_text.py, the README recipe's domain corpus: every docstring one document
-that `data_prep` reads back as written, none repeated, none too short."""
+"""`python -m data_prep.domain_text`, the README recipe's domain corpus: every docstring one
+document that `data_prep` reads back as written, none repeated, none too short."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 from conftest import run_cli
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = str(REPO / "benchmarks" / "domain_text.py")
+SCRIPT = ("-m", "data_prep.domain_text")
 
 
 def _documents(path: Path) -> list[str]:
@@ -20,7 +19,9 @@ def _documents(path: Path) -> list[str]:
 
 def test_docstrings_become_documents_data_prep_reads(tmp_path):
     out = tmp_path / "domain.txt"
-    proc = run_cli(SCRIPT, "--packages", "email", "http", "--output", str(out), "--min_chars", "60")
+    proc = run_cli(
+        *SCRIPT, "--packages", "email", "http", "--output", str(out), "--min_chars", "60"
+    )
     docs = _documents(out)
     assert f"{len(docs)} docstrings of email, http" in proc.stdout
     assert len(docs) == len(set(docs)) > 100 and min(map(len, docs)) >= 60
@@ -35,7 +36,7 @@ def test_docstrings_become_documents_data_prep_reads(tmp_path):
 
 def test_unknown_package_is_a_clear_error(tmp_path):
     proc = run_cli(
-        SCRIPT, "--packages", "no_such_pkg_xyz", "--output", str(tmp_path / "d.txt"), check=False
+        *SCRIPT, "--packages", "no_such_pkg_xyz", "--output", str(tmp_path / "d.txt"), check=False
     )
     assert proc.returncode != 0
     assert "--packages no_such_pkg_xyz: not a pure-Python module or package" in proc.stderr

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py: the dry run (every part, on the CPU, tiny sizes) and its time boxes.
+"""`python -m benchmarks.gpu_check`: the dry run (every part, on the CPU, tiny sizes) and its time
+boxes.
 
 The dry run executes the same code as the GPU check, so the script cannot rot between GPU loans.
 """
@@ -15,14 +16,14 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from benchmarks import gpu_check
+from benchmarks.gpu_check import __main__ as gpu_check
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
     proc = run_cli(
-        "benchmarks/gpu_check.py", "--dry-run", "--out", str(out), check=False, timeout=300
+        "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), check=False, timeout=300
     )
     return out, proc
 
@@ -60,7 +61,8 @@ def test_a_failed_part_leaves_the_others(tmp_path):
     """resume before train has nothing to resume: it fails with a reason, data still runs, and
     the command exits 1."""
     proc = run_cli(
-        "benchmarks/gpu_check.py",
+        "-m",
+        "benchmarks.gpu_check",
         "--dry-run",
         "--parts",
         "resume,data",
@@ -116,11 +118,11 @@ def test_unknown_part_is_refused(tmp_path, capsys):
 
 
 def documented_gpu_check_commands() -> list[list[str]]:
-    """argv of every gpu_check command line in README.md and docs/*.md, and the one
+    """argv of every gpu_check command line in README.md and the docs/ pages, and the one
     `make gpu-check` runs."""
     from test_kernels_bench import documented_commands
 
-    argvs = [argv[1:] for _, _, argv in documented_commands(("benchmarks/gpu_check.py",))]
+    argvs = [argv[2:] for _, _, argv in documented_commands(("benchmarks.gpu_check",))]
     # Under `make test` the parent make's variables would add "Entering directory" lines.
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     dry = subprocess.run(
@@ -131,8 +133,8 @@ def documented_gpu_check_commands() -> list[list[str]]:
         check=True,
         env=env,
     ).stdout
-    line = next(x for x in dry.splitlines() if "benchmarks/gpu_check.py" in x).split()
-    return argvs + [line[line.index("benchmarks/gpu_check.py") + 1 :]]
+    line = next(x for x in dry.splitlines() if "-m benchmarks.gpu_check" in x).split()
+    return argvs + [line[line.index("benchmarks.gpu_check") + 1 :]]
 
 
 def test_documented_commands_parse():

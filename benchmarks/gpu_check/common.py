@@ -1,4 +1,4 @@
-"""What every part of benchmarks/gpu_check.py shares: the plans (GPU and dry run), a part's
+"""What every part of the GPU check shares: the plans (GPU and dry run), a part's
 result record, its atomic JSON file, and the time-boxed subprocess runner.
 """
 
@@ -8,16 +8,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
-    sys.path.insert(0, str(REPO))
-
+from benchmarks.common import REPO
 from bertforge.files import write_bytes_atomic
 
 PARTS = ("data", "kernel_tests", "kernel_sweep", "head", "train", "hf_baseline", "resume")
@@ -41,7 +37,7 @@ class Plan:
     hf_config: tuple[str, int]  # (preset, seq) of the HF baseline, compared with ours
     boxes: dict  # part -> (time box s, floor s kept free for it while earlier parts run)
     kernel_test_args: tuple[str, ...]
-    bench_args: tuple[str, ...]  # extra flags for bench_kernels (dry run: tiny shapes)
+    bench_args: tuple[str, ...]  # extra flags for kernels.speed (dry run: tiny shapes)
     head_widths: tuple[int, ...]
     ds_configs: dict  # precision -> the shipped DeepSpeed config it trains with
     vocab: int | None  # pad the trained vocabulary to this size (None: as trained)

@@ -1,4 +1,4 @@
-"""The one evaluator of ``bench_learning.py``: held-out masked-LM loss of saved models.
+"""The one evaluator of ``benchmarks.learning.per_hour``: held-out masked-LM loss of saved models.
 
 Contract: :func:`build_masked_batches` packs held-out text into ``seq_len`` sequences
 ([CLS] ... [SEP]) and masks 15% of the non-special tokens (80% [MASK], 10% random, 10% kept)
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-IGNORE = -100  # transformers' ignored label
+from kernels import IGNORE_INDEX
 
 
 def build_masked_batches(
@@ -43,7 +43,7 @@ def build_masked_batches(
     special = (input_ids == tok.cls_token_id) | (input_ids == tok.sep_token_id)
     gen = torch.Generator().manual_seed(seed)
     chosen = (torch.rand(input_ids.shape, generator=gen) < mask_prob) & ~special
-    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE))
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     draw = torch.rand(input_ids.shape, generator=gen)
     random_ids = torch.randint(len(tok), input_ids.shape, generator=gen)
     masked = input_ids.clone()
@@ -67,7 +67,7 @@ def heldout_loss(model_dir: str | Path, batches: dict[str, torch.Tensor], micro:
     for i in range(0, len(batches["input_ids"]), micro):
         part = {k: v[i : i + micro] for k, v in batches.items()}
         logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"]).logits
-        keep = part["labels"] != IGNORE
+        keep = part["labels"] != IGNORE_INDEX
         rows, gold = logits[keep].float(), part["labels"][keep]
         loss_sum += float(torch.nn.functional.cross_entropy(rows, gold, reduction="sum"))
         correct += int((rows.argmax(-1) == gold).sum())

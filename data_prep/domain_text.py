@@ -1,8 +1,8 @@
 """A domain corpus that ships with Python: the docstrings of some standard-library packages.
 
-    python benchmarks/domain_text.py --packages email http urllib --output domain.txt
+    python -m data_prep.domain_text --packages email http urllib --output domain.txt
 
-The README's continued-pretraining recipe and benchmarks/bench_continued.py use it as the
+The README's continued-pretraining recipe and benchmarks.learning.continued use it as the
 "domain" next to the demo's general corpus (the pydoc topic pages): email, HTTP and URL handling
 have their own vocabulary (MIME, multipart, charset, header, payload, ...), written by the same
 kind of authors. The contract:
@@ -22,10 +22,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bertforge.files import write_text_atomic  # noqa: E402
+from bertforge.files import write_text_atomic
 
 DEFAULT_PACKAGES = ("email", "http", "urllib")
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -69,7 +66,11 @@ def write_domain_text(packages: Iterable[str], output: Path, min_chars: int = 40
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: write the corpus and say how big it is."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_prep.domain_text",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument(
         "--packages",
         nargs="+",

@@ -1,14 +1,14 @@
 """Validate a GPU node and measure every GPU claim of the project in one command (<= 8 minutes).
 
-    python benchmarks/gpu_check.py --out runs/gpu_check          # `make gpu-check`
-    python benchmarks/gpu_check.py --out /tmp/gc --dry-run       # the same code on CPU, tiny sizes
+    python -m benchmarks.gpu_check --out runs/gpu_check          # `make gpu-check`
+    python -m benchmarks.gpu_check --out /tmp/gc --dry-run       # the same code on CPU, tiny sizes
 
 Parts, in this order, each in its own process group with its own time box (a part that fails or
 runs out of time leaves the others' numbers; the whole run stays inside --budget_s):
   data           shards of CPython's pydoc text at sequence 128 and 512, vocabulary padded to 30522
   kernel_tests   the kernel tests on this device (pytest: CUDA tensors and the compiled kernel)
   kernel_sweep   the loss alone on [N_m x V] logits, bf16/fp16: eager, torch.compile, Liger, ours;
-                 GB/s, % of the HBM peak, peak memory (benchmarks/bench_kernels.py --sweep)
+                 GB/s, % of the HBM peak, peak memory (benchmarks.kernels.speed --sweep)
   head           decoder + loss at BERT-base/large widths: all-position logits vs masked rows
   train          pretrain/main.py on one GPU, ZeRO-2: BERT-base/large x seq 128/512 x bf16/fp16,
                  tokens/s, sequences/s, TFLOP/s, MFU (vs the dense bf16 peak), peak memory
@@ -30,11 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu_check_common import (
+from benchmarks.gpu_check.common import (
     DRY_PLAN,
     GPU_PLAN,
     PARTS,
@@ -45,14 +41,14 @@ from benchmarks.gpu_check_common import (
     save_part,
     seconds_left,
 )
-from benchmarks.gpu_check_parts import (
+from benchmarks.gpu_check.parts import (
     part_data,
     part_head,
     part_kernel_sweep,
     part_kernel_tests,
 )
-from benchmarks.gpu_check_report import markdown, write_report
-from benchmarks.gpu_check_train import part_hf_baseline, part_resume, part_train
+from benchmarks.gpu_check.report import markdown, write_report
+from benchmarks.gpu_check.train import part_hf_baseline, part_resume, part_train
 
 PART_FUNCS = {
     "data": part_data,
@@ -101,8 +97,7 @@ def run_check(plan: Plan, out: Path, parts: list[str], budget_s: float) -> list[
             print(f"{name:14s} not run (budget spent)", flush=True)
             continue
         cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
+            *(sys.executable, "-m", "benchmarks.gpu_check"),
             "--part",
             name,
             "--out",
@@ -135,9 +130,9 @@ def _load_part(out: Path, name: str) -> PartResult:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of `python benchmarks/gpu_check.py` (and `make gpu-check`)."""
+    """The command line of `python -m benchmarks.gpu_check` (and `make gpu-check`)."""
     p = argparse.ArgumentParser(
-        prog="python benchmarks/gpu_check.py",
+        prog="python -m benchmarks.gpu_check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

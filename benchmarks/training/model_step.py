@@ -1,6 +1,6 @@
 """Forward+backward step on CPU: pretrain.model.bert vs transformers' BertForMaskedLM, side by side.
 
-    python benchmarks/bench_model_step.py [--models tiny small] [--batch 32] [--seq_len 128]
+    python -m benchmarks.training.model_step [--models tiny small] [--batch 32] [--seq_len 128]
                                           [--vocab_size 30522] [--steps 5] [--threads N]
 
 Both models have the same architecture and vocabulary (30522, BERT's) and run on the SAME batch:
@@ -20,9 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 
 def bert_tokenizer(vocab_size: int, folder: Path):
     """A BERT-layout WordPiece tokenizer with `vocab_size` entries (what HF's collator needs)."""
@@ -35,7 +32,11 @@ def bert_tokenizer(vocab_size: int, folder: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.training.model_step",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--models", nargs="+", default=["tiny", "small"])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq_len", type=int, default=128)
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
 
+    from kernels import IGNORE_INDEX
     from pretrain.model.bert import PRESETS, build_model
 
     if args.threads:
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     tokens = batch["input_ids"].numel()
-    masked = int((batch["labels"] != -100).sum())
+    masked = int((batch["labels"] != IGNORE_INDEX).sum())
     print(
         f"batch {args.batch} x {args.seq_len} = {tokens} tokens, {masked} masked; vocab "
         f"{args.vocab_size}; torch threads {torch.get_num_threads()}; CPU, fp32"

@@ -7,7 +7,7 @@ Ours: ``deepspeed --num_gpus 2 pretrain/main.py`` (ZeRO-2, fp32, masked-rows-onl
 HF: ``torchrun --nproc_per_node 2`` running ``transformers.Trainer`` (DDP on gloo).
 Throughput counts non-padding input tokens per second over the steps after ``--warmup``.
 
-    python benchmarks/bench_trainer.py [--corpus FILE] [--model small] [--steps 10] [--warmup 3]
+    python -m benchmarks.training.trainer [--corpus FILE] [--model small] [--steps 10] [--warmup 3]
 """
 
 from __future__ import annotations
@@ -21,91 +21,41 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-
-def build_shards(
-    corpus: list[Path], out: Path, vocab_size: int, seq_len: int, tokenizer: str | None = None
-) -> Path:
-    if (out / "manifest.json").is_file():
-        return out
-    # An existing tokenizer (e.g. a BERT vocab.txt) gives BERT's real vocabulary size; small
-    # corpora cannot train one that large.
-    vocab = ["--tokenizer", tokenizer] if tokenizer else ["--vocab_size", str(vocab_size)]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data_prep",
-            "build",
-            "--input",
-            *map(str, corpus),
-            "--output",
-            str(out),
-            *vocab,
-            "--max_seq_len",
-            str(seq_len),
-            "--validation_fraction",
-            "0.02",
-            "--workers",
-            "2",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return out
+from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, vocab_size
+from bertforge.files import write_json_atomic
+from data_prep.sample_corpus import write_english_corpus
+from pretrain.config import command_line
 
 
 def run_ours(shards: Path, run: Path, args) -> dict:
     """Launch our trainer; tokens/s from metrics.jsonl (sum of tokens / sum of step times)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(args.ranks),
-        "--master_port",
-        str(args.port),
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
-        "--data",
-        str(shards),
-        "--model",
-        args.model,
-        "--output_dir",
-        str(run),
-        "--max_steps",
-        str(args.steps),
-        "--global_batch_size",
-        str(args.global_batch),
-        "--micro_batch_size",
-        str(args.global_batch // args.ranks),
-        "--num_workers",
-        "1",
-        "--progress",
-        "false",
-        "--save_final",
-        "false",
-        "--eval_batches",
-        "1",
-        "--lr",
-        "1e-4",
-        "--warmup_steps",
-        "1",
-    ]
+    from pretrain.components.metrics import read_metrics
+
+    cmd = command_line.trainer(
+        ranks=args.ranks,
+        master_port=args.port,
+        ds_config=CPU_DS_CONFIG,
+        data=shards,
+        model=args.model,
+        output_dir=run,
+        max_steps=args.steps,
+        global_batch_size=args.global_batch,
+        micro_batch_size=args.global_batch // args.ranks,
+        num_workers=1,
+        progress=False,
+        save_final=False,
+        eval_batches=1,
+        lr="1e-4",
+        warmup_steps=1,
+    )
     subprocess.run(
         cmd,
         cwd=REPO,
         check=True,
         capture_output=not args.verbose,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=one_thread_env(),
     )
-    with open(run / "metrics.jsonl", encoding="utf-8") as f:
-        recs = [json.loads(line) for line in f]
-    recs = [r for r in recs if r.get("split", "train") == "train"][args.warmup :]
+    recs = read_metrics(run / "metrics.jsonl")[args.warmup :]
     tokens = sum(r["tokens"] for r in recs)
     secs = sum(r["step_time_s"] for r in recs)
     return {
@@ -187,16 +137,13 @@ def hf_worker(args) -> None:
         steps = times[args.warmup :]
         secs = steps[-1] - (times[args.warmup - 1] if args.warmup else start)
         tokens = mean_len * args.global_batch * len(steps)
-        Path(args.hf_result).write_text(
-            json.dumps(
-                {
-                    "tokens_per_s": tokens / secs,
-                    "steps": len(steps),
-                    "seconds": secs,
-                    "tokens_per_step": mean_len * args.global_batch,
-                }
-            )
-        )
+        result = {
+            "tokens_per_s": tokens / secs,
+            "steps": len(steps),
+            "seconds": secs,
+            "tokens_per_step": mean_len * args.global_batch,
+        }
+        write_json_atomic(Path(args.hf_result), result)
 
 
 def run_hf(shards: Path, out: Path, args) -> dict:
@@ -209,7 +156,7 @@ def run_hf(shards: Path, out: Path, args) -> dict:
         str(args.ranks),
         "--master_port",
         str(args.port + 1),
-        str(Path(__file__).resolve()),
+        *("-m", "benchmarks.training.trainer"),
         "--hf_worker",
         "--shards",
         str(shards),
@@ -231,14 +178,16 @@ def run_hf(shards: Path, out: Path, args) -> dict:
         cwd=REPO,
         check=True,
         capture_output=not args.verbose,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=one_thread_env(),
     )
     return json.loads(result.read_text())
 
 
 def main() -> int:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.training.trainer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--corpus",
@@ -274,12 +223,12 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     corpus = args.corpus
     if corpus is None:
-        sys.path.insert(0, str(REPO / "tests"))
-        from conftest import write_english_corpus
-
         corpus = [write_english_corpus(work / "pydoc_topics.txt")]
-    shards = build_shards(corpus, work / "shards", args.vocab_size, args.seq_len, args.tokenizer)
-    vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    vocab = {"tokenizer": args.tokenizer} if args.tokenizer else {"vocab_size": args.vocab_size}
+    shards = build_shards(
+        corpus, work / "shards", max_seq_len=args.seq_len, validation_fraction=0.02, **vocab
+    )
+    vocab = vocab_size(shards)
     print(
         f"corpus {' '.join(map(str, corpus))}; vocab {vocab}; model {args.model}; "
         f"seq {args.seq_len}; global batch "

@@ -3,7 +3,7 @@
 a TCP store, then the process group on the same store) against plain `deepspeed.init_distributed`
 (env://), two local ranks, the time from the call to the end of a first all-reduce.
 
-    python benchmarks/bench_launch.py [--repeats 5] [--ranks 2]
+    python -m benchmarks.training.launch [--repeats 5] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import statistics
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from a clone
+from benchmarks.common import REPO
+
 RANK_SCRIPT = textwrap.dedent("""
     import sys, time, torch, deepspeed, torch.distributed as dist
     variant = sys.argv[1]
@@ -68,7 +67,7 @@ def one_launch(variant: str, ranks: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.training.launch", description=__doc__)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ranks", type=int, default=2)
     args = p.parse_args()

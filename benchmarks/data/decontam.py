@@ -1,6 +1,6 @@
 """Decontamination: speed (MB/s) and what it finds on a corpus with planted near-duplicates.
 
-    python benchmarks/bench_decontam.py --english tiny-shakespeare.txt --chinese hongloumeng.txt
+    python -m benchmarks.data.decontam --english tiny-shakespeare.txt --chinese hongloumeng.txt
 
 One document a line: the English file's blank-line-separated blocks joined into lines, and the
 Chinese file's non-empty lines. Every validation document (by data_prep's hash split,
@@ -25,9 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bertforge.files import write_json_atomic
+from pretrain.config import command_line
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 EDIT_RATES = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 HEADERS = ("Mirror:", "Copy:", "Reposted:", "Archived:")
@@ -64,28 +65,25 @@ def exact_jaccard(a: str, b: str) -> float:
     return len(sa & sb) / max(len(sa | sb), 1)
 
 
-def timed_build(corpus: Path, out: Path, fraction: float, *extra: str) -> tuple[float, dict]:
+def timed_build(corpus: Path, out: Path, fraction: float, **options) -> tuple[float, dict]:
+    """`data_prep build` in this process (one document a line, `options` as its flags): its
+    seconds and its manifest."""
     from data_prep.__main__ import main
+    from data_prep.reader import load_manifest
 
-    t0 = time.perf_counter()
-    rc = main(
-        [
-            "build",
-            "--input",
-            str(corpus),
-            "--output",
-            str(out),
-            "--one_doc_per_line",
-            "--validation_fraction",
-            str(fraction),
-            "--workers",
-            "2",
-            *extra,
-        ]
+    argv = command_line.data_prep_build(
+        corpus,
+        out,
+        one_doc_per_line=True,
+        validation_fraction=fraction,
+        workers=2,
+        **options,
     )
+    t0 = time.perf_counter()
+    rc = main(argv[argv.index("build") :])  # data_prep's own argv: "build", "--input", ...
     if rc:
         raise SystemExit(f"build failed ({rc})")
-    return time.perf_counter() - t0, json.loads((out / "manifest.json").read_text())
+    return time.perf_counter() - t0, load_manifest(out)
 
 
 def plant(docs: list[str], fraction: float) -> tuple[list[str], list[dict]]:
@@ -146,7 +144,11 @@ def summarise(pairs: list[dict], threshold: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.data.decontam",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--english", type=Path, required=True, help="blank-line-separated English")
     p.add_argument("--chinese", type=Path, required=True, help="Chinese, a paragraph a line")
     p.add_argument("--threshold", type=float, default=0.8)
@@ -162,17 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "planted.txt"
         corpus.write_text("\n".join(docs + [x["copy"] for x in pairs]) + "\n", encoding="utf-8")
-        timed_build(corpus, Path(tmp) / "plain", frac, "--vocab_size", "16000")  # the tokenizer
-        tok = str(Path(tmp) / "plain" / "tokenizer")
-        plain_s, _ = timed_build(corpus, Path(tmp) / "plain2", frac, "--tokenizer", tok)
+        timed_build(corpus, Path(tmp) / "plain", frac, vocab_size=16000)  # the tokenizer
+        tok = Path(tmp) / "plain" / "tokenizer"
+        plain_s, _ = timed_build(corpus, Path(tmp) / "plain2", frac, tokenizer=tok)
         dec_s, dec = timed_build(
-            corpus,
-            Path(tmp) / "dec",
-            frac,
-            "--tokenizer",
-            tok,
-            "--decontaminate",
-            str(args.threshold),
+            corpus, Path(tmp) / "dec", frac, tokenizer=tok, decontaminate=args.threshold
         )
         check = check_in_process(val, train_docs, args.threshold, Path(tmp))
         mb = corpus.stat().st_size / 1e6
@@ -209,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result, indent=1, ensure_ascii=False))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False))
+        write_json_atomic(args.json, result)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The data and kernel parts of benchmarks/gpu_check.py: shards, kernel tests, kernel sweep, head.
+"""The data and kernel parts of the GPU check: shards, kernel tests, kernel sweep, head.
 
 Each part function takes (plan, out, result, deadline), fills result.rows / details / status and
 may raise (gpu_check records the exception as the part's error).
@@ -11,11 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu_check_common import (
+from benchmarks.common import build_shards, shards_manifest
+from benchmarks.gpu_check.common import (
     PartResult,
     Plan,
     run_logged,
@@ -23,6 +20,7 @@ from benchmarks.gpu_check_common import (
     seconds_left,
     shards_dir,
 )
+from data_prep.sample_corpus import write_english_corpus
 
 
 def padded_vocab_file(tokenizer_json: Path, size: int, dest: Path) -> Path:
@@ -36,26 +34,30 @@ def padded_vocab_file(tokenizer_json: Path, size: int, dest: Path) -> Path:
 
 def part_data(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
     """Shards of the pydoc corpus for every sequence length of the plan (the same builder and
-    corpus as benchmarks/bench_trainer.py); the vocabulary padded to BERT's size on a GPU."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import write_english_corpus
-
-    from benchmarks.bench_trainer import build_shards
-
+    corpus as benchmarks.training.trainer); the vocabulary padded to BERT's size on a GPU."""
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     corpus = write_english_corpus(data / "pydoc_topics.txt")
     tokenizer = None
     if plan.vocab:  # a 460 KB corpus trains ~4k entries; the head must be BERT's 30522 wide
-        probe = build_shards([corpus], data / "vocab_probe", plan.vocab, plan.seq_lens[0])
+        probe = build_shards(
+            corpus,
+            data / "vocab_probe",
+            vocab_size=plan.vocab,
+            max_seq_len=plan.seq_lens[0],
+            validation_fraction=0.02,
+        )
         tokenizer = str(
             padded_vocab_file(
                 probe / "tokenizer" / "tokenizer.json", plan.vocab, data / "vocab.txt"
             )
         )
     for seq in plan.seq_lens:
-        shards = build_shards([corpus], shards_dir(out, seq), plan.vocab or 30522, seq, tokenizer)
-        manifest = json.loads((shards / "manifest.json").read_text())
+        vocab = {"tokenizer": tokenizer} if tokenizer else {"vocab_size": plan.vocab or 30522}
+        shards = build_shards(
+            corpus, shards_dir(out, seq), max_seq_len=seq, validation_fraction=0.02, **vocab
+        )
+        manifest = shards_manifest(shards)
         res.rows.append(
             {
                 "shards": str(shards),
@@ -129,12 +131,11 @@ def part_kernel_tests(plan: Plan, out: Path, res: PartResult, deadline: float) -
 
 
 def run_bench(plan: Plan, out: Path, name: str, flags: list[str], deadline: float) -> dict:
-    """benchmarks/bench_kernels.py with `flags` into OUT/NAME; its report (rc in report["rc"])."""
+    """benchmarks.kernels.speed with `flags` into OUT/NAME; its report (rc in report["rc"])."""
     folder = out / name
     rc = run_logged(
         [
-            sys.executable,
-            str(REPO / "benchmarks" / "bench_kernels.py"),
+            *(sys.executable, "-m", "benchmarks.kernels.speed"),
             *flags,
             *plan.bench_args,
             "--out",

@@ -1,6 +1,6 @@
 """data_prep vs the run_mlm.py way, side by side in one run: tokens/s and bytes/token on disk.
 
-    python benchmarks/bench_data_prep.py --corpus path/to/tiny-shakespeare.txt --repeat 27
+    python -m benchmarks.data.prep --corpus path/to/tiny-shakespeare.txt --repeat 27
 
 The corpus (blank-line-separated documents) is repeated to tens of MB. A WordPiece tokenizer is
 trained once (not timed) and both pipelines use it:
@@ -11,7 +11,7 @@ trained once (not timed) and both pipelines use it:
 Both run in this process after their libraries are imported; each gets a fresh cache folder.
 Throughput counts corpus tokens (the documents' own tokens, no [CLS]/[SEP]) per second.
 
-    python benchmarks/bench_data_prep.py --corpus tiny-shakespeare.txt --repeat 9 --partitions 4
+    python -m benchmarks.data.prep --corpus tiny-shakespeare.txt --repeat 9 --partitions 4
 
 --partitions N instead times a build of the whole against N parts built one after another into
 another folder (`prepare`, then `build --num_partitions N --partition K` for each K; the last one
@@ -22,7 +22,6 @@ prints each part's time against the whole's (ideal: 1/N; every part still reads 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -33,8 +32,7 @@ import time
 from itertools import chain
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bertforge.files import write_json_atomic
 
 
 def folder_bytes(path: Path) -> int:
@@ -169,8 +167,12 @@ def run_partitions(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.data.prep",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--corpus", type=Path, required=True, help="UTF-8 text, blank-line documents")
     p.add_argument("--repeat", type=int, default=27, help="copies of the corpus (tens of MB)")
     p.add_argument("--workers", type=int, default=2, help="processes for both pipelines")
@@ -185,61 +187,32 @@ def main(argv: list[str] | None = None) -> int:
         help="time N parts one after another against one build of the whole",
     )
     p.add_argument("--shard_docs", type=int, default=2000, help="--partitions: units' size")
-    args = p.parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import datasets  # noqa: F401  (imports warmed up outside both clocks)
-    import transformers  # noqa: F401
+    return p.parse_args(argv)
 
-    from data_prep.tokenizer import train_wordpiece
 
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_data_prep_"))
-    shutil.rmtree(work / "run", ignore_errors=True)
-    (work / "run").mkdir(parents=True)
-    try:
-        corpus = work / "run" / "corpus.txt"
-        size = make_corpus(args.corpus, args.repeat, corpus)
-        tok_dir = work / "run" / "tokenizer"
-        text = args.corpus.read_text(encoding="utf-8")
-        train_wordpiece(iter(text.split("\n\n")), args.vocab_size, True, tok_dir)
-        print(
-            f"corpus: {args.corpus.name} x{args.repeat} = {size / 1e6:.1f} MB; "
-            f"workers {args.workers}; max_seq_len {args.max_seq_len}",
-            flush=True,
-        )
-        if args.partitions:
-            r = run_partitions(
-                corpus,
-                tok_dir,
-                work / "run",
-                args.partitions,
-                args.workers,
-                args.max_seq_len,
-                args.shard_docs,
-            )
-            print(
-                f"whole build {r['whole_seconds']:.2f} s ({r['units']} work units); prepare "
-                f"{r['prepare_seconds']:.2f} s; parts "
-                + ", ".join(f"{t:.2f}" for t in r["part_seconds"])
-                + f" s; slowest part / whole "
-                f"{r['slowest_part_over_whole']:.3f} (ideal {1 / args.partitions:.3f}); "
-                f"{r['shard_files']} shard files byte-identical: {r['byte_identical']}"
-            )
-            print(
-                f"CPU seconds (process + workers): whole {r['whole_cpu_seconds']:.2f}, parts "
-                + ", ".join(f"{t:.2f}" for t in r["part_cpu_seconds"])
-                + f"; largest part / whole {r['slowest_part_cpu_over_whole']:.3f}; load "
-                f"average {os.getloadavg()[0]:.1f}"
-            )
-            if args.json:
-                args.json.write_text(json.dumps({"corpus_bytes": size, **r}, indent=1))
-            return 0 if r["byte_identical"] else 1
-        base = run_baseline(
-            corpus, tok_dir, work / "run" / "hf_out", args.workers, args.max_seq_len
-        )
-        ours = run_ours(corpus, tok_dir, work / "run" / "shards", args.workers, args.max_seq_len)
-    finally:
-        if args.work_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
+def report_partitions(r: dict, args: argparse.Namespace, size: int) -> int:
+    """--partitions: the whole against its parts; 1 when the shard files differ."""
+    print(
+        f"whole build {r['whole_seconds']:.2f} s ({r['units']} work units); prepare "
+        f"{r['prepare_seconds']:.2f} s; parts "
+        + ", ".join(f"{t:.2f}" for t in r["part_seconds"])
+        + f" s; slowest part / whole "
+        f"{r['slowest_part_over_whole']:.3f} (ideal {1 / args.partitions:.3f}); "
+        f"{r['shard_files']} shard files byte-identical: {r['byte_identical']}"
+    )
+    print(
+        f"CPU seconds (process + workers): whole {r['whole_cpu_seconds']:.2f}, parts "
+        + ", ".join(f"{t:.2f}" for t in r["part_cpu_seconds"])
+        + f"; largest part / whole {r['slowest_part_cpu_over_whole']:.3f}; load "
+        f"average {os.getloadavg()[0]:.1f}"
+    )
+    if args.json:
+        write_json_atomic(args.json, {"corpus_bytes": size, **r})
+    return 0 if r["byte_identical"] else 1
+
+
+def report_sides(base: dict, ours: dict, args: argparse.Namespace, size: int) -> None:
+    """The baseline against ours: tokens/s and bytes per token, printed (and --json)."""
     rows = {}
     for name, r in (("run_mlm.py way (datasets)", base), ("data_prep", ours)):
         r["tokens_per_s"] = r["corpus_tokens"] / r["seconds"]
@@ -255,20 +228,51 @@ def main(argv: list[str] | None = None) -> int:
     smaller = base["bytes_per_corpus_token"] / ours["bytes_per_corpus_token"]
     print(f"speed-up {speedup:.2f}x tokens/s; {smaller:.2f}x fewer bytes per corpus token")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "corpus_bytes": size,
-                    "repeat": args.repeat,
-                    "workers": args.workers,
-                    "machine": platform.machine(),
-                    "cpus": os.cpu_count(),
-                    "results": rows,
-                    "speedup": speedup,
-                },
-                indent=1,
-            )
+        result = {
+            "corpus_bytes": size,
+            "repeat": args.repeat,
+            "workers": args.workers,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "results": rows,
+            "speedup": speedup,
+        }
+        write_json_atomic(args.json, result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the corpus and the tokenizer, time both pipelines (or the partitions), report."""
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets  # noqa: F401  (imports warmed up outside both clocks)
+    import transformers  # noqa: F401
+
+    from data_prep.tokenizer import train_wordpiece
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_data_prep_"))
+    run = work / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    try:
+        corpus, tok_dir = run / "corpus.txt", run / "tokenizer"
+        size = make_corpus(args.corpus, args.repeat, corpus)
+        text = args.corpus.read_text(encoding="utf-8")
+        train_wordpiece(iter(text.split("\n\n")), args.vocab_size, True, tok_dir)
+        print(
+            f"corpus: {args.corpus.name} x{args.repeat} = {size / 1e6:.1f} MB; "
+            f"workers {args.workers}; max_seq_len {args.max_seq_len}",
+            flush=True,
         )
+        sizes = (args.workers, args.max_seq_len)
+        if args.partitions:
+            r = run_partitions(corpus, tok_dir, run, args.partitions, *sizes, args.shard_docs)
+            return report_partitions(r, args, size)
+        base = run_baseline(corpus, tok_dir, run / "hf_out", *sizes)
+        ours = run_ours(corpus, tok_dir, run / "shards", *sizes)
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    report_sides(base, ours, args, size)
     return 0
 
 

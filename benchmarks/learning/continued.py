@@ -1,11 +1,11 @@
 """Continued pretraining vs from scratch, and mean-of-pieces vs random rows for new tokens (CPU).
 
-    nice -n 5 python benchmarks/bench_continued.py [--quick] [--base HF_DIR] [--out DIR]
+    nice -n 5 python -m benchmarks.learning.continued [--quick] [--base HF_DIR] [--out DIR]
         [--plot docs/bench/bench_continued.png] [--results docs/bench/bench_continued.json]
 
 What it runs (each step a subprocess of the project's own commands, logs in OUT/logs/):
 1. general corpus: the pydoc topic pages (the demo's); domain corpus: the docstrings of the
-   email, http and urllib packages (benchmarks/domain_text.py);
+   email, http and urllib packages (data_prep/domain_text.py);
 2. base model: the demo's recipe (WordPiece vocabulary of 4000 trained on the general corpus,
    tiny model, --base_steps steps), exported with `pretrain.export`; or `--base HF_DIR`;
 3. `data_prep extend-tokenizer` on the domain text with TERMS (tokens per character before and
@@ -34,6 +34,7 @@ machine runs.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -41,14 +42,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.common import CPU_DS_CONFIG, REPO
+from benchmarks.learning.new_tokens import ARMS, new_token_eval, random_rows_folder
+from bertforge.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from bertforge.logs import get_logger
+from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
+from data_prep.sample_corpus import write_english_corpus
+from pretrain.config import command_line
+from pretrain.demo import run_step
 
-from domain_text import DEFAULT_PACKAGES, write_domain_text  # noqa: E402
-
-from bertforge.files import write_json_atomic  # noqa: E402
-from pretrain.demo import run_step, write_corpus  # noqa: E402
+# __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
+log = get_logger(__spec__.name)
 
 # Whole domain terms for extend-tokenizer and for whole-word masking (the README recipe's list).
 TERMS = (
@@ -66,13 +70,7 @@ TERMS = (
     "urlopen",
     "HTTPConnection",
 )
-ARMS = ("scratch", "continued", "random_rows")
 PATH_ARGS = ("out", "base", "plot", "results")  # recorded repository-relative where inside it
-VOCAB_KEYS = (  # tensors with one row (or entry) per vocabulary token in an exported folder
-    "bert.embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.weight",
-)
-BIAS_KEYS = ("cls.predictions.bias", "cls.predictions.decoder.bias")
 ARCH_FIELDS = (
     "hidden_size",
     "num_hidden_layers",
@@ -94,47 +92,31 @@ class Bench:
         """Run one command (log in OUT/logs/); its wall-clock seconds."""
         self.n += 1
         secs = run_step(name, [str(c) for c in cmd], self.logs / f"{self.n:02d}_{name}.log")
-        print(f"[bench] {name}: {secs:.0f} s", flush=True)
+        log.info(f"{name}: {secs:.0f} s")
         return secs
 
-    def train(self, name: str, shards: Path, run: Path, steps: int, lr: float, extra: list) -> None:
-        """One single-process CPU run of pretrain/main.py."""
+    def train(self, name: str, shards: Path, run: Path, steps: int, lr: float, **extra) -> None:
+        """One single-process CPU run of pretrain/main.py (`extra`: more trainer flags)."""
         a = self.args
         self.step(
             name,
-            [
-                sys.executable,
-                REPO / "pretrain" / "main.py",
-                "--ds_config",
-                REPO / "ds_configs" / "cpu.json",
-                "--data",
-                shards,
-                "--output_dir",
-                run,
-                "--max_steps",
-                steps,
-                "--global_batch_size",
-                a.global_batch_size,
-                "--micro_batch_size",
-                a.global_batch_size,
-                "--lr",
-                lr,
-                "--warmup_steps",
-                max(1, steps // 10),
-                "--decay",
-                "linear",
-                "--eval_interval",
-                a.eval_interval,
-                "--log_interval",
-                10,
-                "--progress",
-                "false",
-                "--num_workers",
-                0,
-                "--seed",
-                1234,
-                *extra,
-            ],
+            command_line.trainer(
+                ds_config=CPU_DS_CONFIG,
+                data=shards,
+                output_dir=run,
+                max_steps=steps,
+                global_batch_size=a.global_batch_size,
+                micro_batch_size=a.global_batch_size,
+                lr=lr,
+                warmup_steps=max(1, steps // 10),
+                decay="linear",
+                eval_interval=a.eval_interval,
+                log_interval=10,
+                progress=False,
+                num_workers=0,
+                seed=1234,
+                **extra,
+            ),
         )
 
 
@@ -144,26 +126,11 @@ def base_model(b: Bench, general: Path) -> Path:
     shards, run, hf = b.out / "general_shards", b.out / "base_run", b.out / "base_hf"
     b.step(
         "general_shards",
-        [
-            py,
-            "-m",
-            "data_prep",
-            "build",
-            "--input",
-            general,
-            "--output",
-            shards,
-            "--vocab_size",
-            4000,
-            "--max_seq_len",
-            128,
-            "--validation_fraction",
-            0.05,
-            "--workers",
-            1,
-        ],
+        command_line.data_prep_build(
+            general, shards, vocab_size=4000, max_seq_len=128, validation_fraction=0.05, workers=1
+        ),
     )
-    b.train("base_train", shards, run, a.base_steps, 2e-3, ["--model", a.model])
+    b.train("base_train", shards, run, a.base_steps, 2e-3, model=a.model)
     b.step("base_export", [py, "-m", "pretrain.export", run, "--output", hf])
     return hf
 
@@ -171,208 +138,50 @@ def base_model(b: Bench, general: Path) -> Path:
 def domain_shards(b: Bench, base: Path, domain: Path) -> tuple[Path, dict]:
     """Extended tokenizer (report) and the domain shards built with it."""
     py, terms = sys.executable, b.out / "terms.txt"
-    terms.write_text("".join(t + "\n" for t in TERMS), encoding="utf-8")
+    write_text_atomic(terms, "".join(t + "\n" for t in TERMS))
     ext, shards = b.out / "ext_tokenizer", b.out / "domain_shards"
+    extend = {"tokenizer": base, "input": domain, "terms": terms, "max_new": b.args.max_new}
     b.step(
         "extend_tokenizer",
         [
-            py,
-            "-m",
-            "data_prep",
-            "extend-tokenizer",
-            "--tokenizer",
-            base,
-            "--input",
-            domain,
-            "--terms",
-            terms,
-            "--max_new",
-            b.args.max_new,
-            "--output",
-            ext,
+            *(py, "-m", "data_prep", "extend-tokenizer"),
+            *command_line.flags({**extend, "output": ext}, switches=True),
         ],
     )
     b.step(
         "domain_shards",
-        [
-            py,
-            "-m",
-            "data_prep",
-            "build",
-            "--input",
+        command_line.data_prep_build(
             domain,
-            "--output",
             shards,
-            "--tokenizer",
-            ext,
-            "--protected_terms",
-            terms,
-            "--max_seq_len",
-            128,
-            "--validation_fraction",
-            0.1,
-            "--workers",
-            1,
-        ],
+            tokenizer=ext,
+            protected_terms=terms,
+            max_seq_len=128,
+            validation_fraction=0.1,
+            workers=1,
+        ),
     )
     report = json.loads((ext / "extension_report.json").read_text())
     return shards, report
-
-
-def random_rows_folder(base: Path, ext_tokenizer: Path, out: Path, seed: int = 0) -> Path:
-    """`base` with one row per extended-tokenizer entry: old rows as they are, new rows random
-    (normal(0, initializer_range); MLM bias 0), and the extended tokenizer."""
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer
-
-    config = json.loads((base / "config.json").read_text())
-    sd = load_file(str(base / "model.safetensors"))
-    tok = AutoTokenizer.from_pretrained(str(ext_tokenizer))
-    old, new = config["vocab_size"], len(tok)
-    gen = torch.Generator().manual_seed(seed)
-    rows = torch.randn(new - old, config["hidden_size"], generator=gen)
-    rows = rows * config.get("initializer_range", 0.02)
-    for key in VOCAB_KEYS:
-        if key in sd:
-            sd[key] = torch.cat([sd[key], rows.to(sd[key].dtype)]).contiguous()
-    for key in BIAS_KEYS:
-        if key in sd:
-            sd[key] = torch.cat([sd[key], torch.zeros(new - old, dtype=sd[key].dtype)])
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps({**config, "vocab_size": new}, indent=2))
-    tok.save_pretrained(str(out))
-    return out
 
 
 def run_arms(b: Bench, shards: Path, base: Path, random_base: Path) -> dict[str, dict]:
     """The three arms, each after its lr-0 one-step run (the loss before training)."""
     a = b.args
     model = json.loads((base / "config.json").read_text())
-    arch = [x for f in ARCH_FIELDS for x in (f"--{f}", model[f])]  # the base's size, random
     init = {
-        "scratch": arch,
-        "continued": ["--init_from", base],
-        "random_rows": ["--init_from", random_base],
+        "scratch": {f: model[f] for f in ARCH_FIELDS},  # the base's size, random weights
+        "continued": {"init_from": base},
+        "random_rows": {"init_from": random_base},
     }
-    common = ["--whole_word", "--mask_prob", 0.2]  # final checkpoints: exported for new_token_loss
+    common = {"whole_word": True, "mask_prob": 0.2}  # final checkpoints: exported below
     results = {}
     for arm in ARMS:
         start = b.out / "runs" / f"{arm}_step0"
-        b.train(f"{arm}_step0", shards, start, 1, 0.0, [*init[arm], *common])
+        b.train(f"{arm}_step0", shards, start, 1, 0.0, **init[arm], **common)
         run = b.out / "runs" / arm
-        b.train(arm, shards, run, a.steps, a.lr, [*init[arm], *common])
+        b.train(arm, shards, run, a.steps, a.lr, **init[arm], **common)
         results[arm] = arm_curve(start, run)
     return results
-
-
-def export_arms(b: Bench) -> dict[str, dict[str, Path]]:
-    """HF folders of every arm's lr-0 run (step 0) and final checkpoint (`pretrain.export`)."""
-    from pretrain.export.hf_export import export
-
-    folders: dict[str, dict[str, Path]] = {}
-    for arm in ARMS:
-        for when, run in (("step0", f"{arm}_step0"), ("final", arm)):
-            out = b.out / "hf" / run
-            export(b.out / "runs" / run, out, verify=False)
-            folders.setdefault(arm, {})[when] = out
-    return folders
-
-
-def validation_batches(shards: Path, run: Path, passes: int, micro_batch_size: int) -> list:
-    """`passes` fixed-mask passes over the validation split with the run's masking settings
-    (config.json); pass k uses masking seed run_seed + k, so pass 0 has the trainer's masks."""
-    from data_prep.reader import ShardReader
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.masking import MaskingConfig
-
-    masking = json.loads((run / "config.json").read_text())["masking"]
-    reader = ShardReader(shards, "validation")
-    batches = []
-    for k in range(passes):
-        cfg = MaskingConfig(**{**masking, "seed": masking["seed"] + k})
-        loader = build_loader(
-            reader,
-            DataConfig(num_workers=0),
-            cfg,
-            micro_batch_size=micro_batch_size,
-            train=False,
-        )
-        for batch in loader:
-            batches.append(
-                (
-                    k,
-                    {
-                        key: batch[key]
-                        for key in ("input_ids", "attention_mask", "token_type_ids", "labels")
-                    },
-                )
-            )
-    return batches
-
-
-def new_token_loss(folder: Path, batches: list, new_ids: list[int]) -> dict:
-    """Cross-entropy of one HF model summed over masked positions whose label is a new id (and,
-    as a check against the trainer's val_loss, over all masked positions of pass 0)."""
-    import torch
-    from transformers import AutoModelForMaskedLM
-
-    from kernels import IGNORE_INDEX
-
-    model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
-    new = torch.tensor(sorted(new_ids))
-    new_sum, new_n, all_sum, all_n = 0.0, 0, 0.0, 0
-    per_pass: dict[int, list[float]] = {}  # pass -> [loss sum, positions]: the spread over masks
-    with torch.no_grad():
-        for k, batch in batches:
-            labels = batch["labels"]
-            logits = model(**{n: t for n, t in batch.items() if n != "labels"}).logits
-            ce = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2).double(),
-                labels,
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            )
-            is_new = torch.isin(labels, new)
-            new_sum, new_n = new_sum + float(ce[is_new].sum()), new_n + int(is_new.sum())
-            acc = per_pass.setdefault(k, [0.0, 0])
-            acc[0], acc[1] = acc[0] + float(ce[is_new].sum()), acc[1] + int(is_new.sum())
-            if k == 0:
-                seen = labels != IGNORE_INDEX
-                all_sum, all_n = all_sum + float(ce[seen].sum()), all_n + int(seen.sum())
-    return {
-        "new_token_loss": round(new_sum / max(new_n, 1), 4),
-        "new_positions": new_n,
-        "per_pass": [round(t / max(n, 1), 4) for t, n in per_pass.values()],
-        "pass0_val_loss": round(all_sum / max(all_n, 1), 4),
-        "pass0_masked": all_n,
-    }
-
-
-def new_token_eval(b: Bench, shards: Path, ext_report: dict) -> dict:
-    """Loss on new-token positions of every arm at step 0 and at the end, one evaluator, the
-    same masks for every model; plus how many distinct new-token occurrences the split has."""
-    import numpy as np
-
-    from data_prep.reader import ShardReader
-
-    new_ids = [t["id"] for t in ext_report["new_tokens"]]
-    folders = export_arms(b)
-    batches = validation_batches(
-        shards, b.out / "runs" / "continued", b.args.mask_passes, b.args.global_batch_size
-    )
-    reader = ShardReader(shards, "validation")
-    occurrences = sum(int(np.isin(reader[i].input_ids, new_ids).sum()) for i in range(len(reader)))
-    result = {
-        "mask_passes": b.args.mask_passes,
-        "new_token_occurrences_in_validation": occurrences,
-    }
-    for arm, by_when in folders.items():
-        result[arm] = {when: new_token_loss(f, batches, new_ids) for when, f in by_when.items()}
-        print(f"[bench] new-token loss {arm}: {result[arm]}", flush=True)
-    return result
 
 
 def _metrics(run: Path, split: str) -> list[dict]:
@@ -487,13 +296,19 @@ def plot(arms: dict[str, dict], new_tok: dict, path: Path, title: str) -> None:
     ax_n.grid(alpha=0.3, axis="y")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, png.getbuffer())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.learning.continued",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--out", default=str(REPO / "bench_out" / "continued"), help="work folder")
     p.add_argument("--base", type=Path, help="base HF folder (default: train one, as the demo)")
     p.add_argument("--model", default="tiny", help="preset of the base model it trains")
@@ -523,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(b.out, ignore_errors=True)
     b.out.mkdir(parents=True)
     general, domain = b.out / "pydoc_topics.txt", b.out / "domain.txt"
-    write_corpus(general)
+    write_english_corpus(general)
     info = write_domain_text(DEFAULT_PACKAGES, domain)
     base = args.base.absolute() if args.base else base_model(b, general)
     shards, ext_report = domain_shards(b, base, domain)
@@ -549,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         f"docstrings, {args.steps} steps, whole-word masking at 0.2",
     )
     print(json.dumps(summary, indent=1))
-    print(f"[bench] done in {result['seconds']:.0f} s")
+    log.info(f"done in {result['seconds']:.0f} s")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The training parts of benchmarks/gpu_check.py: throughput of the real trainer
+"""The training parts of the GPU check: throughput of the real trainer
 (pretrain/main.py, one GPU, ZeRO-2), the HF baseline beside it, and a save + exact resume.
 
 Each part function takes (plan, out, result, deadline), fills result.rows / details / status and
@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu_check_common import (
+from benchmarks.common import REPO
+from benchmarks.gpu_check.common import (
     PartResult,
     Plan,
     part_file,
@@ -28,6 +24,7 @@ from benchmarks.gpu_check_common import (
     seconds_left,
     shards_dir,
 )
+from pretrain.config import command_line
 
 
 def train_steps(plan: Plan, config: tuple[str, int, str]) -> tuple[int, int]:
@@ -44,45 +41,25 @@ def trainer_cmd(
     """The real trainer, one process (one GPU), ZeRO-2, no gradient accumulation."""
     model, seq, precision = config
     max_steps, save_interval = train_steps(plan, config)
-    micro = str(plan.micro_batch[seq])
-    cmd = [
-        sys.executable,
-        str(REPO / "pretrain" / "main.py"),
-        "--ds_config",
-        str(REPO / plan.ds_configs[precision]),
-        "--precision",
-        precision,
-        "--data",
-        str(shards_dir(out, seq)),
-        "--model",
-        model,
-        "--output_dir",
-        str(run_dir),
-        "--max_steps",
-        str(max_steps),
-        "--global_batch_size",
-        micro,
-        "--micro_batch_size",
-        micro,
-        "--lr",
-        "1e-4",
-        "--warmup_steps",
-        str(plan.warmup_steps),
-        "--save_interval",
-        str(save_interval),
-        "--keep_last",
-        "2",
-        "--save_final",
-        "false",
-        "--progress",
-        "false",
-        "--eval_interval",
-        "0",
-        "--eval_batches",
-        "1",
-        "--num_workers",
-        "2",
-    ]
+    cmd = command_line.trainer(
+        ds_config=REPO / plan.ds_configs[precision],
+        precision=precision,
+        data=shards_dir(out, seq),
+        model=model,
+        output_dir=run_dir,
+        max_steps=max_steps,
+        global_batch_size=plan.micro_batch[seq],
+        micro_batch_size=plan.micro_batch[seq],
+        lr="1e-4",
+        warmup_steps=plan.warmup_steps,
+        save_interval=save_interval,
+        keep_last=2,
+        save_final=False,
+        progress=False,
+        eval_interval=0,
+        eval_batches=1,
+        num_workers=2,
+    )
     if plan.dry_run:  # CPUs without bf16 train in fp32; the code path is the same
         cmd.append("--allow_precision_fallback")
     if resume:
@@ -90,20 +67,13 @@ def trainer_cmd(
     return cmd
 
 
-def train_records(run_dir: Path) -> list[dict]:
-    """The training records of metrics.jsonl (one per optimizer step)."""
-    with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-        recs = [json.loads(line) for line in f if line.strip()]
-    return [r for r in recs if r.get("split", "train") == "train"]
-
-
 def throughput_row(plan: Plan, run_dir: Path, config: tuple[str, int, str]) -> dict:
     """Rates over the measured steps (after the warm-up): sums of tokens / sums of step times."""
-    from pretrain.components.metrics import device_peak_tflops
+    from pretrain.components.metrics import device_peak_tflops, read_metrics
 
     model, seq, _ = config
     first, last = plan.warmup_steps + 1, plan.warmup_steps + plan.measured_steps
-    recs = [r for r in train_records(run_dir) if first <= r["step"] <= last]
+    recs = [r for r in read_metrics(run_dir / "metrics.jsonl") if first <= r["step"] <= last]
     if len(recs) < plan.measured_steps:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has {len(recs)} of steps {first}..{last}")
     secs = sum(r["step_time_s"] for r in recs)
@@ -293,6 +263,7 @@ def part_resume(plan: Plan, out: Path, res: PartResult, deadline: float) -> None
     """Copy the resume configuration's run (checkpoint after the measured steps), resume it with
     --resume auto, and compare every later step's loss with the uninterrupted run's."""
     from pretrain.components.checkpoint import list_complete
+    from pretrain.components.metrics import read_metrics
 
     src = out / "train" / run_name(*plan.resume_config)
     saved_at = plan.warmup_steps + plan.measured_steps
@@ -314,8 +285,8 @@ def part_resume(plan: Plan, out: Path, res: PartResult, deadline: float) -> None
     if rc != 0:
         raise RuntimeError(f"resumed trainer exit {rc} (logs/resume.train.log)")
     resumed_from = f"at step {saved_at} " in log.read_text(errors="replace")
-    ref = {r["step"]: r["loss"] for r in train_records(src)}
-    got = {r["step"]: r["loss"] for r in train_records(dst)}
+    ref = {r["step"]: r["loss"] for r in read_metrics(src / "metrics.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(dst / "metrics.jsonl")}
     after = range(saved_at + 1, saved_at + plan.resume_steps + 1)
     for step in after:
         res.rows.append(

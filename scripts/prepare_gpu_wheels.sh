@@ -6,7 +6,7 @@
 #
 #   python3 -m pip install --no-index --find-links gpu_wheels -r gpu_wheels/requirements.txt
 #
-# usage: benchmarks/prepare_gpu_wheels.sh [--dry-run] [OUT_DIR]      (default OUT_DIR: gpu_wheels)
+# usage: scripts/prepare_gpu_wheels.sh [--dry-run] [OUT_DIR]      (default OUT_DIR: gpu_wheels)
 #   --dry-run          print the pip commands instead of running them
 # environment:
 #   PYTHON             the python whose pip downloads (default: python3); any version works,

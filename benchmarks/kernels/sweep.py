@@ -1,23 +1,17 @@
-"""The sweep part of benchmarks/bench_kernels.py: softmax-CE forward + backward on [N_m x V]
+"""The sweep part of benchmarks.kernels.speed: softmax-CE forward + backward on [N_m x V]
 logits, torch eager / torch.compile / Liger / ours, as GB/s and as a fraction of the HBM peak.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make `kernels` and `benchmarks` importable
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.bench_kernels_cuda import hbm_peak_gbps
-from benchmarks.bench_kernels_measure import (
+from benchmarks.kernels.cuda import hbm_peak_gbps
+from benchmarks.kernels.measure import (
     Result,
     _error_note,
     liger_loss,

@@ -7,81 +7,61 @@ parameters, the checkpoint folder's bytes, the process's peak RSS (``/usr/bin/ti
 over the steps after the first two (and of the fastest step, the least disturbed on a shared
 machine), steps done and the validation loss at the end.
 
-    nice -n 5 python benchmarks/bench_share_layers.py [--seconds 90] [--variants none all groups:2]
+    nice -n 5 python -m benchmarks.training.share_layers [--seconds 90]
+        [--variants none all groups:2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests"))
+from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, vocab_size
+from data_prep.sample_corpus import write_english_corpus
+from pretrain.config import command_line
 
 
 def train(shards: Path, run: Path, spec: str, args: argparse.Namespace) -> dict:
     """One budgeted run of ``spec``; its numbers from metrics.jsonl, the checkpoint and time -f."""
-    cmd = [
-        "/usr/bin/time",
-        "-f",
-        "MAXRSS_KB %M",
-        sys.executable,
-        str(REPO / "pretrain/main.py"),
-        "--ds_config",
-        str(REPO / "ds_configs" / "cpu.json"),
-        "--data",
-        str(shards),
-        "--model",
-        "small",
-        "--num_hidden_layers",
-        str(args.layers),
-        "--share_layers",
-        spec,
-        "--output_dir",
-        str(run),
-        "--max_steps",
-        "100000",
-        "--max_time_hours",
-        str(args.seconds / 3600),
-        "--global_batch_size",
-        str(args.batch),
-        "--micro_batch_size",
-        str(args.batch),
-        "--num_workers",
-        "1",
-        "--progress",
-        "false",
-        "--eval_batches",
-        str(args.eval_batches),
-        "--lr",
-        "5e-4",
-        "--warmup_steps",
-        "5",
-        "--save_interval",
-        "0",
-    ]
+    from pretrain.components.metrics import read_metrics
+
+    cmd = command_line.trainer(
+        ds_config=CPU_DS_CONFIG,
+        data=shards,
+        model="small",
+        num_hidden_layers=args.layers,
+        share_layers=spec,
+        output_dir=run,
+        max_steps=100000,
+        max_time_hours=args.seconds / 3600,
+        global_batch_size=args.batch,
+        micro_batch_size=args.batch,
+        num_workers=1,
+        progress=False,
+        eval_batches=args.eval_batches,
+        lr="5e-4",
+        warmup_steps=5,
+        save_interval=0,
+    )
+    cmd = ["/usr/bin/time", "-f", "MAXRSS_KB %M", *cmd]
     proc = subprocess.run(
         cmd,
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=one_thread_env(),
         check=False,
     )
     if proc.returncode != 0:
         raise SystemExit(f"{spec}: training failed\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     rss_kb = int(proc.stderr.rsplit("MAXRSS_KB", 1)[1].split()[0])
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").open(encoding="utf-8")]
-    steps = [r for r in recs if r.get("split", "train") == "train"]
+    steps = read_metrics(run / "metrics.jsonl")
     timed = steps[2:]  # the first steps include allocator and thread-pool warm-up
-    val = [r for r in recs if r.get("split") == "validation"][-1]
+    val = read_metrics(run / "metrics.jsonl", "validation")[-1]
     ckpt = max((run / "checkpoints").glob("step_*"))
     return {
         "share_layers": spec,
@@ -103,7 +83,7 @@ def _parameters(spec: str, shards: Path, layers: int) -> int:
     from pretrain.doctor.memory_estimate import count_params
     from pretrain.model.bert import preset
 
-    vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    vocab = vocab_size(shards)
     cfg = dataclasses.replace(preset("small"), num_hidden_layers=layers, share_layers=spec)
     return count_params(cfg, vocab, False)[0]
 
@@ -111,7 +91,9 @@ def _parameters(spec: str, shards: Path, layers: int) -> int:
 def main() -> int:
     """Run the variants one after another and print a markdown table."""
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.training.share_layers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--seconds", type=float, default=90.0, help="wall-clock budget per variant")
     p.add_argument("--variants", nargs="+", default=["none", "all", "groups:2"])
@@ -120,13 +102,12 @@ def main() -> int:
     p.add_argument("--eval_batches", type=int, default=8)
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args()
-    from bench_trainer import build_shards
-    from conftest import write_english_corpus
-
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_share_"))
     work.mkdir(parents=True, exist_ok=True)
     corpus = write_english_corpus(work / "pydoc_topics.txt")
-    shards = build_shards([corpus], work / "shards", 8000, 128)
+    shards = build_shards(
+        corpus, work / "shards", vocab_size=8000, max_seq_len=128, validation_fraction=0.02
+    )
     rows = [train(shards, work / spec.replace(":", "_"), spec, args) for spec in args.variants]
     print(f"small, {args.layers} layers, seq 128, batch {args.batch}, {args.seconds:.0f} s each\n")
     print(

@@ -1,8 +1,7 @@
 """Benchmark of the masked-LM head + loss: HF-style all-position logits vs masked rows only.
 
-    python -m kernels.bench [--batch 32 --seq 128 --hidden 768 --vocab 30522] [--out DIR]
-    python -m kernels.bench --sweep [--no-head]    # also the loss alone over N_m x V x dtype
-    python benchmarks/bench_kernels.py ...         # the same, without the kernels.bench entry
+    python -m benchmarks.kernels.speed [--batch 32 --seq 128 --hidden 768 --vocab 30522] [--out DIR]
+    python -m benchmarks.kernels.speed --sweep [--no-head]  # also the loss alone, N_m x V x dtype
 
 The head part: every variant does the decoder matmul + softmax-CE, forward and backward, on the
 same tensors:
@@ -25,8 +24,8 @@ Writes bench_kernels.json and bench_kernels.png into --out (default: the current
 Exit status 1 when a variant of ours failed (a baseline that fails, e.g. torch.compile without a
 C compiler, is reported as failed and does not fail the command); every row says ok, skipped
 (and why) or failed (and the error), never a silent NaN.
-Modules: this one (config, head part, report, CLI); bench_kernels_sweep.py (the sweep part);
-bench_kernels_measure.py (how one variant is timed and its memory read); bench_kernels_cuda.py
+Modules: this one (config, head part, report, CLI); benchmarks.kernels.sweep (the sweep part);
+benchmarks.kernels.measure (how one variant is timed and its memory read); benchmarks.kernels.cuda
 (the HBM peak table and do_bench).
 """
 
@@ -34,8 +33,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
-import os
+import io
 import platform
 import re
 import statistics
@@ -48,12 +46,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make `kernels` and `benchmarks` importable
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.bench_kernels_cuda import hbm_peak_gbps, measure_cuda
-from benchmarks.bench_kernels_measure import (
+from benchmarks.kernels.cuda import hbm_peak_gbps, measure_cuda
+from benchmarks.kernels.measure import (
     Result,
     _error_note,
     _leaves,
@@ -61,8 +55,13 @@ from benchmarks.bench_kernels_measure import (
     liger_loss,
     triton_unavailable,
 )
-from benchmarks.bench_kernels_sweep import loss_only, sweep_grid
+from benchmarks.kernels.sweep import loss_only, sweep_grid
+from bertforge.files import write_bytes_atomic, write_json_atomic
+from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX, api
+
+# __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
+log = get_logger(__spec__.name)
 
 
 @dataclass
@@ -317,10 +316,10 @@ def plot(results: list[Result], path: Path, title: str) -> None:
     axes[1].set_yticklabels([])
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, png.getbuffer())
 
 
 def device_name(device: torch.device) -> str:
@@ -382,9 +381,7 @@ def run(cfg: BenchConfig) -> dict:
 def write_outputs(report: dict, results: list[Result], out: Path, cfg: BenchConfig) -> None:
     """bench_kernels.json (atomically) and bench_kernels.png (the head part's measured rows)."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "bench_kernels.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, out / "bench_kernels.json")
+    write_json_atomic(out / "bench_kernels.json", report, indent=2)
     measured = [r for r in results if r.status == "ok" and not r.name.startswith("loss_only")]
     if measured:
         plot(
@@ -458,14 +455,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_kernels.py") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.kernels.speed") -> int:
     """Parse, run, and return the exit status (1 when a variant of ours failed)."""
     args = build_parser(prog).parse_args(argv)
     if not (args.head or args.sweep):
         raise SystemExit("nothing to measure: --no-head without --sweep")
     report = run(BenchConfig(**vars(args)))
     if report["failed_ours"]:
-        print(f"FAILED: {', '.join(report['failed_ours'])}", file=sys.stderr)
+        log.error(f"FAILED: {', '.join(report['failed_ours'])}")
         return 1
     return 0
 

@@ -1,4 +1,4 @@
-"""The result of benchmarks/gpu_check.py: environment, targets, OUT/gpu_check.json and .md."""
+"""The result of the GPU check: environment, targets, OUT/gpu_check.json and .md."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.gpu_check_common import PartResult, Plan, write_json
+from benchmarks.gpu_check.common import PartResult, Plan, write_json
 from bertforge.files import write_bytes_atomic
 
 
@@ -16,7 +16,7 @@ def environment() -> dict:
 
     import torch
 
-    from benchmarks.bench_kernels_cuda import hbm_peak_gbps
+    from benchmarks.kernels.cuda import hbm_peak_gbps
     from pretrain.components.metrics import device_peak_tflops
 
     cuda = torch.cuda.is_available()

@@ -1,4 +1,4 @@
-"""The CUDA half of benchmarks/bench_kernels.py: device HBM peaks and the do_bench measurement.
+"""The CUDA half of benchmarks.kernels.speed: device HBM peaks and the do_bench measurement.
 
 The one table of HBM bandwidth in the project (pretrain/components/metrics.py holds the compute
 peaks).

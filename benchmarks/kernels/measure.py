@@ -1,4 +1,4 @@
-"""How benchmarks/bench_kernels.py measures one variant: a Result row (ok, skipped or failed,
+"""How benchmarks.kernels.speed measures one variant: a Result row (ok, skipped or failed,
 never NaN), peak memory and median time on CUDA or on the CPU, and what is available here.
 """
 
@@ -7,20 +7,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make `kernels` and `benchmarks` importable
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.bench_kernels_cuda import measure_cuda
+from benchmarks.kernels.cuda import measure_cuda
 from kernels import api
 
 

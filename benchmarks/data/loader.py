@@ -1,7 +1,7 @@
 """Loader throughput: pretrain.data.loader (shards + dynamic masking + collation) vs HF's collators.
 
-    python benchmarks/bench_loader.py CORPUS.txt [--shards DIR] [--seconds 5] [--batch 256]
-                                      [--shard_docs N]
+    python -m benchmarks.data.loader CORPUS.txt [--shards DIR] [--seconds 5] [--batch 256]
+                                        [--shard_docs N]
 
 Builds packed shards of length 128 from CORPUS with `python -m data_prep build` (or uses --shards),
 then measures sequences/s in ONE process (num_workers=0) for token-level and whole-word masking:
@@ -24,44 +24,14 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import build_shards
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-
-def build_shards(corpus: Path, out: Path, max_seq_len: int, shard_docs: int | None) -> Path:
-    """Packed shards of `corpus` with a 30522-entry WordPiece vocabulary (BERT's size)."""
-    extra = ["--shard_docs", str(shard_docs)] if shard_docs else []
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data_prep",
-            "build",
-            "--input",
-            str(corpus),
-            "--output",
-            str(out),
-            "--vocab_size",
-            "30522",
-            "--max_seq_len",
-            str(max_seq_len),
-            "--validation_fraction",
-            "0.01",
-            "--workers",
-            "2",
-            *extra,
-        ],
-        cwd=REPO,
-        check=True,
-    )
-    return out
 
 
 def per_sample_read(dataset, plan):
@@ -103,8 +73,12 @@ def rounds(loaders: dict, seconds: float, n_rounds: int = 5) -> dict[str, tuple[
     return {name: (n / wall, n / cpu) for name, (n, wall, cpu) in totals.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.data.loader",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("corpus", type=Path, nargs="?", help="text file to build shards from")
     p.add_argument("--shards", type=Path, help="use this finished shard folder instead of building")
     p.add_argument("--seconds", type=float, default=5.0, help="measuring time per loader")
@@ -125,84 +99,107 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.shards and not args.corpus:
         p.error("give a corpus file to build shards from, or --shards DIR")
+    return args
 
-    import numpy as np
-    import torch
-    from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
-    from data_prep.reader import ShardReader
-    from pretrain.data.loader import DataConfig, GlobalSampler, build_loader
+MASKINGS = ("token", "whole-word")
+
+
+def masking(kind: str):
+    """The masking settings of `kind` (token-level or whole-word, defaults otherwise)."""
     from pretrain.data.masking import MaskingConfig
 
-    torch.set_num_threads(1)  # one process, one core: the loader's own budget
-    with tempfile.TemporaryDirectory() as tmp:
-        shards = args.shards or build_shards(
-            args.corpus, Path(tmp) / "shards", args.max_seq_len, args.shard_docs
+    return MaskingConfig(whole_word=kind == "whole-word")
+
+
+def our_loaders(reader, batch: int) -> tuple[dict, dict]:
+    """Ours with the batched read and with the former per-sample read, for each masking: the
+    `next_batch()` callables, and per masking the (new, old) datasets to compare."""
+    from pretrain.data.loader import DataConfig, GlobalSampler, build_loader
+
+    loaders, pairs = {}, {}
+    for kind in MASKINGS:
+        loader = build_loader(
+            reader, DataConfig(num_workers=0), masking(kind), micro_batch_size=batch
         )
-        reader = ShardReader(shards)
-        lengths = reader.sequence_lengths()
-        n_shards = len(reader.manifest["splits"]["train"]["shards"])
-        print(
-            f"shards: {reader}; {n_shards} train shards; mean length {lengths.mean():.1f}, "
-            f"{(lengths == reader.max_seq_len).mean():.0%} at max_seq_len {reader.max_seq_len}"
+        it = iter(loader)
+        loaders[f"ours, {kind} masking, batched read"] = lambda it=it: len(next(it)["input_ids"])
+        # The same dataset and sampler, reading one sequence at a time (the former path).
+        old = copy.copy(loader.dataset)
+        old.read = lambda plan, ds=old: per_sample_read(ds, plan)
+        pairs[kind] = (loader.dataset, old)
+        plans = iter(GlobalSampler(len(reader), batch, seed=DataConfig().seed))
+        loaders[f"ours, {kind} masking, per-sample read"] = lambda old=old, plans=plans: len(
+            old.__getitems__(next(plans))["input_ids"]
         )
-        loaders, pairs = {}, {}
-        for kind, masking in (
-            ("token", MaskingConfig()),
-            ("whole-word", MaskingConfig(whole_word=True)),
-        ):
-            loader = build_loader(
-                reader, DataConfig(num_workers=0), masking, micro_batch_size=args.batch
-            )
-            it = iter(loader)
-            loaders[f"ours, {kind} masking, batched read"] = lambda it=it: len(
-                next(it)["input_ids"]
-            )
-            # The same dataset and sampler, reading one sequence at a time (the former path).
-            old = copy.copy(loader.dataset)
-            old.read = lambda plan, ds=old: per_sample_read(ds, plan)
-            pairs[kind] = (loader.dataset, old)
-            plans = iter(GlobalSampler(len(reader), args.batch, seed=DataConfig().seed))
-            loaders[f"ours, {kind} masking, per-sample read"] = lambda old=old, plans=plans: len(
-                old.__getitems__(next(plans))["input_ids"]
-            )
+    return loaders, pairs
 
-        # Baseline: HF collators over the same sequences (pre-tokenized lists, as datasets gives).
-        tok = AutoTokenizer.from_pretrained(reader.tokenizer_path)
-        examples = [{"input_ids": reader[i].input_ids.tolist()} for i in range(len(reader))]
-        rng = np.random.default_rng(0)
-        collator = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, pad_to_multiple_of=8)
 
-        def step():
-            idx = rng.integers(0, len(examples), size=args.batch)
-            return len(collator([examples[i] for i in idx])["input_ids"])
+def hf_loader(reader, batch: int):
+    """Baseline: HF's collator over the same sequences (pre-tokenized lists, as datasets gives)."""
+    import numpy as np
+    from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
-        loaders["HF DataCollatorForLanguageModeling"] = step
-        # Same batches from both read paths (a check that the comparison is fair).
-        plan = next(iter(GlobalSampler(len(reader), args.batch, seed=3)))
-        for kind, (new_ds, old_ds) in pairs.items():
-            a, b = new_ds.__getitems__(plan), old_ds.__getitems__(plan)
-            if not all(a[key].equal(b[key]) for key in ("input_ids", "labels", "attention_mask")):
-                raise SystemExit(f"{kind} masking: the two read paths give different batches")
-        if args.mixture:
-            from pretrain.data.mixture import open_training, parse_mixture
+    tok = AutoTokenizer.from_pretrained(reader.tokenizer_path)
+    examples = [{"input_ids": reader[i].input_ids.tolist()} for i in range(len(reader))]
+    rng = np.random.default_rng(0)
+    collator = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, pad_to_multiple_of=8)
 
-            mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={args.mixture}:0.5"]))
-            print(f"mixture: {mix}")
-            for kind, masking in (
-                ("token", MaskingConfig()),
-                ("whole-word", MaskingConfig(whole_word=True)),
-            ):
-                it = iter(
-                    build_loader(
-                        mix, DataConfig(num_workers=0), masking, micro_batch_size=args.batch
-                    )
-                )
-                loaders[f"mixture of 2 builds, {kind} masking"] = lambda it=it: len(
-                    next(it)["input_ids"]
-                )
-        results = rounds(loaders, args.seconds)
+    def step():
+        idx = rng.integers(0, len(examples), size=batch)
+        return len(collator([examples[i] for i in idx])["input_ids"])
 
+    return step
+
+
+def check_same_batches(reader, pairs: dict, batch: int) -> None:
+    """Same batches from both read paths (a check that the comparison is fair)."""
+    from pretrain.data.loader import GlobalSampler
+
+    plan = next(iter(GlobalSampler(len(reader), batch, seed=3)))
+    for kind, (new_ds, old_ds) in pairs.items():
+        a, b = new_ds.__getitems__(plan), old_ds.__getitems__(plan)
+        if not all(a[key].equal(b[key]) for key in ("input_ids", "labels", "attention_mask")):
+            raise SystemExit(f"{kind} masking: the two read paths give different batches")
+
+
+def mixture_loaders(shards: Path, second: Path, batch: int) -> dict:
+    """A 50/50 mixture of two builds, for each masking."""
+    from pretrain.data.loader import DataConfig, build_loader
+    from pretrain.data.mixture import open_training, parse_mixture
+
+    mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={second}:0.5"]))
+    print(f"mixture: {mix}")
+    loaders = {}
+    for kind in MASKINGS:
+        it = iter(
+            build_loader(mix, DataConfig(num_workers=0), masking(kind), micro_batch_size=batch)
+        )
+        loaders[f"mixture of 2 builds, {kind} masking"] = lambda it=it: len(next(it)["input_ids"])
+    return loaders
+
+
+def measure(args: argparse.Namespace, shards: Path) -> dict[str, tuple[float, float]]:
+    """Every loader on `shards`, in rounds: sequences per wall and per CPU second."""
+    from data_prep.reader import ShardReader
+
+    reader = ShardReader(shards)
+    lengths = reader.sequence_lengths()
+    n_shards = len(reader.manifest["splits"]["train"]["shards"])
+    print(
+        f"shards: {reader}; {n_shards} train shards; mean length {lengths.mean():.1f}, "
+        f"{(lengths == reader.max_seq_len).mean():.0%} at max_seq_len {reader.max_seq_len}"
+    )
+    loaders, pairs = our_loaders(reader, args.batch)
+    loaders["HF DataCollatorForLanguageModeling"] = hf_loader(reader, args.batch)
+    check_same_batches(reader, pairs, args.batch)
+    if args.mixture:
+        loaders.update(mixture_loaders(shards, args.mixture, args.batch))
+    return rounds(loaders, args.seconds)
+
+
+def report(results: dict[str, tuple[float, float]], args: argparse.Namespace) -> None:
+    """The table, the read-path and mixture ratios, and the target."""
     ours = results["ours, token masking, batched read"]
     print(
         f"\n{'loader (one process, batch ' + str(args.batch) + ')':<46} {'seq/s':>9} "
@@ -211,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     base = results["HF DataCollatorForLanguageModeling"][1]
     for name, (wall, cpu) in results.items():
         print(f"{name:<46} {wall:>9,.0f} {cpu:>10,.0f} {cpu / base:>8.1f}x")
-    for kind in ("token", "whole-word"):
+    for kind in MASKINGS:
         new = results[f"ours, {kind} masking, batched read"][1]
         old = results[f"ours, {kind} masking, per-sample read"][1]
         print(f"batched vs per-sample read, {kind} masking: {new / old:.2f}x per CPU second")
@@ -227,6 +224,26 @@ def main(argv: list[str] | None = None) -> int:
         f"({ours[0]:,.0f}); {ours[1]:,.0f} per CPU second; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or take) the shards, time every loader, print the table."""
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # one process, one core: the loader's own budget
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = args.shards or build_shards(
+            args.corpus,
+            Path(tmp) / "shards",
+            quiet=False,
+            vocab_size=30522,  # BERT's size
+            max_seq_len=args.max_seq_len,
+            validation_fraction=0.01,
+            shard_docs=args.shard_docs,
+        )
+        results = measure(args, shards)
+    report(results, args)
     return 0
 
 
