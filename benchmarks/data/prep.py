@@ -87,7 +87,8 @@ def run_baseline(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_l
 
 
 def run_ours(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_len: int) -> dict:
-    from data_prep.build import BuildConfig, build
+    from data_prep.build import build
+    from data_prep.build_config import BuildConfig
     from data_prep.sequences import SequenceConfig
 
     cfg = BuildConfig(
@@ -116,7 +117,8 @@ def run_partitions(
     corpus: Path, tok_dir: Path, work: Path, n: int, workers: int, max_seq_len: int, shard_docs: int
 ) -> dict:
     """Whole build vs n parts one after another (see the module doc); seconds of each."""
-    from data_prep.build import BuildConfig, build, prepare
+    from data_prep.build import build, prepare
+    from data_prep.build_config import BuildConfig
     from data_prep.sequences import SequenceConfig
 
     def cfg(out: Path, **kw) -> BuildConfig:

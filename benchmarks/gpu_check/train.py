@@ -262,8 +262,8 @@ def part_hf_baseline(plan: Plan, out: Path, res: PartResult, deadline: float) ->
 def part_resume(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
     """Copy the resume configuration's run (checkpoint after the measured steps), resume it with
     --resume auto, and compare every later step's loss with the uninterrupted run's."""
-    from pretrain.components.checkpoint import list_complete
     from pretrain.components.metrics import read_metrics
+    from pretrain.components.resume import list_complete
 
     src = out / "train" / run_name(*plan.resume_config)
     saved_at = plan.warmup_steps + plan.measured_steps

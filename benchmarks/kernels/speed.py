@@ -32,10 +32,8 @@ benchmarks.kernels.measure (how one variant is timed and its memory read); bench
 from __future__ import annotations
 
 import argparse
-import inspect
 import io
 import platform
-import re
 import statistics
 import sys
 import time
@@ -56,6 +54,7 @@ from benchmarks.kernels.measure import (
     triton_unavailable,
 )
 from benchmarks.kernels.sweep import loss_only, sweep_grid
+from bertforge.cli import ArgumentParser, field_help, opt
 from bertforge.files import write_bytes_atomic, write_json_atomic
 from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX, api
@@ -68,21 +67,23 @@ log = get_logger(__spec__.name)
 class BenchConfig:
     """What to measure."""
 
-    batch: int = 0  # sequences per batch; 0 = 32 on CPU, 256 on a GPU
-    seq: int = 128  # tokens per sequence
-    hidden: int = 768  # H (BERT-base 768, BERT-large 1024)
-    vocab: int = 30522  # true vocabulary; the weight is padded to a multiple of 8
-    mask_prob: float = 0.15  # fraction of positions with a label
-    dtype: str = "auto"  # parameter/activation dtype; auto = float32 on CPU, bfloat16 on a GPU
-    repeat: int = 5  # timed repetitions per variant (CPU); do_bench decides on GPU
-    compile: bool = True  # include the torch.compile variants
-    out: str = "."  # folder for bench_kernels.json and bench_kernels.png
-    seed: int = 0  # input generation
-    head: bool = True  # the head part: decoder + loss, all positions vs masked rows
-    sweep: bool = False  # the sweep part: the loss alone on [N_m x V] logits over the grid below
-    sweep_rows: str = "4915,19661"  # N_m of the sweep (256 and 1024 x 128 tokens at 15 %)
-    sweep_vocabs: str = "30522,30528/30522,21128"  # logits widths; WIDTH/VOCAB when padded
-    sweep_dtypes: str = "bfloat16,float16"  # logits dtypes of the sweep
+    batch: int = opt(0, "sequences per batch; 0 = 32 on CPU, 256 on a GPU")
+    seq: int = opt(128, "tokens per sequence")
+    hidden: int = opt(768, "H (BERT-base 768, BERT-large 1024)")
+    vocab: int = opt(30522, "true vocabulary; the weight is padded to a multiple of 8")
+    mask_prob: float = opt(0.15, "fraction of positions with a label")
+    dtype: str = opt("auto", "parameter/activation dtype; auto = float32 on CPU, bfloat16 on a GPU")
+    repeat: int = opt(5, "timed repetitions per variant (CPU); do_bench decides on GPU")
+    compile: bool = opt(True, "include the torch.compile variants")
+    out: str = opt(".", "folder for bench_kernels.json and bench_kernels.png")
+    seed: int = opt(0, "input generation")
+    head: bool = opt(True, "the head part: decoder + loss, all positions vs masked rows")
+    sweep: bool = opt(
+        False, "the sweep part: the loss alone on [N_m x V] logits over the grid below"
+    )
+    sweep_rows: str = opt("4915,19661", "N_m of the sweep (256 and 1024 x 128 tokens at 15 %)")
+    sweep_vocabs: str = opt("30522,30528/30522,21128", "logits widths; WIDTH/VOCAB when padded")
+    sweep_dtypes: str = opt("bfloat16,float16", "logits dtypes of the sweep")
 
 
 def make_inputs(cfg: BenchConfig, device: torch.device):
@@ -426,16 +427,10 @@ def print_table(report: dict) -> None:
         )
 
 
-def _field_help() -> dict[str, str]:
-    """BenchConfig's field comments, as --help text (one source for both)."""
-    src = inspect.getsource(BenchConfig)
-    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.*)$", src, flags=re.MULTILINE))
-
-
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """One flag per BenchConfig field; booleans get --NAME and --no-NAME."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    helps = _field_help()
+    p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    helps = field_help(BenchConfig)
     for f in BenchConfig.__dataclass_fields__.values():
         text = helps.get(f.name, "").replace("%", "%%")
         if f.type in ("bool", bool):
