@@ -71,7 +71,7 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 class Signer:
     """MinHash signatures equal to datasketch's MinHash (scheme affine32) updated with the
     shingle hashes, computed in one numpy pass per document instead of a MinHash object each
-    (tests/test_decontam.py checks the equality)."""
+    (tests/data_prep/test_decontam.py checks the equality)."""
 
     def __init__(self, num_perm: int = NUM_PERM, seed: int = SEED):
         from datasketch import MinHash

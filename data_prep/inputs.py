@@ -5,7 +5,7 @@ a time). Input must be UTF-8; lines end in LF, CRLF or a lone CR (as Python's un
 and a UTF-8 byte-order mark is removed. A bad record is skipped, counted by reason in a
 `DropCounter` (the counts and the first few records, with file and line, go into the manifest's
 `bad_records`), and the first few of each reason are reported on stderr. What counts as one bad
-record (decided per input class, tested by tests/test_data_prep_fuzz.py):
+record (decided per input class, tested by tests/data_prep/test_build_fuzz.py):
 
 - a whole file: empty, UTF-16/32 text, or binary (over 30% of its first 8 KiB NUL bytes or
   invalid UTF-8; a file of fewer than 64 bytes is judged line by line); a parquet file that

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The continued-pretraining recipe of docs/continued.md, line for line (tests/test_docs.py keeps the
+# The continued-pretraining recipe of docs/continued.md, line for line (tests/docs/test_readme_and_sample_outputs.py keeps the
 # two equal): `make demo` first (its runs/demo/hf_model is the base), then `bash
 # scripts/continued_recipe.sh` from the repository root (about 4 minutes on 2 CPU cores).
 # `make docs` runs it to refresh the output pasted in docs/continued.md.

@@ -13,12 +13,13 @@ Words between ``output`` and the colon qualify the block:
   trained model's predictions); the text around it must not rest on them.
 - ``slow``: takes minutes or needs ``make demo`` first (``--fast`` leaves it out).
 - ``filter=NAME``: keep only the lines :data:`FILTERS` ``[NAME]`` keeps (a long run's excerpt).
-- ``unchecked``: deterministic, but left out of tests/test_docs.py's check (its command's output
-  is being reworked; drop the word once it has settled).
+- ``unchecked``: deterministic, but left out of the check of
+  tests/docs/test_readme_and_sample_outputs.py (its command's output is being reworked; drop the
+  word once it has settled).
 
-The other blocks are deterministic and cheap: tests/test_docs.py checks them against what the
-command prints now. Every command runs with bash from the working directory (the repository root
-by default), ``PYTHONPATH`` set to the repository, stdout captured (a command that wants its
+The other blocks are deterministic and cheap: tests/docs/test_readme_and_sample_outputs.py
+checks them against what the command prints now. Every command runs with bash from the working
+directory (the repository root by default), ``PYTHONPATH`` set to the repository, stdout captured (a command that wants its
 stderr says ``2>&1``). The inputs they read (``runs/docs/...``) are built first by :data:`PREPARE`.
 
     python scripts/refresh_docs.py            # rerun every block, rewrite the pages (make docs)

@@ -67,9 +67,9 @@ GPU_PLAN = Plan(
         "resume": (45, 30),
     },
     kernel_test_args=(
-        "tests/test_kernels.py",
-        "tests/test_kernels_ce.py",
-        "tests/test_kernels_compile.py",
+        "tests/kernels/test_masked_lm_loss.py",
+        "tests/kernels/test_softmax_ce.py",
+        "tests/kernels/test_compile.py",
     ),
     bench_args=(),
     head_widths=(768, 1024),
@@ -97,7 +97,7 @@ DRY_PLAN = Plan(
         "hf_baseline": (60, 20),
         "resume": (60, 20),
     },
-    kernel_test_args=("tests/test_kernels.py", "-k", "one_valid_row or auto_picks"),
+    kernel_test_args=("tests/kernels/test_masked_lm_loss.py", "-k", "one_valid_row or auto_picks"),
     bench_args=(
         "--batch",
         "2",

@@ -1,0 +1,145 @@
+"""`python -m benchmarks.gpu_check`: the dry run (every part, on the CPU, tiny sizes) and its time
+boxes.
+
+The dry run executes the same code as the GPU check, so the script cannot rot between GPU loans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers.commands import REPO, run_cli
+
+from benchmarks.gpu_check import __main__ as gpu_check
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = run_cli(
+        "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), check=False, timeout=300
+    )
+    return out, proc
+
+
+def test_dry_run_runs_every_part(dry_run):
+    out, proc = dry_run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["dry_run"] is True
+    assert list(report["parts"]) == list(gpu_check.PARTS)
+    for name, part in report["parts"].items():
+        assert part["status"] == "ok", (name, part["error"])
+        assert part["rows"], name
+    parts = report["parts"]
+    assert parts["kernel_tests"]["rows"][0]["passed"] >= 3
+    ours = [r for r in parts["kernel_sweep"]["rows"] if r["variant"].startswith("ours")]
+    assert ours and all(r["status"] == "ok" and r["ms"] > 0 for r in ours)
+    (train,) = parts["train"]["rows"]
+    assert train["tokens/s"] > 0 and train["seq/s"] > 0 and train["TFLOP/s"] > 0
+    assert train["steps"] == gpu_check.DRY_PLAN.measured_steps
+    hf = parts["hf_baseline"]
+    assert hf["rows"][-1]["attention"] == "sdpa" and hf["rows"][-1]["tokens/s"] > 0
+    assert hf["details"]["ours_over_hf_tokens_per_s"] > 0
+    resume = parts["resume"]["details"]
+    assert resume["log_says_resumed"] and resume["first_step_bit_identical"]
+    targets = {t["target"]: t for t in report["targets"]}
+    assert targets["save + resume: later losses equal the uninterrupted run's"]["met"] is True
+    md = (out / "gpu_check.md").read_text()
+    for name in gpu_check.PARTS:
+        assert f"## {name}: ok" in md
+    assert "| target | value | met |" in md
+
+
+def test_a_failed_part_leaves_the_others(tmp_path):
+    """resume before train has nothing to resume: it fails with a reason, data still runs, and
+    the command exits 1."""
+    proc = run_cli(
+        "-m",
+        "benchmarks.gpu_check",
+        "--dry-run",
+        "--parts",
+        "resume,data",
+        "--out",
+        str(tmp_path),
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["parts"]["resume"]["status"] == "failed"
+    assert "needs the train part's run" in report["parts"]["resume"]["error"]
+    assert report["parts"]["data"]["status"] == "ok"
+
+
+def test_time_box_kills_the_whole_process_group(tmp_path):
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "box.log"
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        gpu_check.run_logged([sys.executable, "-c", code], log, timeout=3)
+    assert time.monotonic() - t0 < 20
+    grandchild = int(log.read_text().split()[-1])
+    time.sleep(0.5)
+    assert not running(grandchild)  # killed with its parent, not left running
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU machine")
+def test_without_a_gpu_the_full_check_says_to_use_dry_run(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--out", str(tmp_path)])
+    assert "--dry-run" in capsys.readouterr().err
+
+
+def test_unknown_part_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--parts", "train,warp", "--out", str(tmp_path)])
+    assert "unknown warp" in capsys.readouterr().err
+
+
+def documented_gpu_check_commands() -> list[list[str]]:
+    """argv of every gpu_check command line in README.md and the docs/ pages, and the one
+    `make gpu-check` runs."""
+    from helpers.docs_commands import documented_commands
+
+    argvs = [argv[2:] for _, _, argv in documented_commands(("benchmarks.gpu_check",))]
+    # Under `make test` the parent make's variables would add "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    dry = subprocess.run(
+        ["make", "--no-print-directory", "-n", "gpu-check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    line = next(x for x in dry.splitlines() if "-m benchmarks.gpu_check" in x).split()
+    return argvs + [line[line.index("benchmarks.gpu_check") + 1 :]]
+
+
+def test_documented_commands_parse():
+    argvs = documented_gpu_check_commands()
+    assert len(argvs) >= 3 and any("--dry-run" in a for a in argvs)
+    for argv in argvs:
+        args = gpu_check.build_parser().parse_args(argv)
+        assert set(args.parts.split(",")) <= set(gpu_check.PARTS), argv

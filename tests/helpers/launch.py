@@ -1,0 +1,98 @@
+"""The trainer launched as a user launches it: `python pretrain/main.py` on one process, the
+DeepSpeed launcher on several; a CPU config with blocks replaced; the losses a run logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.commands import REPO
+from pretrain.components.metrics import read_metrics
+
+COMMON = [
+    "--model",
+    "tiny",
+    "--num_workers",
+    "0",
+    "--progress",
+    "false",
+    "--global_batch_size",
+    "16",
+    "--micro_batch_size",
+    "4",
+    "--lr",
+    "1e-3",
+    "--warmup_steps",
+    "1",
+]
+
+_PORT = [29700 + (os.getpid() % 200)]
+
+
+def _port() -> int:
+    _PORT[0] += 1
+    return _PORT[0]
+
+
+def launch_cmd(script: str | Path, nproc: int) -> list[str]:
+    if nproc == 1:  # plain `python pretrain/main.py`: one process, no launcher
+        return [sys.executable, str(script)]
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(_port()),
+        str(script),
+    ]
+
+
+def launch(
+    args: list[str],
+    nproc: int = 2,
+    script: str | Path = "pretrain/main.py",
+    env: dict | None = None,
+    check: bool = True,
+    timeout: int = 240,
+) -> subprocess.CompletedProcess:
+    """Run the trainer as a user would; returns the completed process (text output)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run(
+        launch_cmd(script, nproc) + args,
+        cwd=REPO,
+        env=full_env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"training failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def ds_config(tmp: Path, name: str, **changes) -> Path:
+    """A copy of ds_configs/cpu.json with top-level blocks replaced."""
+    cfg = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
+    cfg.update(changes)
+    path = tmp / name
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
+
+
+def assert_loss_falls(run: Path) -> None:
+    steps = read_metrics(run / "metrics.jsonl")
+    first = sum(r["loss"] for r in steps[:2]) / 2
+    last = sum(r["loss"] for r in steps[-2:]) / 2
+    assert last < first - 0.15, f"loss did not fall: {[round(r['loss'], 3) for r in steps]}"

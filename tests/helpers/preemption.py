@@ -1,0 +1,58 @@
+"""Start a training command, wait until it has really trained, then signal one of its processes.
+
+Used by the preemption tests (tests/e2e/test_*_preemption.py, test_nsp_bf16_interrupt_resume.py):
+a cluster's SIGTERM (or a user's Ctrl-C) reaches one process of a job, at a moment nobody chose. The helper waits for evidence that the
+loop runs (a condition on the run folder, e.g. a step record in metrics.jsonl), so the test does
+not depend on how fast a shared CI machine starts the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rank_process(launcher: subprocess.Popen, local_rank: int) -> psutil.Process:
+    """The rank process a DeepSpeed launcher started with ``--local_rank=N`` (not the launcher)."""
+    for p in psutil.Process(launcher.pid).children(recursive=True):
+        if any(a == f"--local_rank={local_rank}" for a in p.cmdline()):
+            return p
+    raise AssertionError(f"no process with --local_rank={local_rank} under {launcher.pid}")
+
+
+def run_and_signal(
+    cmd: list[str],
+    log: Path,
+    ready: Callable[[], bool],
+    target: Callable[[subprocess.Popen], int],
+    sig: int = signal.SIGTERM,
+    timeout_s: float = 240.0,
+) -> tuple[int, str]:
+    """Run ``cmd`` (output to ``log``), send ``sig`` to the pid ``target`` picks once ``ready()``
+    holds, and return (exit status, output). Fails when the job ends before it was signalled."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and not ready():
+                assert time.monotonic() < deadline, (
+                    "the run was not ready in time:\n" + (log.read_text()[-4000:])
+                )
+                time.sleep(0.05)
+            assert proc.poll() is None, "the run ended before the signal:\n" + log.read_text()
+            os.kill(target(proc), sig)
+            code = proc.wait(timeout=timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return code, log.read_text()

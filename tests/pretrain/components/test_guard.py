@@ -1,0 +1,285 @@
+"""The stability guard (pretrain.components.guard): the detector on its own, then faults planned
+with
+BERTFORGE_FAULTS in one-process CPU runs (fp32, ZeRO-2, tiny model): a loss spike is skipped
+without touching the weights, a NaN rolls back to the newest checkpoint and skips the exact sample
+range, NaN after NaN gives up with exit status 6, and --no_stability_guard trains as before."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.commands import train_cli
+
+from pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
+from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import list_complete, tag_for
+from pretrain.config.train_config import GuardConfig, parse_args
+
+# --- the detector ---------------------------------------------------------------------------
+
+
+def _guard(**over) -> StabilityGuard:
+    return StabilityGuard(GuardConfig(**{"guard_min_history": 5, **over}))
+
+
+def _feed(guard: StabilityGuard, losses, norm: float = 1.0, first_step: int = 1) -> list[str]:
+    """Healthy-looking steps through both checks; the actions taken."""
+    actions = []
+    for i, loss in enumerate(losses):
+        v = guard.check_loss(first_step + i, loss)
+        if v.action == "ok":
+            v = guard.check_grad_norm(first_step + i, norm)
+        actions.append(v.action)
+    return actions
+
+
+def test_robust_z_against_hand_computed_median_and_mad():
+    median, z = robust_z(10.0, [1.0, 2.0, 3.0, 4.0, 5.0])  # median 3, MAD 1
+    assert median == 3.0 and z == pytest.approx(7.0 / 1.4826)
+    assert robust_z(3.0, [3.0, 3.0, 3.0]) == (3.0, 0.0)
+    assert robust_z(3.5, [3.0, 3.0, 3.0]) == (3.0, math.inf)
+
+
+def test_spike_is_skipped_only_after_the_minimum_history():
+    guard = _guard()
+    assert guard.check_loss(1, 1000.0).action == "ok"  # no history yet: nothing to judge by
+    guard = _guard()
+    assert _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0]) == ["ok"] * 5
+    verdict = guard.check_loss(6, 70.0)
+    assert verdict.action == "skip"
+    assert verdict.event["event"] == "loss_spike" and verdict.event["median"] == 7.0
+    assert verdict.event["z"] > 6.0
+    assert len(guard.losses) == 5  # the spike does not join the window of healthy values
+
+
+def test_flat_curve_with_zero_mad_needs_the_relative_floor():
+    guard = _guard()
+    _feed(guard, [7.0] * 6)
+    assert guard.check_loss(7, 7.01).action == "ok"  # z is inf, but only 1.001x the median
+    guard.check_grad_norm(7, 1.0)
+    assert guard.check_loss(8, 11.0).action == "skip"  # above 1.5x the median
+    assert guard.check_loss(9, 6.0).action == "ok"  # a drop is never a spike
+
+
+def test_spikes_in_a_window_roll_back_and_rollbacks_run_out():
+    guard = _guard(guard_spikes=3, guard_spike_window=20, guard_max_rollbacks=1)
+    _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0])
+    assert guard.check_loss(6, 70.0).action == "skip"
+    assert guard.check_loss(7, 70.0).action == "skip"
+    verdict = guard.check_loss(8, 70.0)
+    assert verdict.action == "rollback" and verdict.event["event"] == "spikes_in_window"
+    guard.rolled_back(verdict.event, 4, 64, 128)
+    assert guard.rollbacks == 1 and not guard.spike_steps
+    assert guard.check_loss(5, math.nan).action == "give_up"  # one rollback allowed, spent
+
+
+def test_spikes_further_apart_than_the_window_are_only_skipped():
+    guard = _guard(guard_spikes=2, guard_spike_window=3)
+    _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0])
+    assert guard.check_loss(6, 70.0).action == "skip"
+    _feed(guard, [7.0, 7.0, 7.0], first_step=7)
+    assert guard.check_loss(10, 70.0).action == "skip"  # step 6 left the 3-step window
+
+
+def test_nonfinite_values_roll_back_except_under_fp16():
+    guard = _guard()
+    assert guard.check_loss(1, math.inf).action == "rollback"
+    assert guard.check_loss(2, 7.0).action == "ok"
+    verdict = guard.check_grad_norm(2, math.nan)
+    assert verdict.action == "rollback" and verdict.event["event"] == "grad_norm_nonfinite"
+    fp16 = StabilityGuard(GuardConfig(), fp16=True)  # the loss scaler owns non-finite values
+    assert fp16.check_loss(1, math.nan).action == "ok"
+    assert fp16.check_loss(2, 7.0).action == "ok"
+    assert fp16.check_grad_norm(2, math.inf).action == "ok"
+
+
+def test_grad_norm_spike_is_counted_not_skipped():
+    guard = _guard(guard_spikes=2)
+    _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0], norm=1.0)
+    assert guard.check_loss(6, 7.0).action == "ok"
+    verdict = guard.check_grad_norm(6, 50.0)  # the update is applied already (and clipped)
+    assert verdict.action == "ok" and verdict.event["event"] == "grad_norm_spike"
+    assert guard.check_loss(7, 7.0).action == "ok"
+    assert guard.check_grad_norm(7, 50.0).action == "rollback"  # the second spike in the window
+
+
+def test_without_a_checkpoint_a_one_off_is_skipped_a_pile_up_gives_up():
+    guard = _guard(guard_spikes=2)
+    verdict = guard.check_loss(1, math.nan)
+    assert verdict.action == "rollback" and guard.without_checkpoint(verdict.event) == "skip"
+    verdict = guard.check_loss(2, math.nan)
+    assert guard.without_checkpoint(verdict.event) == "give_up"  # two within the window
+
+
+def test_state_round_trip_keeps_counts_factor_and_windows():
+    guard = _guard(guard_lr_factor=0.5)
+    _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0])
+    verdict = guard.check_loss(6, math.nan)
+    assert guard.rolled_back(verdict.event, 4, 64, 96) == 0.5
+    again = StabilityGuard(guard.cfg, json.loads(json.dumps(guard.state_dict())))
+    assert again.state_dict() == guard.state_dict()
+    assert again.rollbacks == 1 and again.lr_factor == 0.5
+    assert again.events[-1]["skipped_samples"] == [64, 96]
+    assert again.check_loss(7, 70.0).action == "skip"  # the restored window judges at once
+
+
+def test_flags_turn_the_guard_off_and_reject_bad_thresholds(english_shards, capsys):
+    base = ["--data", str(english_shards)]
+    assert parse_args(base).guard.stability_guard is True
+    assert parse_args(base + ["--no_stability_guard"]).guard.stability_guard is False
+    assert parse_args(base + ["--stability_guard", "false"]).guard.stability_guard is False
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--guard_lr_factor", "2"])
+    assert "--guard_lr_factor must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_config_without_zero_is_refused_before_launch_unless_the_guard_is_off(
+    english_shards, tmp_path
+):
+    from helpers.commands import REPO
+
+    from pretrain.config.ds_config import ConfigError, resolve_deepspeed_config
+
+    ds = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
+    ds["zero_optimization"] = {"stage": 0}
+    path = tmp_path / "stage0.json"
+    path.write_text(json.dumps(ds))
+    base = ["--data", str(english_shards), "--ds_config", str(path)]
+    with pytest.raises(ConfigError, match="needs ZeRO stage 1, 2 or 3.*--no_stability_guard"):
+        resolve_deepspeed_config(parse_args(base), 1, "cpu")
+    setup = resolve_deepspeed_config(parse_args(base + ["--no_stability_guard"]), 1, "cpu")
+    assert setup.config["zero_optimization"]["stage"] == 0
+
+
+# --- fault injection in real runs ------------------------------------------------------------
+
+RUN_FLAGS = [
+    "--model",
+    "tiny",
+    "--global_batch_size",
+    "16",
+    "--micro_batch_size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--warmup_steps",
+    "1",
+    "--decay",
+    "constant",
+    "--guard_min_history",
+    "3",
+]
+
+
+def _run(run: Path, shards: Path, faults: str, *args: str, check: bool = True):
+    return train_cli(
+        run, "--data", str(shards), *RUN_FLAGS, *args, env={"BERTFORGE_FAULTS": faults}, check=check
+    )
+
+
+def _records(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _model_and_moments(ckpt: Path) -> list[torch.Tensor]:
+    """Every weight and Adam moment of a ZeRO-2 checkpoint (one rank)."""
+    module = torch.load(ckpt / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    optim = torch.load(ckpt / "zero_pp_rank_0_mp_rank_00_optim_states.pt", weights_only=False)
+    state = optim["optimizer_state_dict"]["base_optimizer_state"]["state"]
+    moments = [t for s in state.values() for k, t in sorted(s.items()) if k != "step"]
+    return [module[k] for k in sorted(module)] + moments
+
+
+@pytest.fixture(scope="module")
+def spike_run(english_shards, tmp_path_factory) -> Path:
+    """A NaN loss at step 1 (no checkpoint yet) and a loss spike (x1000) at step 6; a checkpoint
+    after every step."""
+    run = tmp_path_factory.mktemp("guard_spike") / "run"
+    _run(run, english_shards, "loss_nan@1,loss_spike@6", "--max_steps", "7", "--save_interval", "1",
+         "--keep_last", "10")  # fmt: skip
+    return run
+
+
+def test_loss_spike_is_skipped_without_touching_the_weights(spike_run):
+    first, event = read_metrics(spike_run / "metrics.jsonl", "guard")
+    # A NaN before the first checkpoint: nothing to roll back to, so the step is skipped.
+    assert (first["step"], first["event"], first["action"]) == (1, "loss_nonfinite", "skip")
+    assert first["reason"] == "no complete checkpoint to roll back to"
+    assert (event["step"], event["event"], event["action"]) == (6, "loss_spike", "skip")
+    assert event["skipped_samples"] == [80, 96] and event["loss"] > 100 * event["median"]
+    train = {r["step"]: r for r in read_metrics(spike_run / "metrics.jsonl")}
+    assert sorted(train) == list(range(1, 8))
+    assert train[1]["skipped"] and train[6]["skipped"] and not train[7]["skipped"]
+    assert train[6]["skipped_total"] == 2
+    assert train[7]["consumed_samples"] == 112  # the skipped batch still counts as consumed
+    assert train[7]["loss"] < 1.2 * event["median"]  # training goes on from unharmed weights
+    ckpts = spike_run / "checkpoints"
+    before, after, next_ = (_model_and_moments(ckpts / tag_for(s)) for s in (5, 6, 7))
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # nothing applied
+    assert not all(torch.equal(a, b) for a, b in zip(after, next_, strict=True))
+    state = json.loads((ckpts / tag_for(7) / "trainer_state.json").read_text())
+    assert state["guard"]["events"] == [
+        {"step": 1, "event": "loss_nonfinite", "action": "skip", "skipped_samples": [0, 16]},
+        {"step": 6, "event": "loss_spike", "action": "skip", "skipped_samples": [80, 96]},
+    ]
+
+
+def test_without_the_guard_training_is_as_before(spike_run, english_shards, tmp_path):
+    """--no_stability_guard: no guard records; a NaN loss's non-finite gradients are skipped
+    by DeepSpeed's own overflow check and training goes on. Between the events (a NaN at step 1,
+    skipped by DeepSpeed here and by the guard there) the runs are bit-identical."""
+    run = tmp_path / "run"
+    faults = "loss_nan@1,loss_nan@6"
+    proc = _run(run, english_shards, faults, "--max_steps", "7", "--no_stability_guard")
+    assert "guard step" not in proc.stdout + proc.stderr
+    assert read_metrics(run / "metrics.jsonl", "guard") == []
+    got = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}
+    ref = {r["step"]: r for r in read_metrics(spike_run / "metrics.jsonl")}
+    assert [got[s]["loss"] for s in range(2, 6)] == [ref[s]["loss"] for s in range(2, 6)]
+    assert got[1]["skipped"] and got[6]["skipped"]  # DeepSpeed's skips, not the guard's
+    assert got[6]["loss"] == "nan" and got[6]["skipped_total"] == 2
+    assert math.isfinite(got[7]["loss"]) and sorted(got) == list(range(1, 8))
+
+
+def test_nan_rolls_back_skips_the_exact_range_and_resumes(english_shards, tmp_path):
+    run = tmp_path / "run"
+    args = ["--save_interval", "4", "--keep_last", "5", "--guard_lr_factor", "0.5"]
+    proc = _run(run, english_shards, "loss_nan@6", "--max_steps", "8", *args)
+    out = proc.stdout + proc.stderr
+    assert "guard step 6: loss_nonfinite nan" in out and "back to step 4 (rollback 1)" in out
+    records = _records(run)
+    (event,) = [r for r in records if r.get("split") == "guard"]
+    assert event["action"] == "rollback" and event["to_step"] == 4 and event["rollbacks"] == 1
+    assert event["skipped_samples"] == [64, 96]  # checkpoint's position .. the NaN step's end
+    after = [r for r in records[records.index(event) + 1 :] if r.get("split", "train") == "train"]
+    assert [r["step"] for r in after] == [5, 6, 7, 8]  # the step counter went back to 4
+    assert [r["consumed_samples"] for r in after] == [112, 128, 144, 160]  # data went on
+    assert all(r["lr"] == pytest.approx(5e-4) for r in after)  # --guard_lr_factor 0.5
+    assert [s for s, _ in list_complete(run / "checkpoints")] == [4, 8]
+    state = json.loads((run / "checkpoints" / tag_for(8) / "trainer_state.json").read_text())
+    assert state["guard"]["rollbacks"] == 1 and state["guard"]["lr_factor"] == 0.5
+    # A later launch resumes the run with the guard's state and the lowered lr.
+    proc = _run(run, english_shards, "", "--max_steps", "10", "--resume", "auto", *args)
+    assert f"resumed from {run / 'checkpoints' / tag_for(8)} at step 8" in proc.stdout
+    train = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in train if r["consumed_samples"] > 160] == [9, 10]
+    assert train[-1]["lr"] == pytest.approx(5e-4)
+    state = json.loads((run / "checkpoints" / tag_for(10) / "trainer_state.json").read_text())
+    assert state["guard"]["rollbacks"] == 1 and state["guard"]["events"][0]["to_step"] == 4
+
+
+def test_nan_after_every_rollback_gives_up(english_shards, tmp_path):
+    run = tmp_path / "run"
+    proc = _run(run, english_shards, "loss_nan@6,loss_nan@6,loss_nan@6", "--max_steps", "8",
+                "--save_interval", "4", "--guard_max_rollbacks", "2", check=False)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_GAVE_UP, out[-3000:]
+    assert "the stability guard gave up at step 6" in out and "--guard_max_rollbacks 2" in out
+    actions = [r["action"] for r in read_metrics(run / "metrics.jsonl", "guard")]
+    assert actions == ["rollback", "rollback", "give_up"]
+    assert [s for s, _ in list_complete(run / "checkpoints")] == [4]  # nothing saved after
