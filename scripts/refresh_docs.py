@@ -17,10 +17,11 @@ Words between ``output`` and the colon qualify the block:
   tests/docs/test_readme_and_sample_outputs.py (its command's output is being reworked; drop the
   word once it has settled).
 
-The other blocks are deterministic and cheap: tests/docs/test_readme_and_sample_outputs.py
-checks them against what the command prints now. Every command runs with bash from the working
-directory (the repository root by default), ``PYTHONPATH`` set to the repository, stdout captured (a command that wants its
-stderr says ``2>&1``). The inputs they read (``runs/docs/...``) are built first by :data:`PREPARE`.
+The other blocks are deterministic and cheap: tests/docs/test_readme_and_sample_outputs.py checks
+them against what the command prints now. Every command runs with bash from the working directory
+(the repository root by default), ``PYTHONPATH`` set to the repository, stdout captured (a command
+that wants its stderr says ``2>&1``). The inputs they read (``runs/docs/...``) are built first by
+:data:`PREPARE`.
 
     python scripts/refresh_docs.py            # rerun every block, rewrite the pages (make docs)
     python scripts/refresh_docs.py --check    # report the blocks that differ, exit 1 if any

@@ -1,8 +1,8 @@
 """Resume on a larger world size: a one-process checkpoint continued on two DeepSpeed ranks.
 
 (tests/e2e/test_two_rank_training.py covers 2 -> 1.) The data order and the masks are functions of
-the global sample position only, the same for any world size; with dropout off, nothing else draws random
-numbers, so the two-rank continuation must give the one-process run's own losses, up to the
+the global sample position only, the same for any world size; with dropout off, nothing else draws
+random numbers, so the two-rank continuation must give the one-process run's own losses, up to the
 order of floating-point sums (gradients are all-reduced across ranks instead of accumulated in
 one process): fp32, relative tolerance 1e-5 (measured differences are around 1e-7).
 """

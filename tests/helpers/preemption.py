@@ -1,9 +1,9 @@
 """Start a training command, wait until it has really trained, then signal one of its processes.
 
-Used by the preemption tests (tests/e2e/test_*_preemption.py, test_nsp_bf16_interrupt_resume.py):
-a cluster's SIGTERM (or a user's Ctrl-C) reaches one process of a job, at a moment nobody chose. The helper waits for evidence that the
-loop runs (a condition on the run folder, e.g. a step record in metrics.jsonl), so the test does
-not depend on how fast a shared CI machine starts the job.
+Used by the preemption tests (tests/e2e/test_*_preemption.py, test_nsp_bf16_interrupt_resume.py): a
+cluster's SIGTERM (or a user's Ctrl-C) reaches one process of a job, at a moment nobody chose. The
+helper waits for evidence that the loop runs (a condition on the run folder, e.g. a step record in
+metrics.jsonl), so the test does not depend on how fast a shared CI machine starts the job.
 """
 
 from __future__ import annotations
