@@ -210,17 +210,16 @@ class Trainer:
                     self.evaluate(step)
                 reason = self.ckpts.save_due(step, preempt, self.budget)
                 if reason == "budget":
-                    self.metrics.print(
-                        f"[pretrain] time budget of {self.cfg.run.max_time_hours} "
+                    self.metrics.info(
+                        f"time budget of {self.cfg.run.max_time_hours} "
                         f"h used up after step {step}: final validation and save"
                     )
                     break
                 if reason and not self.save(step, consumed, reason):
                     return EXIT_SAVE_FAILED
                 if reason == "signal":
-                    self.metrics.print(
-                        f"[pretrain] stopped by a signal after step {step}; "
-                        "continue with --resume auto"
+                    self.metrics.info(
+                        f"stopped by a signal after step {step}; continue with --resume auto"
                     )
                     self._finish_downstream(timeout_s=30.0)  # a preempted job cannot wait long
                     return 0

@@ -15,8 +15,7 @@ Target: >= 20,000 sequences/s for ours.
 
 --mixture DIR2 (a second build with the same tokenizer) also times a 50/50 weighted mixture of
 --shards and DIR2 (`pretrain.data.mixture`: two sources, per-source sample order, rows joined from
-two
-batched reads) with the same masking; target: within 10% of one build.
+two batched reads) with the same masking; target: within 10% of one build.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Start-up cost of the rendezvous check: `pretrain.components.distributed.init_distributed`
-(registration in
-a TCP store, then the process group on the same store) against plain `deepspeed.init_distributed`
-(env://), two local ranks, the time from the call to the end of a first all-reduce.
+(registration in a TCP store, then the process group on the same store) against plain
+`deepspeed.init_distributed` (env://), two local ranks, the time from the call to the end of a first
+all-reduce.
 
     python -m benchmarks.training.launch [--repeats 5] [--ranks 2]
 """

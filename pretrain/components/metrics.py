@@ -230,14 +230,13 @@ class MetricsWriter:
 
     def guard(self, record: dict[str, Any]) -> None:
         """Write a ``"split": "guard"`` record (pretrain.components.guard: a skipped step, a
-        rollback, the
-        guard giving up) to metrics.jsonl and say it in one console line."""
+        rollback, the guard giving up) to metrics.jsonl and say it in one console line."""
         if self.rank != 0:
             return
         self._file.write(json.dumps(_finite(record)) + "\n")
         self._file.flush()
         line = (
-            f"[pretrain] guard step {record['step']}: {record['event']} {record['value']:.4g} "
+            f"guard step {record['step']}: {record['event']} {record['value']:.4g} "
             f"(median {record['median']:.4g}, z {record['z']:.3g}) -> {record['action']}"
         )
         if "skipped_samples" in record:
@@ -247,7 +246,7 @@ class MetricsWriter:
             line += f" ({record['reason']})"
         if record["action"] == "rollback":
             line += f", back to step {record['to_step']} (rollback {record['rollbacks']})"
-        self.print(line)
+        self.info(line)
 
     def print(self, msg: str) -> None:
         """A line on rank 0's console that does not break the progress bar."""
@@ -257,6 +256,10 @@ class MetricsWriter:
             self._bar.write(msg)
         else:
             print(msg, flush=True)
+
+    def info(self, msg: str) -> None:
+        """A note in the one log format (bertforge.logs), through the progress bar."""
+        self.print(format_line("pretrain", logging.INFO, msg))
 
     def warning(self, msg: str) -> None:
         """A warning in the one log format (bertforge.logs), through the progress bar."""

@@ -2,12 +2,11 @@
 and Hugging Face folders, named on the command line as ``PATH``, ``RUN@STEP`` or ``RUN@all``.
 
 A run's checkpoint is turned into a Hugging Face folder by ``pretrain.export.hf_export.export``
-(into a
-temporary folder, so there is one conversion path for export, evaluation and attention maps); a
-Hugging Face folder is used as it is. ``ModelSource.build`` then makes a fresh task model
-(``AutoModelForSequenceClassification`` / ``AutoModelForTokenClassification``) whose encoder
-holds the source's weights and whose head is new. An encoder weight that does not load is an
-error, never a silently random layer.
+(into a temporary folder, so there is one conversion path for export, evaluation and attention
+maps); a Hugging Face folder is used as it is. ``ModelSource.build`` then makes a fresh task model
+(``AutoModelForSequenceClassification`` / ``AutoModelForTokenClassification``) whose encoder holds
+the source's weights and whose head is new. An encoder weight that does not load is an error, never
+a silently random layer.
 """
 
 from __future__ import annotations

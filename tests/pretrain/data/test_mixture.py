@@ -1,6 +1,5 @@
 """Weighted mixtures (pretrain.data.mixture): syntax, realised weights, determinism across world
-sizes
-and resumes, per-source mask rates and validation readers, incompatible builds refused."""
+sizes and resumes, per-source mask rates and validation readers, incompatible builds refused."""
 
 from __future__ import annotations
 
