@@ -31,8 +31,8 @@ format: install
 	$(PYTHON) -m ruff check --fix .
 	$(PYTHON) -m ruff format .
 
-# Validate a GPU node and measure every GPU claim in <= 8 minutes on one H100/H200 (README,
-# "Checking a GPU node"). No install step: GPU nodes are often offline, the wheels come prepared.
+# Validate a GPU node and measure every GPU claim in <= 8 minutes on one H100/H200
+# (docs/gpu_check.md). No install step: GPU nodes are often offline, the wheels come prepared.
 GPU_CHECK_OUT ?= runs/gpu_check
 .PHONY: gpu-check
 gpu-check:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO as ROOT  # noqa: E402
+from helpers.commands import REPO as ROOT
 
 from bertforge.cli import ArgumentParser, add_fields, explain, from_args, opt, suggest
 

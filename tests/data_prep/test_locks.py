@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 from data_prep.lock import FolderLock, LockError
 

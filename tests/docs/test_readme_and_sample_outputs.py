@@ -10,7 +10,7 @@ import re
 import sys
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 _spec = importlib.util.spec_from_file_location("refresh_docs", REPO / "scripts" / "refresh_docs.py")
 refresh_docs = importlib.util.module_from_spec(_spec)

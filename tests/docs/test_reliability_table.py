@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 DOC = REPO / "docs" / "reliability.md"
 

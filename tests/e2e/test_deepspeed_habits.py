@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 from pretrain.components.metrics import read_metrics
 from pretrain.components.resume import LATEST_FILE, find_latest, list_complete

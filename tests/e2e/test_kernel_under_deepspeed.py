@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+
+# Not helpers.commands.REPO: this file also runs as a script, without tests/ on sys.path.
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _train(impl: str) -> dict:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 from data_prep import reader as reader_module
 from data_prep.reader import ShardError

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 from helpers.launch import launch
 
 from pretrain.components.checkpoint_files import MARKER

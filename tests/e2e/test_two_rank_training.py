@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 from helpers.launch import COMMON, assert_loss_falls, ds_config, launch, launch_cmd, losses
 
 from pretrain.components.checkpoint_files import MARKER

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 from helpers.launch import launch, launch_cmd, losses
 from helpers.preemption import rank_process, run_and_signal
 

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 from pretrain.components.checkpoint_files import MARKER
 from pretrain.components.optim import (

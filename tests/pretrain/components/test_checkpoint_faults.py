@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 from pretrain.components import checkpoint as ck
 from pretrain.components import checkpoint_files as cf

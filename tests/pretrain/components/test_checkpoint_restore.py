@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 pytestmark = pytest.mark.slow
 

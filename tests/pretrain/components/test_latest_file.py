@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.commands import REPO  # noqa: E402
+from helpers.commands import REPO
 
 from pretrain.components.optim import configure_optimizer
 from pretrain.config.train_config import OptimConfig
