@@ -29,25 +29,22 @@ from __future__ import annotations
 
 import codecs
 import glob
-import gzip
 import hashlib
 import io
 import json
 import re
-import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from bertforge.cli import opt
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
+from data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
 
 log = get_logger(__name__)
 
-_COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL = {".jsonl", ".ndjson", ".json"}
 _TEXT = {".txt", ".text", ".md", ".raw"}
 _HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -109,7 +106,7 @@ class DropCounter:
 def _kind(path: Path) -> tuple[str, str | None]:
     """(kind, compression) of a file from its suffixes: kind is text, jsonl or parquet."""
     suffixes = [s.lower() for s in path.suffixes]
-    compression = _COMPRESSED.get(suffixes[-1]) if suffixes else None
+    compression = COMPRESSED.get(suffixes[-1]) if suffixes else None
     if compression:
         suffixes = suffixes[:-1]
     last = suffixes[-1] if suffixes else ""
@@ -134,7 +131,7 @@ def _walk(folder: Path) -> list[Path]:
             found.extend(_walk(child))
         else:
             suffixes = [s.lower() for s in child.suffixes]
-            if suffixes and suffixes[-1] in _COMPRESSED:
+            if suffixes and suffixes[-1] in COMPRESSED:
                 suffixes = suffixes[:-1]
             if suffixes and suffixes[-1] in (_TEXT | _JSONL | {".parquet"}):
                 found.append(child)
@@ -178,71 +175,6 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
             seen.add(key)
             unique.append(key)
     return unique
-
-
-class _DamagedStream(Exception):
-    """Compressed data that cannot be decoded (raised by the zstd reader)."""
-
-
-# What a cut-short or corrupt .gz/.zst raises while it is read (gzip: EOFError, BadGzipFile for a
-# bad header/CRC/length, zlib.error for bad deflate data; zstd: EOFError, _DamagedStream).
-_STREAM_DAMAGE = (EOFError, zlib.error, gzip.BadGzipFile, _DamagedStream)
-
-
-class _ZstdRaw(io.RawIOBase):
-    """Streaming zstd decompression (any number of frames) that reports a truncated file;
-    zstandard's stream_reader ends silently in the middle of a frame."""
-
-    def __init__(self, path: Path):
-        import zstandard
-
-        self._zstd = zstandard
-        self._src = open(path, "rb")
-        self._new_frame()
-        self._pending = b""
-        self._pos = 0  # read position in _pending (no re-slicing of big buffers)
-
-    def _new_frame(self) -> None:
-        self._dobj = self._zstd.ZstdDecompressor().decompressobj()
-        self._in_frame = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        while self._pos >= len(self._pending):
-            self._pending, self._pos = b"", 0
-            chunk = self._src.read(1 << 20)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("compressed stream ends in the middle of a zstd frame")
-                return 0
-            try:
-                while chunk:
-                    self._in_frame = True
-                    self._pending += self._dobj.decompress(chunk)
-                    chunk = b""
-                    if self._dobj.eof:  # frame complete; the rest is the next frame
-                        chunk = self._dobj.unused_data
-                        self._new_frame()
-            except self._zstd.ZstdError as e:
-                raise _DamagedStream(f"zstd: {e}") from e
-        n = min(len(buf), len(self._pending) - self._pos)
-        buf[:n] = memoryview(self._pending)[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def close(self) -> None:
-        self._src.close()
-        super().close()
-
-
-def _open_binary(path: Path, compression: str | None) -> IO[bytes]:
-    if compression == "gzip":
-        return gzip.open(path, "rb")
-    if compression == "zstd":
-        return io.BufferedReader(_ZstdRaw(path), buffer_size=1 << 20)
-    return open(path, "rb", buffering=1 << 20)
 
 
 def _probe(head: bytes) -> tuple[str, str] | None:
@@ -299,7 +231,7 @@ def _lines(
     lineno = 0
     limit = cfg.max_line_bytes
     try:
-        with _open_binary(path, compression) as raw:
+        with open_binary(path, compression) as raw:
             problem = _probe(raw.peek(_BINARY_PROBE)[:_BINARY_PROBE])
             if problem:
                 drops.drop(problem[0], where, problem[1])
@@ -327,7 +259,7 @@ def _lines(
                 yield lineno, line
     except FileNotFoundError as e:
         raise InputError(f"{where}: file disappeared during the build.") from e
-    except _STREAM_DAMAGE as e:
+    except STREAM_DAMAGE as e:
         cut = isinstance(e, EOFError)
         drops.drop(
             "truncated_file" if cut else "corrupt_file",
