@@ -19,9 +19,30 @@ from tokenizers import Tokenizer
 
 from bertforge.errors import UserError
 from bertforge.files import publish_dir
+from bertforge.logs import get_logger
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SPECIAL_KEYS = ("cls", "sep", "pad", "mask", "unk")
+
+
+log = get_logger(__name__)
+_TOLD_PLAIN: set[str] = set()  # --tokenizer sources already warned about
+
+
+def plain_encoding(tok: Tokenizer) -> list[str]:
+    """Turn off the truncation and padding a tokenizer file may carry (many published
+    ``tokenizer.json`` files cut every text at 128 or 512 tokens and pad it with [PAD]); returns
+    what was on, so the caller can say so once. Data preparation and the vocabulary checks need
+    every token of the text and nothing else."""
+    found = []
+    if tok.truncation:
+        found.append(f"truncation (max_length {tok.truncation.get('max_length')})")
+        tok.no_truncation()
+    if tok.padding:
+        length = tok.padding.get("length")
+        found.append(f"padding ({'to ' + str(length) if length else 'to the longest'})")
+        tok.no_padding()
+    return found
 
 
 class TokenizerError(UserError, ValueError):
@@ -118,6 +139,14 @@ def import_tokenizer(source: Path, lowercase: bool | None, out_dir: Path) -> Non
     if missing:
         raise TokenizerError(
             f"--tokenizer {source}: lacks the special tokens {missing} a BERT masked-LM needs."
+        )
+    switched_off = plain_encoding(hf.backend_tokenizer)
+    if switched_off and str(source) not in _TOLD_PLAIN:  # a build imports it twice: say it once
+        _TOLD_PLAIN.add(str(source))
+        log.warning(
+            f"--tokenizer {source}: its tokenizer file has {' and '.join(switched_off)} "
+            "switched on; data_prep turns them off (every document is kept whole and no [PAD] "
+            "is stored) and saves the tokenizer without them"
         )
     _save_hf(hf, out_dir)
 

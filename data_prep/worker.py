@@ -29,7 +29,7 @@ from data_prep.layout import (
     write_array_atomic,
 )
 from data_prep.sequences import SequenceConfig, Sequences, nsp_instances, pack
-from data_prep.tokenizer import continuation_flags
+from data_prep.tokenizer import continuation_flags, plain_encoding
 from data_prep.wordstart import WordStarts
 
 # Sentence ends for nsp segments: line breaks, and ./!/? + space or CJK full stops.
@@ -71,6 +71,7 @@ class _Worker:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.tok = Tokenizer.from_file(spec.tokenizer_json)
+        plain_encoding(self.tok)  # the build's own copy has none; never cut or pad a document
         self.words = WordStarts(
             continuation_flags(self.tok), list(spec.protected_terms or ()), spec.lowercase
         )

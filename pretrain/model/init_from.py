@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from bertforge.logs import get_logger
+from data_prep.tokenizer import plain_encoding
 from pretrain.components.checkpoint_files import consolidated_state_dict
 from pretrain.model.init_source import (
     InitError,
@@ -40,6 +42,8 @@ from pretrain.model.init_source import (
     locate,
     read_hf_weights,
 )
+
+log = get_logger(__name__)
 
 WORD_EMB = "bert.embeddings.word_embeddings.weight"
 POS_EMB = "bert.embeddings.position_embeddings.weight"
@@ -92,13 +96,21 @@ def _tokenizer(folder: Path):
     if (folder / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
-    from transformers import AutoTokenizer
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    else:
+        from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
-    except Exception as e:  # transformers raises many types for a bad folder
-        raise InitError(f"tokenizer {folder} does not load ({type(e).__name__}: {e}).") from e
+        try:
+            tok = AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+        except Exception as e:  # transformers raises many types for a bad folder
+            raise InitError(f"tokenizer {folder} does not load ({type(e).__name__}: {e}).") from e
+    switched_off = plain_encoding(tok)  # padding would put [PAD] rows into a new token's mean
+    if switched_off:
+        log.warning(
+            f"tokenizer {folder}: {' and '.join(switched_off)} switched on in its file; "
+            "turned off for the vocabulary check"
+        )
+    return tok
 
 
 def _id_to_token(tok, where: Path) -> list[str]:
