@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bertforge.files import write_json_atomic
-from bertforge.logs import get_logger
+from bertforge.files import publish_dir, write_json_atomic
+from bertforge.logs import get_logger, process_rank
 from data_prep.lock import FolderLock
 from pretrain.components.budget import TimeBudget, TimeClockLR
 from pretrain.components.checkpoint import CheckpointManager
@@ -46,11 +46,6 @@ from pretrain.model.init_source import init_architecture
 from pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
-
-
-def launch_rank() -> int:
-    """This process's global rank as the launcher set it (before any rendezvous); 0 alone."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def launch_clock() -> float:
@@ -75,7 +70,7 @@ def launch_clock() -> float:
 def take_run_lock(cfg: TrainConfig) -> FolderLock | None:
     """Rank 0's lock on --output_dir (one job per run folder), taken before anything is written
     there; None on the other ranks (they stop at the rendezvous when rank 0 is refused)."""
-    if launch_rank() != 0:
+    if process_rank() != 0:
         return None
     run = Path(cfg.run.output_dir).resolve()
     return FolderLock(run / ".lock", f"run folder {run}").acquire()
@@ -301,10 +296,8 @@ def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: di
     export does not need the shard folder."""
     folder, setup, reader = Path(cfg.run.output_dir), run.setup, run.train_reader
     if not (folder / "tokenizer").is_dir():
-        tmp = folder / "tokenizer.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(reader.tokenizer_path, tmp)
-        os.replace(tmp, folder / "tokenizer")
+        with publish_dir(folder / "tokenizer") as tmp:
+            shutil.copytree(reader.tokenizer_path, tmp, dirs_exist_ok=True)
     write_json_atomic(
         folder / "config.json",
         {

@@ -37,6 +37,7 @@ barrier until the rendezvous timeout (``--dist_timeout_s``); the job then dies w
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import random
@@ -52,7 +53,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bertforge.files import write_text_atomic
+from bertforge.files import publish_dir, write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from pretrain.components.checkpoint_files import (
     MARKER,
@@ -228,8 +229,9 @@ class CheckpointManager:
             if error is None:
                 (path / "rng").mkdir(parents=True, exist_ok=True)
                 rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
-                torch.save(rng_state(), rng_file.with_suffix(".tmp"))
-                os.replace(rng_file.with_suffix(".tmp"), rng_file)
+                buffer = io.BytesIO()
+                torch.save(rng_state(), buffer)
+                write_bytes_atomic(rng_file, buffer.getbuffer())
                 written.append(rng_file)
             if error is None and self.rank == 0:
                 text = json.dumps(full_state, indent=2, default=str)
@@ -404,36 +406,35 @@ class CheckpointManager:
         """
         out = self.root / "universal" / path.name
         if self.rank == 0 and verify(out):  # missing, partial or damaged: convert (again)
-            tmp = out.with_name(out.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [
-                sys.executable,
-                "-m",
-                "deepspeed.checkpoint.ds_to_universal",
-                "--input_folder",
-                str(path),
-                "--output_folder",
-                str(tmp),
-                "--inject_missing_state",
-                "--num_extract_workers",
-                "2",
-                "--num_merge_workers",
-                "1",
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise CheckpointError(
-                    f"converting {path} to a universal checkpoint failed:\n"
-                    f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-                )
-            shutil.copy(path / STATE_FILE, tmp / STATE_FILE)
-            write_marker(
-                tmp, folder_sizes(tmp), out.name
-            )  # one process wrote it all: list the folder
-            os.replace(tmp, out)
+            with publish_dir(out, replace=True) as tmp:
+                self._convert_to_universal(path, tmp, out.name)
             # DeepSpeed's converter named the temporary folder in latest_universal: fix it.
             write_text_atomic(out.parent / "latest_universal", out.name)
         self._barrier()
         return out
+
+    @staticmethod
+    def _convert_to_universal(path: Path, tmp: Path, tag: str) -> None:
+        """DeepSpeed's ds_to_universal of ``path`` into ``tmp``, with our state and marker."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(path),
+            "--output_folder",
+            str(tmp),
+            "--inject_missing_state",
+            "--num_extract_workers",
+            "2",
+            "--num_merge_workers",
+            "1",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CheckpointError(
+                f"converting {path} to a universal checkpoint failed:\n"
+                f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
+        shutil.copy(path / STATE_FILE, tmp / STATE_FILE)
+        write_marker(tmp, folder_sizes(tmp), tag)  # one process wrote it all: list the folder
