@@ -157,7 +157,8 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
     if tok_dir.is_dir():
         return
     if cfg.tokenizer:
-        import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, tok_dir)
+        # quiet: _source_fingerprint imported it first and said what it turned off
+        import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, tok_dir, quiet=True)
         return
     log.info(f"training a WordPiece vocabulary of {cfg.vocab_size} on the training documents")
     train_docs = (

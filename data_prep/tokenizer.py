@@ -26,7 +26,6 @@ SPECIAL_KEYS = ("cls", "sep", "pad", "mask", "unk")
 
 
 log = get_logger(__name__)
-_TOLD_PLAIN: set[str] = set()  # --tokenizer sources already warned about
 
 
 def plain_encoding(tok: Tokenizer) -> list[str]:
@@ -105,8 +104,11 @@ def train_wordpiece(
         _save_hf(hf, out_dir)
 
 
-def import_tokenizer(source: Path, lowercase: bool | None, out_dir: Path) -> None:
-    """Copy an existing tokenizer (HF folder or BERT vocab.txt) into `out_dir` in HF form."""
+def import_tokenizer(
+    source: Path, lowercase: bool | None, out_dir: Path, *, quiet: bool = False
+) -> None:
+    """Copy an existing tokenizer (HF folder or BERT vocab.txt) into `out_dir` in HF form,
+    truncation and padding off (said unless ``quiet``: a caller that imported it before)."""
     from transformers import AutoTokenizer, BertTokenizerFast
 
     if not source.exists():
@@ -141,8 +143,7 @@ def import_tokenizer(source: Path, lowercase: bool | None, out_dir: Path) -> Non
             f"--tokenizer {source}: lacks the special tokens {missing} a BERT masked-LM needs."
         )
     switched_off = plain_encoding(hf.backend_tokenizer)
-    if switched_off and str(source) not in _TOLD_PLAIN:  # a build imports it twice: say it once
-        _TOLD_PLAIN.add(str(source))
+    if switched_off and not quiet:
         log.warning(
             f"--tokenizer {source}: its tokenizer file has {' and '.join(switched_off)} "
             "switched on; data_prep turns them off (every document is kept whole and no [PAD] "
