@@ -64,13 +64,15 @@ def trainer(
     master_addr: str | None = None,
     master_port: int | None = None,
     python: str = sys.executable,
+    script: os.PathLike | str = TRAINER,
     **options: Value,
 ) -> list[str]:
     """``python pretrain/main.py --flag value ...`` (``ranks=None``), or the DeepSpeed launcher
     on `ranks` local ranks (``deepspeed --num_gpus RANKS [--master_addr A] [--master_port P]
-    pretrain/main.py ...``, run as ``python -m deepspeed.launcher.runner``)."""
+    pretrain/main.py ...``, run as ``python -m deepspeed.launcher.runner``). ``script``: another
+    entry that wraps the trainer (a test's patched main)."""
     launcher: list[str] = [python]
     if ranks is not None:
         launcher += ["-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks)]
         launcher += flags({"master_addr": master_addr, "master_port": master_port}, switches=False)
-    return [*launcher, str(TRAINER), *flags(options, switches=False)]
+    return [*launcher, str(script), *flags(options, switches=False)]

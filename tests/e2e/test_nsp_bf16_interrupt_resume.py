@@ -23,7 +23,7 @@ from helpers.commands import (
     REPO,  # noqa: E402
     run_cli,
 )
-from helpers.launch import launch
+from helpers.launch import COMMON, launch
 from helpers.preemption import run_and_signal
 
 from kernels import IGNORE_INDEX
@@ -43,20 +43,7 @@ def train_args(shards: Path, run: Path) -> list[str]:
         str(shards),
         "--output_dir",
         str(run),
-        "--model",
-        "tiny",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
-        "--global_batch_size",
-        "16",
-        "--micro_batch_size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--warmup_steps",
-        "1",
+        *COMMON,  # tiny model, one-process-friendly batch and lr
         "--decay",
         "constant",
         "--eval_batches",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.commands import REPO
-from helpers.launch import launch, launch_cmd, losses
+from helpers.launch import COMMON, launch, launch_cmd, losses
 from helpers.preemption import rank_process, run_and_signal
 
 from pretrain.components.checkpoint_files import is_complete
@@ -41,20 +41,7 @@ def train_args(shards: Path, run: Path) -> list[str]:
         str(shards),
         "--output_dir",
         str(run),
-        "--model",
-        "tiny",
-        "--num_workers",
-        "0",
-        "--progress",
-        "false",
-        "--global_batch_size",
-        "16",
-        "--micro_batch_size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--warmup_steps",
-        "1",
+        *COMMON,  # tiny model, one-process-friendly batch and lr
         "--decay",
         "constant",
         "--eval_batches",

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from helpers.commands import REPO
 from pretrain.components.metrics import read_metrics
+from pretrain.config import command_line
 
 COMMON = [
     "--model",
@@ -38,18 +38,11 @@ def _port() -> int:
 
 
 def launch_cmd(script: str | Path, nproc: int) -> list[str]:
-    if nproc == 1:  # plain `python pretrain/main.py`: one process, no launcher
-        return [sys.executable, str(script)]
-    return [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(nproc),
-        "--master_port",
-        str(_port()),
-        str(script),
-    ]
+    """`python SCRIPT` for one process (no launcher), else the DeepSpeed launcher on `nproc`
+    local ranks with a port of this test session's own."""
+    if nproc == 1:
+        return command_line.trainer(script=script)
+    return command_line.trainer(ranks=nproc, master_port=_port(), script=script)
 
 
 def launch(
