@@ -1,15 +1,20 @@
 """Fine-tune and score models on labelled tasks; print one comparison table.
 
     python -m pretrain.evaluate --models runs/zh@all hf/bert-base-chinese --tasks tasks.json \\
-        --out eval/ [--seeds 3] [--lrs 3e-5,1e-4] [--epochs 3] [--max_train_examples 2000]
+        --out eval/ [--seeds 3] [--lrs 3e-5,1e-4] [--min_steps 300] [--max_train_examples 2000]
+
+    # two folders of one name (hf_model) told apart by a label
+    python -m pretrain.evaluate --models base=runs/demo/hf_model domain=runs/cont/hf_model ...
 
     # one task from flags instead of a tasks file
     python -m pretrain.evaluate --models hf/model --out eval/ --name sentiment \\
         --type classification --train reviews.jsonl --text_column text --label_column label
 
 Models: an HF folder, a run folder (its newest complete checkpoint), ``RUN@STEP`` or ``RUN@all``
-(every complete checkpoint: also draws OUT/score_vs_step_RUN.png). Writes OUT/results.json (every
-run's scores) and OUT/results.md (the table, also printed). Exit status 2 on bad input.
+(every complete checkpoint: also draws OUT/score_vs_step_RUN.png), each as ``LABEL=...`` to name
+its row. Every task also gets two reference rows: the majority class and a classical model
+(TF-IDF + logistic regression). Writes OUT/results.json (every run's scores) and OUT/results.md
+(the table, also printed). Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +32,15 @@ from pretrain.evaluate.tasks import TASK_TYPES, TaskError, TaskSpec, load_task, 
 
 log = get_logger(__name__)
 
+_INT_RECIPE = {  # recipe fields with an integer flag each (defaults: finetune.Recipe)
+    "epochs": "passes over the training split, at least",
+    "min_steps": "optimizer steps, at least",
+    "dev_checks": "dev scores over a run; the best one's weights are tested",
+    "patience": "stop after this many dev checks without a better score; 0: never",
+    "batch_size": "examples per optimizer step",
+    "max_length": "tokens per example",
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
@@ -34,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--models", nargs="+", required=True, help="PATH | RUN@STEP | RUN@all ...")
+    p.add_argument(
+        "--models", nargs="+", required=True, help="[LABEL=]PATH | [LABEL=]RUN@STEP | RUN@all ..."
+    )
     p.add_argument("--tasks", help="tasks JSON file (see README: Downstream evaluation)")
     p.add_argument("--out", required=True, help="folder for results.json, results.md, plots")
     p.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per lr (default 3)")
@@ -43,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", default=None, help="evaluate only these task names")
     g = p.add_argument_group("recipe overrides (all tasks)")
     g.add_argument("--lrs", default=None, help="comma-separated learning-rate grid")
-    for name in ("epochs", "batch_size", "max_length"):
-        g.add_argument(f"--{name}", type=int, default=None)
+    for name, what in _INT_RECIPE.items():
+        default = getattr(Recipe(), name)
+        g.add_argument(f"--{name}", type=int, default=None, help=f"{what} (default {default})")
     g.add_argument("--warmup_ratio", type=float, default=None)
     g.add_argument("--max_train_examples", type=int, default=None, help="cap per task")
     g.add_argument("--max_test_examples", type=int, default=None, help="cap per task")
@@ -87,7 +104,7 @@ def _task_specs(args: argparse.Namespace) -> list[TaskSpec]:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    over = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_length", "warmup_ratio")}
+    over = {k: getattr(args, k) for k in (*_INT_RECIPE, "warmup_ratio")}
     if args.lrs:
         over["lrs"] = tuple(float(x) for x in args.lrs.split(","))
     return {k: v for k, v in over.items() if v is not None and k in Recipe.__dataclass_fields__}

@@ -1,4 +1,4 @@
-"""Downstream evaluation during pretraining: one seed, one learning rate, capped examples.
+"""Downstream evaluation during pretraining: one seed, the task's lr grid, capped examples.
 
 The trainer calls, on rank 0 after a checkpoint of every Nth step::
 
@@ -11,9 +11,10 @@ The trainer calls, on rank 0 after a checkpoint of every Nth step::
 
 Each record is ``{"split": "downstream", "task", "metric", "value", "lr", "seed", "train",
 "test", "seconds"}``: every metric of the task's test split after fine-tuning a copy of the
-weights with the first learning rate of the task's grid. The weights passed in are copied and never
-modified; the global torch/numpy/python RNG states are restored afterwards, so calling this does
-not change the training that follows.
+weights with the task's recipe at the learning rate of its grid with the best dev score (one run
+per lr: a fixed rate that suits an early checkpoint can be wrong for a late one). The weights
+passed in are copied and never modified; the global torch/numpy/python RNG states are restored
+afterwards, so calling this does not change the training that follows.
 
 Or, so that no rank waits: after the checkpoint of step N is complete, rank 0 starts
 ``python -m pretrain.evaluate.downstream RUN@N --tasks TASKS.json --out RUN/downstream.jsonl``
@@ -39,6 +40,7 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import encode, recipe_for, run_once
+from pretrain.evaluate.metrics import PRIMARY
 from pretrain.evaluate.models import ModelSource
 from pretrain.evaluate.runner import default_device
 from pretrain.evaluate.tasks import TaskData, load_task, load_task_file
@@ -76,27 +78,29 @@ def preserved_rng() -> Iterator[None]:
 def evaluate_source(
     source: ModelSource, tasks: list[TaskData], seed: int = 0, device: torch.device | None = None
 ) -> list[dict[str, Any]]:
-    """One run per task (first lr of its grid, ``seed``); ``split: downstream`` records."""
+    """Per task, one run per lr of its grid (``seed``), the best on dev reported as
+    ``split: downstream`` records."""
     device = device or default_device()
     records = []
     with preserved_rng():
         for data in tasks:
             recipe = recipe_for(data)
-            lr = recipe.lrs[0]
             encoded = encode(source.tokenizer, data, recipe.max_length)
-            res = run_once(source, data, encoded, recipe, lr, seed, device)
-            for metric, value in sorted(res["test"].items()):
+            runs = [run_once(source, data, encoded, recipe, lr, seed, device) for lr in recipe.lrs]
+            primary = PRIMARY[data.scheme]
+            best = max(runs, key=lambda r: (r["dev"][primary], -r["lr"]))
+            for metric, value in sorted(best["test"].items()):
                 records.append(
                     {
                         "split": "downstream",
                         "task": data.spec.name,
                         "metric": metric,
                         "value": value,
-                        "lr": lr,
+                        "lr": best["lr"],
                         "seed": seed,
                         "train": len(data.train),
                         "test": len(data.test),
-                        "seconds": res["seconds"],
+                        "seconds": sum(r["seconds"] for r in runs),
                     }
                 )
     return records

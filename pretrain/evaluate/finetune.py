@@ -1,12 +1,19 @@
 """One fine-tuning run: a model, a task, a learning rate, a seed -> dev and test scores.
 
-The recipe is the standard short one (BERT paper, GLUE practice): AdamW without weight decay on
-biases and LayerNorm, linear warmup then linear decay, gradient clipping at 1, a few epochs. A run
-is a pure function of (model weights, task data, recipe, lr, seed) on a given device: the head's
-initialisation, dropout and the data order all come from the seed, so two runs with the same seed
-give the same scores. Token classification labels the first sub-token of each word; the other
-sub-tokens are ignored by the loss, and a word cut off by ``max_length`` (or one the tokenizer
-turns into nothing) is predicted as "O" (BIO) or as no tag (plain tags), i.e. scored as a miss.
+The recipe fits the model and the data rather than a finished BERT-base only: AdamW without weight
+decay on biases and LayerNorm, linear warmup then linear decay, gradient clipping at 1, for at
+least ``epochs`` passes *and* at least ``min_steps`` optimizer steps (a few hundred examples get
+many passes; a small or young model needs them), with the dev score checked ``dev_checks`` times
+over the run: the weights of the best check are kept and scored on test, and the run stops after
+``patience`` checks without a better dev score. The grid reaches small-model rates (1e-3); the
+best median dev score picks the rate (runner.py).
+
+A run is a pure function of (model weights, task data, recipe, lr, seed) on a given device: the
+head's initialisation, dropout and the data order all come from the seed, so two runs with the
+same seed give the same scores. Token classification labels the first sub-token of each word; the
+other sub-tokens are ignored by the loss, and a word cut off by ``max_length`` (or one the
+tokenizer turns into nothing) is predicted as "O" (BIO) or as no tag (plain tags), i.e. scored as
+a miss.
 """
 
 from __future__ import annotations
@@ -14,13 +21,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.evaluate.metrics import score
+from pretrain.evaluate.metrics import PRIMARY, score
 from pretrain.evaluate.tasks import TaskData, TaskError
 
 MISSING_TAG = "<none>"  # the prediction of a plain-tag word the model never saw (truncated)
@@ -30,8 +38,11 @@ MISSING_TAG = "<none>"  # the prediction of a plain-tag word the model never saw
 class Recipe:
     """Fine-tuning hyper-parameters of one task type (a task's "recipe" key overrides fields)."""
 
-    lrs: tuple[float, ...] = (3e-5, 1e-4, 3e-4)  # grid; the best median dev score wins
-    epochs: int = 3
+    lrs: tuple[float, ...] = (3e-5, 1e-4, 3e-4, 1e-3)  # grid; the best median dev score wins
+    epochs: int = 3  # passes over the training split, at least
+    min_steps: int = 300  # optimizer steps, at least (more passes over a small training split)
+    dev_checks: int = 10  # dev scores over a run; the best one's weights are scored on test
+    patience: int = 3  # stop after this many dev checks without a better score (0: never)
     batch_size: int = 32
     warmup_ratio: float = 0.1  # share of the steps with a linear warmup
     weight_decay: float = 0.01
@@ -141,25 +152,58 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _train(model, tokenizer, feats, recipe: Recipe, lr: float, seed: int, device) -> None:
+def total_steps(train_examples: int, recipe: Recipe) -> int:
+    """Optimizer steps of a run: ``epochs`` passes, or ``min_steps`` when that is more."""
+    per_epoch = math.ceil(train_examples / recipe.batch_size)
+    return max(per_epoch * recipe.epochs, recipe.min_steps)
+
+
+def _batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Example indices a batch at a time, epoch after epoch, each epoch in a new seeded order."""
+    order = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(n, generator=order).tolist()
+        for b in range(0, n, batch_size):
+            yield perm[b : b + batch_size]
+
+
+def _fit(
+    model, tokenizer, data: TaskData, encoded: Encoded, recipe: Recipe, lr: float, seed: int, device
+) -> dict[str, Any]:
+    """Train, checking dev ``recipe.dev_checks`` times; leaves the model at its best dev check."""
     from transformers import get_linear_schedule_with_warmup
 
-    per_epoch = math.ceil(len(feats) / recipe.batch_size)
-    total = per_epoch * recipe.epochs
+    total = total_steps(len(encoded.train), recipe)
+    check_every = max(1, math.ceil(total / max(1, recipe.dev_checks)))
     opt = _optimizer(model, lr, recipe)
     sched = get_linear_schedule_with_warmup(opt, int(recipe.warmup_ratio * total), total)
-    order = torch.Generator().manual_seed(seed)
+    primary = PRIMARY[data.scheme]
+    stream = _batches(len(encoded.train), recipe.batch_size, seed)
+    best: dict[str, Any] = {"dev": None, "step": 0, "state": None}
+    since_best = 0
     model.train()
-    for _ in range(recipe.epochs):
-        perm = torch.randperm(len(feats), generator=order).tolist()
-        for b in range(per_epoch):
-            batch = [feats[i] for i in perm[b * recipe.batch_size : (b + 1) * recipe.batch_size]]
-            loss = model(**_collate(tokenizer, batch, device)).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+    for step in range(1, total + 1):
+        batch = [encoded.train[i] for i in next(stream)]
+        loss = model(**_collate(tokenizer, batch, device)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % check_every and step != total:
+            continue
+        preds = predict(model, tokenizer, encoded.dev, recipe.batch_size, device)
+        dev = score_split(data, data.dev, encoded.dev, preds)
+        model.train()
+        if best["dev"] is None or dev[primary] > best["dev"][primary]:
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            best, since_best = {"dev": dev, "step": step, "state": state}, 0
+        else:
+            since_best += 1
+            if recipe.patience and since_best >= recipe.patience:
+                break
+    model.load_state_dict(best["state"])
+    return {"dev": best["dev"], "steps": step, "best_step": best["step"], "planned_steps": total}
 
 
 @torch.no_grad()
@@ -209,19 +253,16 @@ def run_once(
     seed: int,
     device: torch.device,
 ) -> dict[str, Any]:
-    """Fine-tune a fresh task model of ``source`` (a models.ModelSource); score dev and test."""
+    """Fine-tune a fresh task model of ``source`` (a models.ModelSource); its best dev check's
+    scores, and the test scores of those weights."""
     start = time.perf_counter()
     seed_everything(seed)
     tokenizer = source.tokenizer
     model = source.build(data.spec.type, data.labels).to(device)
-    _train(model, tokenizer, encoded.train, recipe, lr, seed, device)
-    result: dict[str, Any] = {"lr": lr, "seed": seed}
-    for name, examples, feats in (
-        ("dev", data.dev, encoded.dev),
-        ("test", data.test, encoded.test),
-    ):
-        preds = predict(model, tokenizer, feats, recipe.batch_size, device)
-        result[name] = score_split(data, examples, feats, preds)
+    fit = _fit(model, tokenizer, data, encoded, recipe, lr, seed, device)
+    preds = predict(model, tokenizer, encoded.test, recipe.batch_size, device)
+    result: dict[str, Any] = {"lr": lr, "seed": seed, **fit}
+    result["test"] = score_split(data, data.test, encoded.test, preds)
     result["seconds"] = time.perf_counter() - start
     return result
 

@@ -1,5 +1,6 @@
 """Models to evaluate: our run folders (a checkpoint step, every step, or the newest complete one)
-and Hugging Face folders, named on the command line as ``PATH``, ``RUN@STEP`` or ``RUN@all``.
+and Hugging Face folders, named on the command line as ``PATH``, ``RUN@STEP`` or ``RUN@all``, each
+optionally labelled for the table as ``LABEL=...`` (default: the folder's name).
 
 A run's checkpoint is turned into a Hugging Face folder by ``pretrain.export.hf_export.export``
 (into a temporary folder, so there is one conversion path for export, evaluation and attention
@@ -22,6 +23,7 @@ import torch
 from bertforge.errors import UserError
 
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
+_LABEL_RE = re.compile(r"^(?P<label>[\w.+-]+)=(?P<rest>.+)$")  # LABEL=PATH; a label has no "/"
 _HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # new in every task model
 
 
@@ -50,12 +52,21 @@ def _is_hf_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / w).exists() for w in weights)
 
 
+def split_label(spec: str) -> tuple[str | None, str]:
+    """``LABEL=PATH[@STEP]`` -> (LABEL, PATH[@STEP]); a spec without a label -> (None, spec)."""
+    m = _LABEL_RE.match(spec)
+    return (m.group("label"), m.group("rest")) if m else (None, spec)
+
+
 def resolve(spec: str) -> list[ModelRef]:
-    """Turn ``PATH``, ``RUN@STEP`` or ``RUN@all`` into model references."""
+    """Turn ``[LABEL=]PATH``, ``[LABEL=]RUN@STEP`` or ``[LABEL=]RUN@all`` into model references
+    (labelled LABEL, or the folder's name; a run's checkpoints as LABEL@STEP)."""
     from pretrain.components.resume import list_complete
 
+    label, spec = split_label(spec)
     m = _SPEC_RE.match(spec)
     path, step = Path(m.group("path")), m.group("step")
+    label = label or path.name
     if (path / "checkpoints").is_dir():
         found = list_complete(path / "checkpoints")
         if not found:
@@ -71,17 +82,31 @@ def resolve(spec: str) -> list[ModelRef]:
                 )
         else:
             chosen = found[-1:]
-        return [ModelRef(f"{path.name}@{s}", path, s, p) for s, p in chosen]
+        return [ModelRef(f"{label}@{s}", path, s, p) for s, p in chosen]
     if step is not None:
         raise ModelError(
             f"{spec}: @STEP works on run folders (with checkpoints/), and {path} is not one"
         )
     if _is_hf_folder(path):
-        return [ModelRef(path.name, path)]
+        return [ModelRef(label, path)]
     raise ModelError(
         f"{path}: neither a run folder (checkpoints/) nor a Hugging Face folder "
         "(config.json + model.safetensors); give one of those"
     )
+
+
+def resolve_all(specs: list[str]) -> list[ModelRef]:
+    """Every model of the command line; two with one label are an error naming both."""
+    refs = [ref for spec in specs for ref in resolve(spec)]
+    seen: dict[str, ModelRef] = {}
+    for ref in refs:
+        if ref.label in seen:
+            raise ModelError(
+                f"two models are labelled {ref.label!r} ({seen[ref.label].path} and {ref.path}); "
+                "label them on the command line, e.g. --models base=PATH domain=PATH"
+            )
+        seen[ref.label] = ref
+    return refs
 
 
 def materialize(ref: ModelRef, workdir: str | Path | None = None) -> Path:
@@ -92,7 +117,7 @@ def materialize(ref: ModelRef, workdir: str | Path | None = None) -> Path:
     from pretrain.export.hf_export import export
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="bertforge_eval_"))
-    out = workdir / f"{ref.path.name}_step{ref.step}"
+    out = workdir / ref.label.replace("@", "_step")  # labels are unique, folder names may not be
     if not _is_hf_folder(out):
         export(ref.path, out, checkpoint=str(ref.checkpoint), verify=False)
     ref.hf_dir = out

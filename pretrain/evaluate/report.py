@@ -1,9 +1,11 @@
 """The comparison table (markdown), the results file (JSON) and the score-vs-step plot.
 
 Table: one row per model, one column per task and metric, each cell ``median [min, max]`` of the
-test scores over the seeds at the chosen learning rate. Plot: for each run of which more than one
-checkpoint was evaluated, the primary metric of every task against the step (median, with the
-min-max range as error bars), and the HF folders as horizontal reference lines.
+test scores over the seeds at the chosen learning rate; then the reference rows (majority class,
+classical model: one value each), then each task's split sizes and label count, the chosen
+learning rates and any note (a dev split too small to choose on). Plot: for each run of which
+more than one checkpoint was evaluated, the primary metric of every task against the step
+(median, with the min-max range as error bars), and the HF folders as horizontal reference lines.
 """
 
 from __future__ import annotations
@@ -26,30 +28,55 @@ def _cell(stats: dict[str, Any]) -> str:
     return f"{stats['median']:.3f} [{stats['min']:.3f}, {stats['max']:.3f}]"
 
 
-def markdown_table(results: dict[str, Any]) -> str:
-    """The comparison table of an evaluation's results (see the module doc)."""
+def _columns(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """(task, metric) pairs, the task's primary metric first."""
     columns: list[tuple[str, str]] = []
+    rows = results["results"] + results.get("references", [])
     for task in results["tasks"]:
         metrics = sorted(
-            {m for r in results["results"] if r["task"] == task["name"] for m in r["test"]},
+            {m for r in rows if r["task"] == task["name"] for m in r["test"]},
             key=lambda m: (m != task["primary"], m),
         )
         columns += [(task["name"], m) for m in metrics]
-    seeds = len(results["seeds"])
+    return columns
+
+
+def _row(label: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]], cell) -> str:
+    cells = [label]
+    for task, metric in columns:
+        hit = [r for r in rows if r["task"] == task]
+        cells.append(cell(hit[0]["test"][metric]) if hit and metric in hit[0]["test"] else "-")
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The comparison table of an evaluation's results (see the module doc)."""
+    columns = _columns(results)
     head = ["model"] + [f"{t} {m}" for t, m in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model in results["models"]:
-        cells = [model["label"]]
-        for task, metric in columns:
-            hit = _result(results, model["label"], task)
-            cells.append(_cell(hit["test"][metric]) if hit and metric in hit["test"] else "-")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows = [r for r in results["results"] if r["model"] == model["label"]]
+        lines.append(_row(model["label"], rows, columns, _cell))
+    references = results.get("references", [])
+    for name in dict.fromkeys(r["model"] for r in references):
+        rows = [r for r in references if r["model"] == name]
+        lines.append(_row(f"*{name}* (reference)", rows, columns, lambda st: f"{st['median']:.3f}"))
     lrs = "; ".join(f"{r['model']}/{r['task']}: {r['lr']:g}" for r in results["results"])
-    lines.append("")
-    lines.append(
-        f"Test scores: median [min, max] over {seeds} seed(s) at the learning rate "
-        f"with the best median dev score ({lrs})."
+    sizes = "; ".join(
+        f"{t['name']}: {len(t['labels'])} labels, train {t['train']}, dev {t['dev']}, "
+        f"test {t['test']}"
+        for t in results["tasks"]
     )
+    lines += [
+        "",
+        f"Test scores: median [min, max] over {len(results['seeds'])} seed(s) at the learning "
+        f"rate with the best median dev score ({lrs}). The majority-class row is the chance "
+        "level; the classical row is a linear model over n-grams or window features, fitted on "
+        "the same splits.",
+        "",
+        f"Examples: {sizes}.",
+    ]
+    lines += [f"\nNote: {n}." for n in results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
 

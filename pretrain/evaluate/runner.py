@@ -3,7 +3,8 @@
 For each (model, task): every lr of the grid x every seed is one fine-tuning run scored on dev and
 test. The lr with the best median dev score (primary metric) is chosen; the reported numbers are
 the test scores of that lr over the seeds: median, min, max, standard deviation and each value.
-The test split never takes part in the choice.
+The test split never takes part in the choice. Each task also gets its two reference rows
+(references.py: the majority class and a classical model), fitted on the same splits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
 from pretrain.evaluate.metrics import PRIMARY
 from pretrain.evaluate.models import ModelSource
@@ -87,6 +89,31 @@ def evaluate_pair(
     }
 
 
+SMALL_DEV = 100  # below this many dev examples, the lr choice and early stopping are noisy
+
+
+def reference_results(data: TaskData) -> list[dict[str, Any]]:
+    """The task's reference rows in the shape of a model's result (one value, no seeds)."""
+    from pretrain.evaluate.references import reference_rows
+
+    out = []
+    for row in reference_rows(data):
+        test = {m: spread([v]) for m, v in row.pop("test").items()}
+        out.append({**row, "task": data.spec.name, "primary": PRIMARY[data.scheme], "test": test})
+    return out
+
+
+def small_dev_note(data: TaskData) -> str | None:
+    """A warning when the dev split is too small to choose the lr and stop on (None: fine)."""
+    if len(data.dev) >= SMALL_DEV:
+        return None
+    return (
+        f"{data.spec.name}: the dev split holds {len(data.dev)} examples, so the learning-rate "
+        "choice and early stopping rest on few examples; give more training data or a larger "
+        '"dev_fraction" in the task'
+    )
+
+
 def describe_task(data: TaskData) -> dict[str, Any]:
     """Sizes and labels of a loaded task, for the results file."""
     spec = data.spec
@@ -119,13 +146,17 @@ def evaluate_models(
     log=stderr_log,
 ) -> dict[str, Any]:
     """Evaluate every model (``PATH``, ``RUN@STEP``, ``RUN@all``) on every loaded task."""
-    from pretrain.evaluate.models import materialize, resolve
+    from pretrain.evaluate.models import materialize, resolve_all
 
-    refs = [ref for spec in model_specs for ref in resolve(spec)]
-    labels = [r.label for r in refs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"two models share a label {labels}: give folders with distinct names")
+    refs = resolve_all(model_specs)
     device = device or default_device()
+    notes = [n for n in map(small_dev_note, tasks) if n]
+    for note in notes:
+        get_logger(__name__).warning(note)
+    references = []
+    for data in tasks:
+        log(f"{data.spec.name}: reference rows (majority class, classical model)")
+        references += reference_results(data)
     results = []
     for ref in refs:
         log(f"{ref.label}: {ref.checkpoint or ref.path}")
@@ -148,4 +179,6 @@ def evaluate_models(
         "seeds": seeds,
         "device": str(device),
         "results": results,
+        "references": references,
+        "notes": notes,
     }

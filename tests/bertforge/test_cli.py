@@ -224,6 +224,7 @@ def test_trainer_help_says_where_each_default_comes_from_once():
         "pretrain.evaluate.__main__",
         "pretrain.evaluate.downstream",
         "pretrain.evaluate.pydoc_tasks",
+        "pretrain.evaluate.passage_tasks",
         "pretrain.evaluate.snownlp_tasks",
         "pretrain.attention",
         "pretrain.doctor.cli",

@@ -12,9 +12,15 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def build_tiny_bert(
-    folder: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0
+    folder: Path,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    seed: int = 0,
+    extra_texts: tuple[Path, ...] = (),
 ) -> Path:
-    """Write a randomly initialised BertForMaskedLM + its tokenizer into ``folder``."""
+    """Write a randomly initialised BertForMaskedLM + its tokenizer into ``folder``; the
+    vocabulary also covers the ``extra_texts`` files (a task's own text, say)."""
     from pydoc_data.topics import topics
 
     import torch
@@ -22,7 +28,8 @@ def build_tiny_bert(
     from tokenizers import BertWordPieceTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    text = list(topics.values()) + (DATA / "zh_hongloumeng_sample.txt").read_text("utf-8").split()
+    files = (DATA / "zh_hongloumeng_sample.txt", *extra_texts)
+    text = list(topics.values()) + [line for f in files for line in f.read_text("utf-8").split()]
     wp = BertWordPieceTokenizer(lowercase=True)
     wp.train_from_iterator(text, vocab_size=3000, min_frequency=2)
     wp.save_model(str(folder))
