@@ -103,6 +103,45 @@ def _origin(cfg: dict[str, Any]) -> str:
     return "Pretrained from scratch with bertforge (DeepSpeed)."
 
 
+def _initial_weights(cfg: dict[str, Any]) -> list[str]:
+    """The card's account of an --init_from start: which weights came from the source, which
+    were new, which of the source's were left out."""
+    init = cfg.get("init_from")
+    if not isinstance(init, dict) or "loaded" not in init:
+        return []
+    loaded, new, ignored = (
+        init["loaded"],
+        init.get("newly_initialised", []),
+        init.get("ignored", []),
+    )
+    vocab = init.get("vocabulary") or {}
+    lines = [
+        "## Initial weights",
+        "",
+        f"- from `{init.get('source')}` ({init.get('kind')}): {len(loaded)} tensors loaded "
+        f"({_prefix_summary(loaded)})",
+        f"- newly initialised: {len(new)}" + (f" ({', '.join(new)})" if new else ""),
+        f"- in the source but not used: {len(ignored)}"
+        + (f" ({', '.join(ignored)})" if ignored else ""),
+    ]
+    if vocab.get("new_count"):
+        lines.append(
+            f"- vocabulary: {vocab.get('relation')}, {vocab['new_count']} new rows initialised "
+            "as the mean of their base pieces"
+        )
+    lines += [f"- note: {n}" for n in init.get("notes", [])]
+    return [*lines, ""]
+
+
+def _prefix_summary(keys: list[str]) -> str:
+    """Tensor names grouped by their part of the model: "bert.embeddings 5, bert.encoder 96"."""
+    counts: dict[str, int] = {}
+    for k in keys:
+        head = ".".join(k.split(".")[:2])
+        counts[head] = counts.get(head, 0) + 1
+    return ", ".join(f"{h} {n}" for h, n in counts.items())
+
+
 def _command(argv: list[str] | None, world_size: int | None) -> str:
     """The command line as launched; a launcher's per-rank --local_rank is left out."""
     if not argv:
@@ -163,6 +202,7 @@ def render_card(
         f"feed-forward {model.get('intermediate_size')}",
         *_sharing(model),
         "",
+        *_initial_weights(cfg),
         "## Tokenizer",
         "",
         f"- {tokenizer.get('class')}, vocabulary {tokenizer.get('vocab_size'):,}, "

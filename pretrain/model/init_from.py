@@ -198,11 +198,29 @@ def plan_vocabulary(base_dir: Path, shards_dir: Path) -> VocabPlan:
 
 
 def _source_state_dict(src: InitSource) -> tuple[dict[str, torch.Tensor], Path]:
-    if src.kind == "hf":
+    if src.kind != "run":  # a transformers folder, or a sentence-transformers one's encoder
         sd, file = read_hf_weights(src.checkpoint)
     else:
         sd, file = consolidated_state_dict(src.checkpoint), src.checkpoint
     return canonical_keys(sd, src.path), file
+
+
+def _dropped_parts(src: InitSource, ignored: list[str]) -> list[str]:
+    """Notes on what a published encoder brings that masked-LM pretraining leaves out."""
+    notes = []
+    if src.kind == "sentence-transformers":
+        notes.append(
+            f"a sentence-transformers model: its encoder ({src.checkpoint}) initialises the "
+            "model; its pooling and other modules (modules.json) are not part of a masked-LM "
+            "model and are not used"
+        )
+    pooler = [k for k in ignored if k.startswith("bert.pooler.")]
+    if pooler:
+        notes.append(
+            f"the source's pooler ({', '.join(pooler)}) is dropped: masked-LM pretraining does "
+            "not train it, and a fine-tuned task model initialises its own"
+        )
+    return notes
 
 
 def _gathered(model: torch.nn.Module):
@@ -337,6 +355,7 @@ def load_initial_weights(
             "config:\n  " + "\n  ".join(mismatched)
         )
     report.ignored = sorted(set(sd) - used)
+    report.notes += _dropped_parts(src, report.ignored)
     base_tok = _tokenizer(base_dir)
     report.vocabulary = _vocab_report(plan, base_dir, shards_dir, base_tok)
     unk = base_tok.token_to_id("[UNK]")

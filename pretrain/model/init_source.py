@@ -1,7 +1,9 @@
 """Where `--init_from PATH` points and what it holds: a Hugging Face BERT folder or one of our
 runs, its architecture (checked against the flags) and its tensors under our names.
 
-PATH is a transformers folder (`BertForMaskedLM`, `BertForPreTraining` or a bare `BertModel`;
+PATH is a transformers folder (`BertForMaskedLM`, `BertForPreTraining` or a bare `BertModel`,
+also as a sentence-transformers model publishes it: `modules.json`, `1_Pooling/`, the encoder's
+folder at the top or in a module folder;
 `model.safetensors`, `pytorch_model.bin` or their sharded `*.index.json` forms; keys with or
 without the `bert.`, `model.` or `module.` prefixes, `LayerNorm.gamma/beta` as old TF-converted
 files spell them) or a pretrain run: its folder, its `checkpoints/` folder or one `step_N` folder.
@@ -65,7 +67,7 @@ class InitSource:
     """Where the initial weights come from and what they are."""
 
     path: Path  # as given to --init_from
-    kind: str  # "hf" (transformers folder) or "run" (a checkpoint of our trainer)
+    kind: str  # "hf" (transformers folder), "sentence-transformers" or "run" (our checkpoint)
     checkpoint: Path  # the HF folder, or the run's step_N folder
     model_fields: dict[
         str, Any
@@ -118,11 +120,39 @@ def _run_source(path: Path, ckpt: Path) -> InitSource:
     return InitSource(path, "run", ckpt, fields, _tokenizer_dir(ckpt.parent.parent, state))
 
 
+def sentence_transformers_module(path: Path) -> Path | None:
+    """The folder of a sentence-transformers model's Transformer module (``modules.json``; the
+    model folder itself in today's layout, ``0_Transformer/``-style in older ones), or None when
+    ``path`` is not such a model."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InitError(f"--init_from {path}: {modules_file} is not valid JSON ({e}).") from None
+    for module in modules if isinstance(modules, list) else []:
+        if isinstance(module, dict) and str(module.get("type", "")).endswith(".Transformer"):
+            return path / str(module.get("path", ""))
+    raise InitError(
+        f"--init_from {path}: {modules_file} lists no sentence_transformers.models.Transformer "
+        "module, so there are no encoder weights to start from."
+    )
+
+
 def locate(path: str | Path) -> InitSource:
-    """Identify --init_from PATH (HF folder or run checkpoint); errors say what was expected."""
+    """Identify --init_from PATH (HF folder, sentence-transformers folder or run checkpoint);
+    errors say what was expected."""
     path = Path(path)
     if not path.exists():
         raise InitError(f"--init_from {path}: no such file or folder.")
+    module = sentence_transformers_module(path) if path.is_dir() else None
+    if module is not None and module != path:
+        found = locate(module)
+        return dataclasses.replace(found, path=path, kind="sentence-transformers")
+    if module is not None:
+        found = _hf_source(path, json.loads((path / "config.json").read_text(encoding="utf-8")))
+        return dataclasses.replace(found, kind="sentence-transformers")
     cfg_file = path / "config.json"
     config = None
     if cfg_file.is_file():

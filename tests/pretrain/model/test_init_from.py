@@ -439,3 +439,70 @@ def test_new_continuation_piece_is_split_into_continuation_pieces(base_tokenizer
     pieces = base.convert_ids_to_tokens(plan.pieces[new_id])
     assert len(pieces) >= 2 and all(p.startswith("##") for p in pieces)
     assert "".join(p[2:] for p in pieces) == "ologyx"
+
+
+def _sentence_transformers_folder(tmp: Path, tokenizer: Path, module: str) -> tuple[Path, object]:
+    """A bare BertModel as sentence-transformers publishes it: modules.json, 1_Pooling/ and a
+    tokenizer.json with truncation and padding on, the encoder at the top or in ``module``/."""
+    root = tmp / f"st_{module or 'top'}"
+    folder = root / module if module else root
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    enc, hf = _hf_folder(tmp, BertModel, tokenizer)
+    enc.rename(folder)
+    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    tok["truncation"] = {
+        "direction": "Right",
+        "max_length": 16,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    tok["padding"] = {
+        "strategy": {"Fixed": 16},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "[PAD]",
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    modules = [
+        {"idx": 0, "name": "0", "path": module, "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (root / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    (root / "1_Pooling").mkdir()
+    (root / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    return root, hf
+
+
+@pytest.mark.parametrize("module", ["", "0_Transformer"])
+def test_sentence_transformers_folder_loads_the_encoder_and_says_what_it_drops(
+    base_tokenizer, tmp_path, module
+):
+    from pretrain.export.model_card import _initial_weights
+
+    folder, hf = _sentence_transformers_folder(tmp_path, base_tokenizer, module)
+    shards_tok = _shards_tokenizer(folder / module, tmp_path / "tok")
+    model, report = _our_model(folder, shards_tok, nsp=False)
+    assert report.kind == "sentence-transformers"
+    assert {k for k in report.ignored if k.startswith("bert.pooler.")} == {
+        "bert.pooler.dense.weight",
+        "bert.pooler.dense.bias",
+    }
+    assert any("pooler" in n and "dropped" in n for n in report.notes)
+    assert any("sentence-transformers" in n for n in report.notes)
+    batch = _batch(model.true_vocab_size)
+    with torch.no_grad():
+        ours = model.bert(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+        ref = hf(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+    # the export's model card says which weights came from the source and which were new
+    card = "\n".join(_initial_weights({"init_from": report.to_dict()}))
+    assert f"{len(report.loaded)} tensors loaded" in card
+    assert "newly initialised: 5 (cls.predictions." in card
+    assert "bert.pooler.dense.weight" in card and "sentence-transformers" in card
