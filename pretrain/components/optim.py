@@ -124,6 +124,14 @@ class WarmupDecay:
         power = 1.0 if self.decay == "linear" else self.power
         return self.min_ratio + (1.0 - self.min_ratio) * (1.0 - progress) ** power
 
+    def phases(self) -> list[tuple[str, int, int]]:
+        """(name, first step, end step) of warmup and decay (an empty warmup left out)."""
+        spans = [
+            ("warmup", 0, self.warmup_steps),
+            (self.decay, self.warmup_steps, self.total_steps),
+        ]
+        return [p for p in spans if p[2] > p[1]]
+
 
 def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay | WarmupStableDecay:
     """The schedule (``--schedule``) for a run of ``max_steps`` optimizer steps; with

@@ -136,3 +136,17 @@ def test_the_refusals_are_user_errors_and_a_scheduler_block_is_refused(tmp_path)
     cfg = TrainConfig(run=RunConfig(ds_config=str(path)), optim=OptimConfig(schedule="wsd"))
     with pytest.raises(ConfigError, match='"scheduler" block .* remove it to use --schedule wsd'):
         resolve_deepspeed_config(cfg, 1, "cpu")
+
+
+def test_dry_run_shows_the_lr_at_the_phase_boundaries(english_shards, capsys):
+    from pretrain.config.cli import parse_args
+    from pretrain.dry_run import main as dry_run_main
+
+    flags = "--schedule wsd --max_steps 100 --warmup_steps 10 --lr 1e-3 --min_lr_ratio 0.1"
+    cfg = parse_args(["--data", str(english_shards), "--dry-run", *flags.split()])
+    assert dry_run_main(cfg) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("lr "))
+    assert line == (
+        "lr      wsd (1-sqrt), peak 0.001, by steps: warmup 0-10 1.00e-04 -> 1.00e-03 | "
+        "stable 10-80 1.00e-03 | decay 80-100 1.00e-03 -> 1.00e-04"
+    )
