@@ -81,7 +81,6 @@ from pretrain.components.resume import (
 )
 from pretrain.components.schedule_override import (
     ScheduleOverride,
-    guard_factor,
     resume_schedule,
 )
 from pretrain.config.train_config import CheckpointConfig
@@ -400,7 +399,7 @@ class CheckpointManager:
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint {path}")
         if self.schedule_override is not None:  # a rollback keeps the launch's override
-            self.schedule_override.apply(engine.lr_scheduler, guard_factor(state))
+            self.schedule_override.apply(engine.lr_scheduler, state)
         rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
         if state["world_size"] == self.world_size:
             if rng_file.is_file():

@@ -177,22 +177,26 @@ class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
 
     ``LambdaLR.load_state_dict`` would write the saved fields into whatever object this launch's
     flags built (a warmup_decay checkpoint into a wsd object makes a mix of both); here the
-    saved object is rebuilt instead. ``loaded_from_none``: the checkpoint had no step schedule
-    (its run used ``--schedule_clock time``); the flags' schedule stays.
+    saved object is rebuilt instead. ``loaded_from_none``: the last checkpoint loaded had no step
+    schedule (its run used ``--schedule_clock time``); the flags' schedule stays.
     """
 
     loaded_from_none = False
 
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.pop("loaded_from_none", None)  # about this launch's load, not the schedule
+        return state
+
     def load_state_dict(self, state_dict: dict[str, Any] | None) -> None:
-        if state_dict is None:
-            self.loaded_from_none = True
-            return
-        saved = state_dict["lr_lambdas"]
-        self.__dict__.update({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
-        self.lr_lambdas = [
-            schedule_from_fields(fields) if fields is not None else fn
-            for fn, fields in zip(self.lr_lambdas, saved)
-        ]
+        if state_dict is not None:
+            saved = state_dict["lr_lambdas"]
+            self.__dict__.update({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
+            self.lr_lambdas = [
+                schedule_from_fields(fields) if fields is not None else fn
+                for fn, fields in zip(self.lr_lambdas, saved)
+            ]
+        self.loaded_from_none = state_dict is None  # of the latest load
 
 
 def lr_scheduler_factory(schedule: WarmupDecay | WarmupStableDecay):

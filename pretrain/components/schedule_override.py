@@ -75,11 +75,14 @@ def check_resume_clock(optim_cfg, state: dict[str, Any]) -> None:
         and optim_cfg.schedule_clock == "steps"
         and not optim_cfg.override_lr_schedule
     ):
-        raise ScheduleResumeError(
-            "the checkpoint's run followed --schedule_clock time, so it holds no step schedule "
-            "to continue: pass --override_lr_schedule to start this launch's step schedule at "
-            "the checkpoint's step, or keep --schedule_clock time"
-        )
+        raise ScheduleResumeError(_NO_STEP_SCHEDULE)
+
+
+_NO_STEP_SCHEDULE = (
+    "the checkpoint's run followed --schedule_clock time, so it holds no step schedule to "
+    "continue: pass --override_lr_schedule to start this launch's step schedule at the "
+    "checkpoint's step, or keep --schedule_clock time"
+)
 
 
 @dataclass
@@ -89,12 +92,15 @@ class ScheduleOverride:
     schedule: Any
     peak_lr: float
 
-    def apply(self, scheduler, lr_factor: float) -> list[float]:
-        """Replace ``scheduler``'s schedule at its current position; ``lr_factor`` is the guard's
-        lr cut the loaded checkpoint carries. Returns the lrs now in the optimizer."""
+    def apply(self, scheduler, state: dict[str, Any]) -> list[float]:
+        """Replace the schedule a load of the checkpoint whose trainer ``state`` is given put
+        into ``scheduler``, at its position (the checkpoint's step when it held no step
+        schedule), keeping the guard's lr cut it carries. Returns the lrs now in the optimizer."""
+        if getattr(scheduler, "loaded_from_none", False):
+            scheduler.last_epoch = int(state["step"])
         n = len(scheduler.lr_lambdas)
         scheduler.lr_lambdas = [copy.deepcopy(self.schedule) for _ in range(n)]
-        scheduler.base_lrs = [self.peak_lr * lr_factor] * n
+        scheduler.base_lrs = [self.peak_lr * guard_factor(state)] * n
         lrs = [
             b * fn(scheduler.last_epoch) for b, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)
         ]
@@ -117,8 +123,9 @@ def resume_schedule(
     re-apply after later loads of the launch (rollbacks), or None."""
     factor = guard_factor(state)
     new = schedule_settings(flags, flags_peak)
-    if getattr(scheduler, "loaded_from_none", False):  # a time-clock checkpoint (override given)
-        scheduler.last_epoch = int(state["step"])
+    if getattr(scheduler, "loaded_from_none", False):  # a time-clock checkpoint
+        if not override:
+            raise ScheduleResumeError(_NO_STEP_SCHEDULE)
         old = {"schedule": "the time clock (--schedule_clock time)"}
     else:
         old = schedule_settings(scheduler.lr_lambdas[0], scheduler.base_lrs[0] / factor)
@@ -134,7 +141,7 @@ def resume_schedule(
             )
         return None
     plan = ScheduleOverride(copy.deepcopy(flags), flags_peak)
-    lrs = plan.apply(scheduler, factor)
+    lrs = plan.apply(scheduler, state)
     kept = f"; the guard's lr cut x{factor:g} is kept" if factor != 1.0 else ""
     log.warning(
         f"--override_lr_schedule: the learning-rate schedule comes from this launch's flags, not "
