@@ -35,6 +35,7 @@ from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
 from pretrain.components.resume import ResumePoint, find_resume
+from pretrain.components.schedule_override import check_resume_clock
 from pretrain.config.ds_config import ConfigError, DeepSpeedSetup, resolve_deepspeed_config
 from pretrain.config.train_config import TrainConfig
 from pretrain.data.loader import build_loader
@@ -128,6 +129,8 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         tokenizer_fingerprint=fingerprint,
         model_config=dataclasses.asdict(cfg.model_cfg),
     )
+    if point is not None:
+        check_resume_clock(cfg.optim, point.state)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
     return Resolved(train_reader, val_readers, point, setup, accel)
@@ -266,7 +269,13 @@ def start_position(
 ) -> tuple[int, int]:
     """(step, consumed samples) to start from: the resume point restored into the engine, or 0."""
     if run.point is not None:
-        start = ckpts.restore(engine, run.point, schedule=schedule, seed=cfg.run.seed)
+        start = ckpts.restore(
+            engine,
+            run.point,
+            schedule=schedule,
+            seed=cfg.run.seed,
+            override_lr=cfg.optim.override_lr_schedule,
+        )
         warn_if_data_changed(run.point, run.train_reader)
         return start
     if cfg.run.resume == "auto":

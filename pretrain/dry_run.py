@@ -90,6 +90,34 @@ def realised_masking(
     return masking
 
 
+def lr_phases(schedule, peak_lr: float, clock: str) -> dict[str, Any]:
+    """The schedule's phases with the lr at each boundary (``peak_lr`` x the multiplier there);
+    positions are optimizer steps, or percent of the time budget on the time clock."""
+    from pretrain.components.budget import TICKS_PER_BUDGET
+
+    def where(position: int) -> float:
+        return position if clock == "steps" else 100.0 * position / TICKS_PER_BUDGET
+
+    kind = "wsd" if hasattr(schedule, "decay_steps") else "warmup_decay"
+    shape = getattr(schedule, "shape", None) or getattr(schedule, "decay", None)
+    return {
+        "schedule": kind,
+        "decay_shape": shape,
+        "unit": "steps" if clock == "steps" else "% of the time budget",
+        "peak_lr": peak_lr,
+        "phases": [
+            {
+                "phase": name,
+                "start": where(start),
+                "end": where(end),
+                "lr_start": peak_lr * schedule(start),
+                "lr_end": peak_lr * schedule(end),
+            }
+            for name, start, end in schedule.phases()
+        ],
+    }
+
+
 def run_dry_run(
     data: str | list[str],
     model_cfg: ModelConfig,
@@ -103,6 +131,7 @@ def run_dry_run(
     stream=None,
     show_masks: int = 0,
     reader=None,
+    lr_schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build reader, model and loader; draw `num_batches` training batches; print and return
     the report.
@@ -112,6 +141,7 @@ def run_dry_run(
     show_masks: also decode that many training sequences with each masked position marked
     (:mod:`pretrain.data.show_masks`; under "show_masks" in the report).
     reader: the training reader of ``data`` when the caller opened it already.
+    lr_schedule: the phases of :func:`lr_phases` (under "lr_schedule").
     """
     stream = stream or sys.stdout
     if reader is None:
@@ -149,6 +179,7 @@ def run_dry_run(
         },
         "shards": shards_summary(reader),
         "masking": masking,
+        **({"lr_schedule": lr_schedule} if lr_schedule else {}),
     }
     report = rounded(report)
     if show_masks > 0:
@@ -214,9 +245,47 @@ def format_report(r: dict[str, Any]) -> str:
             default=str,
         ),
     ]
+    if "lr_schedule" in r:  # before the long config line
+        lines.insert(len(lines) - 1, format_lr_phases(r["lr_schedule"]))
     if "show_masks" in r:
         lines.append(format_shown(r["show_masks"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
+
+
+def format_lr_phases(sched: dict[str, Any]) -> str:
+    """``lr      wsd (1-sqrt), peak 0.001, by steps: warmup 0-6 1.67e-04 -> 1.00e-03 | ...``"""
+    unit = "" if sched["unit"] == "steps" else "%"
+    parts = [
+        f"{p['phase']} {p['start']:g}{unit}-{p['end']:g}{unit} "
+        + (
+            f"{p['lr_start']:.2e}"
+            if p["lr_start"] == p["lr_end"]
+            else f"{p['lr_start']:.2e} -> {p['lr_end']:.2e}"
+        )
+        for p in sched["phases"]
+    ]
+    head = f"lr      {sched['schedule']} ({sched['decay_shape']}), peak {sched['peak_lr']:g}"
+    head += ", by steps: " if sched["unit"] == "steps" else ", by the time budget: "
+    note = f"\n        {sched['note']}" if sched.get("note") else ""
+    return head + " | ".join(parts) + note
+
+
+def _schedule_report(cfg, run) -> dict[str, Any] | None:
+    """:func:`lr_phases` of the flags' schedule (None when the DeepSpeed config brings its own
+    scheduler block); a resume says which schedule will apply."""
+    from pretrain.components.optim import build_schedule
+
+    if "scheduler" in run.setup.config:
+        return None
+    peak = float(run.setup.config["optimizer"]["params"]["lr"])
+    out = lr_phases(build_schedule(cfg.optim, cfg.run.max_steps), peak, cfg.optim.schedule_clock)
+    if run.point is not None and cfg.optim.schedule_clock == "steps":
+        out["note"] = f"resuming {run.point.path}: " + (
+            "these flags' schedule replaces the checkpoint's (--override_lr_schedule)"
+            if cfg.optim.override_lr_schedule
+            else "the checkpoint's schedule continues (--override_lr_schedule applies this one)"
+        )
+    return out
 
 
 def _import_deepspeed_quietly() -> None:
@@ -247,6 +316,7 @@ def main(cfg) -> int:
             extra_config=extra,
             show_masks=cfg.run.show_masks,
             reader=run.train_reader,
+            lr_schedule=_schedule_report(cfg, run),
         )
     # A shard found corrupt while drawing batches is the loader's ValueError.
     except (UserError, ValueError) as e:

@@ -79,6 +79,10 @@ from pretrain.components.resume import (
     tag_for,
     write_latest,
 )
+from pretrain.components.schedule_override import (
+    ScheduleOverride,
+    resume_schedule,
+)
 from pretrain.config.train_config import CheckpointConfig
 
 log = get_logger(__name__)
@@ -163,6 +167,7 @@ class CheckpointManager:
         self.last_save_time = time.monotonic()
         self.last_saved_step: int | None = None
         self.faults = FaultPlan()  # BERTFORGE_FAULTS: planned failing saves (tests only)
+        self.schedule_override: ScheduleOverride | None = None  # --override_lr_schedule's
 
     def _barrier(self) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -337,29 +342,35 @@ class CheckpointManager:
             return "budget"
         return self.due(step, self.cfg.save_interval, 0.0) or ("time" if time_rank0 > 0 else None)
 
-    def restore(self, engine, point: ResumePoint, *, schedule: Any, seed: int) -> tuple[int, int]:
+    def restore(
+        self, engine, point: ResumePoint, *, schedule: Any, seed: int, override_lr: bool = False
+    ) -> tuple[int, int]:
         """Load ``point`` into ``engine`` and return (step, consumed samples). Collective.
 
         Everything that reaches into DeepSpeed on resume is here: a world-size change loads a
         universal checkpoint (converted once by rank 0; the engine was built with
         ``checkpoint.load_universal``, switched off again afterwards so later saves are ordinary),
-        the LR schedule continues as saved (a warning names it when this launch's flags differ),
-        the engine's step and sample counters are set, and on a world-size change each rank's RNG
-        is derived from the seed and step since per-rank states cannot carry over.
+        the LR schedule continues as saved, or with ``override_lr`` becomes this launch's
+        ``schedule`` (:mod:`pretrain.components.schedule_override`: a warning says what the flags
+        changed or which were ignored), the engine's step and sample counters are set, and on a
+        world-size change each rank's RNG is derived from the seed and step since per-rank states
+        cannot carry over.
         """
         world_changed = point.world_size_changed(self.world_size)
         path = self.to_universal(point.path) if world_changed else point.path
-        flags_schedule = copy.deepcopy(schedule)  # the load below overwrites the engine's copy
+        scheduler = engine.lr_scheduler if hasattr(engine.lr_scheduler, "lr_lambdas") else None
+        flags_schedule = copy.deepcopy(schedule)  # the load below restores the checkpoint's
+        flags_peak = scheduler.base_lrs[0] if scheduler is not None else None  # not loaded yet
         self.load(engine, path)
         engine._config.load_universal_checkpoint = False
-        # LambdaLR.load_state_dict writes the saved schedule's fields into the callable: the run
-        # continues the checkpoint's schedule. Say so when this launch's flags ask for another.
-        saved = getattr(engine.lr_scheduler, "lr_lambdas", [None])[0]
-        if flags_schedule is not None and saved is not None and saved != flags_schedule:
-            log.warning(
-                f"the learning-rate schedule continues as saved in the checkpoint ({saved}); "
-                f"this launch's flags give {flags_schedule}, which is not applied. Start a new "
-                "run (--init_from) for another schedule."
+        if scheduler is not None and flags_schedule is not None:
+            self.schedule_override = resume_schedule(
+                scheduler,
+                point.state,
+                flags_schedule,
+                flags_peak,
+                override=override_lr,
+                where=f"the checkpoint {point.path}",
             )
         step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
         engine.global_steps, engine.global_samples = step, consumed
@@ -387,6 +398,8 @@ class CheckpointManager:
         )
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint {path}")
+        if self.schedule_override is not None:  # a rollback keeps the launch's override
+            self.schedule_override.apply(engine.lr_scheduler, state)
         rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
         if state["world_size"] == self.world_size:
             if rng_file.is_file():

@@ -1,14 +1,16 @@
-"""Optimizer choice and learning-rate schedule (warmup, then linear / polynomial decay).
+"""Optimizer choice and learning-rate schedule (warmup, then linear / polynomial decay, or
+warmup-stable-decay from :mod:`pretrain.components.wsd_schedule`).
 
 The optimizer itself is built by DeepSpeed from the config's ``optimizer`` block (FusedAdam on
 GPUs, torch AdamW with ``torch_adam``, FusedLamb on GPUs); this module fills that block from the
-flags, rejects what cannot run here, and builds the schedule as a ``LambdaLR`` whose state
-DeepSpeed saves and restores with the checkpoint.
+flags, rejects what cannot run here, and builds the schedule as a :class:`ScheduleLR` (a
+``LambdaLR``) whose state DeepSpeed saves and restores with the checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,12 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
+from pretrain.components.wsd_schedule import (
+    ScheduleError,
+    WarmupStableDecay,
+    build_wsd,
+    check_schedule_flags,
+)
 from pretrain.config.train_config import OptimConfig
 
 _NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
@@ -116,35 +124,86 @@ class WarmupDecay:
         power = 1.0 if self.decay == "linear" else self.power
         return self.min_ratio + (1.0 - self.min_ratio) * (1.0 - progress) ** power
 
+    def phases(self) -> list[tuple[str, int, int]]:
+        """(name, first step, end step) of warmup and decay (an empty warmup left out)."""
+        spans = [
+            ("warmup", 0, self.warmup_steps),
+            (self.decay, self.warmup_steps, self.total_steps),
+        ]
+        return [p for p in spans if p[2] > p[1]]
 
-def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay:
-    """The schedule for a run of ``max_steps`` optimizer steps; with ``schedule_clock`` "time",
-    over :data:`~pretrain.components.budget.TICKS_PER_BUDGET` ticks of the time budget instead."""
+
+def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay | WarmupStableDecay:
+    """The schedule (``--schedule``) for a run of ``max_steps`` optimizer steps; with
+    ``schedule_clock`` "time", over :data:`~pretrain.components.budget.TICKS_PER_BUDGET` ticks
+    of the time budget instead."""
+    check_schedule_flags(cfg)
     if cfg.schedule_clock == "time":
         from pretrain.components.budget import TICKS_PER_BUDGET
 
-        return WarmupDecay(
-            warmup_steps=int(cfg.warmup_ratio * TICKS_PER_BUDGET),
-            total_steps=TICKS_PER_BUDGET,
-            decay=cfg.decay,
-            power=cfg.poly_power,
-            min_ratio=cfg.min_lr_ratio,
-        )
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * max_steps)
+        total, warmup = TICKS_PER_BUDGET, int(cfg.warmup_ratio * TICKS_PER_BUDGET)
+    else:
+        total = max_steps
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total)
+    if cfg.schedule == "wsd":
+        return build_wsd(cfg, warmup, total)
     return WarmupDecay(
         warmup_steps=warmup,
-        total_steps=max_steps,
+        total_steps=total,
         decay=cfg.decay,
         power=cfg.poly_power,
         min_ratio=cfg.min_lr_ratio,
     )
 
 
-def lr_scheduler_factory(schedule: WarmupDecay):
-    """A callable DeepSpeed gives the optimizer it built: ``optimizer -> LambdaLR``."""
+SCHEDULE_CLASSES = (WarmupDecay, WarmupStableDecay)
 
-    def make(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+def schedule_from_fields(fields: dict[str, Any]) -> WarmupDecay | WarmupStableDecay:
+    """The schedule object a checkpoint saved (``LambdaLR`` keeps only its ``__dict__``): the
+    class whose field names are exactly those keys."""
+    for cls in SCHEDULE_CLASSES:
+        if {f.name for f in dataclasses.fields(cls)} == set(fields):
+            return cls(**fields)
+    raise ScheduleError(
+        f"the checkpoint's lr schedule has the fields {sorted(fields)}, which no schedule of "
+        "this version has; resume it with the version that wrote it, or pass "
+        "--override_lr_schedule to take the schedule from the flags"
+    )
+
+
+class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
+    """The trainer's ``LambdaLR``; a checkpoint's schedule is restored as it was saved.
+
+    ``LambdaLR.load_state_dict`` would write the saved fields into whatever object this launch's
+    flags built (a warmup_decay checkpoint into a wsd object makes a mix of both); here the
+    saved object is rebuilt instead. ``loaded_from_none``: the last checkpoint loaded had no step
+    schedule (its run used ``--schedule_clock time``); the flags' schedule stays.
+    """
+
+    loaded_from_none = False
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.pop("loaded_from_none", None)  # about this launch's load, not the schedule
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any] | None) -> None:
+        if state_dict is not None:
+            saved = state_dict["lr_lambdas"]
+            self.__dict__.update({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
+            self.lr_lambdas = [
+                schedule_from_fields(fields) if fields is not None else fn
+                for fn, fields in zip(self.lr_lambdas, saved)
+            ]
+        self.loaded_from_none = state_dict is None  # of the latest load
+
+
+def lr_scheduler_factory(schedule: WarmupDecay | WarmupStableDecay):
+    """A callable DeepSpeed gives the optimizer it built: ``optimizer -> ScheduleLR``."""
+
+    def make(optimizer: torch.optim.Optimizer) -> ScheduleLR:
+        return ScheduleLR(optimizer, schedule)
 
     return make
 

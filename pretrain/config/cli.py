@@ -172,6 +172,30 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             "--warmup_steps counts steps; with --schedule_clock time give the warmup as "
             "--warmup_ratio (a fraction of the time budget)"
         )
+    _check_schedule(cfg, parser)
+
+
+def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """Fail on --schedule flags that contradict each other or do not fit in the run (the
+    schedule is built once here for that), and on an --override_lr_schedule with nothing to
+    override."""
+    from pretrain.components.optim import build_schedule
+    from pretrain.components.wsd_schedule import ScheduleError
+
+    try:
+        build_schedule(cfg.optim, cfg.run.max_steps)
+    except ScheduleError as e:
+        parser.error(str(e))
+    if cfg.optim.override_lr_schedule and cfg.run.resume == "none":
+        parser.error(
+            "--override_lr_schedule replaces a resumed checkpoint's lr schedule: it goes with "
+            "--resume auto or --resume PATH"
+        )
+    if cfg.optim.override_lr_schedule and cfg.optim.schedule_clock == "time":
+        parser.error(
+            "--override_lr_schedule is not needed with --schedule_clock time: the time clock "
+            "keeps no schedule state, so a resume always follows this launch's flags; drop it"
+        )
 
 
 def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:

@@ -71,10 +71,20 @@ def resolve_deepspeed_config(
     """
     src = cfg.run.ds_config
     ds = load_user_config(src)
-    if "scheduler" in ds and cfg.optim.schedule_clock == "time":
+    opt = cfg.optim
+    ours = [  # what only the trainer's own schedule can do
+        flag
+        for flag, wanted in (
+            ("--schedule_clock time", opt.schedule_clock == "time"),
+            ("--schedule wsd", opt.schedule == "wsd"),
+            ("--override_lr_schedule", opt.override_lr_schedule),
+        )
+        if wanted
+    ]
+    if "scheduler" in ds and ours:
         raise ConfigError(
             f'{src}: a "scheduler" block steps the lr by itself; remove it to use '
-            "--schedule_clock time"
+            + " and ".join(ours)
         )
     plan = resolve_batch(
         ds,

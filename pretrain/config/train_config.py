@@ -112,9 +112,23 @@ class OptimConfig:
         None, "linear warmup steps", default_text="warmup_ratio x max_steps"
     )
     warmup_ratio: float = opt(0.06, "warmup as a fraction of max_steps when warmup_steps is unset")
-    decay: str = opt("linear", 'after warmup: "linear", "poly" or "constant"')
+    schedule: str = opt(
+        "warmup_decay",
+        '"warmup_decay" (warmup, then --decay over the rest of the run) or "wsd" (warmup, a '
+        "stable peak, then a --decay_shape decay over the last --decay_fraction of the run)",
+    )
+    decay: str = opt("linear", 'warmup_decay, after warmup: "linear", "poly" or "constant"')
     poly_power: float = opt(1.0, 'exponent of the "poly" decay (1.0 = linear)')
-    min_lr_ratio: float = opt(0.0, "final lr as a fraction of the peak lr")
+    decay_fraction: float = opt(
+        0.2, "wsd: the decay phase as a fraction of max_steps (or of the time budget)"
+    )
+    decay_steps: int | None = opt(
+        None, "wsd: the decay phase in steps", default_text="decay_fraction x max_steps"
+    )
+    decay_shape: str = opt("1-sqrt", 'wsd: the decay\'s shape, "linear", "cosine" or "1-sqrt"')
+    min_lr_ratio: float = opt(
+        0.0, "final lr (the floor of either schedule) as a fraction of the peak"
+    )
     schedule_clock: str = opt(
         "steps",
         '"steps", or "time": warmup (--warmup_ratio) and decay follow the elapsed fraction of'
@@ -122,6 +136,11 @@ class OptimConfig:
     )
     gradient_clipping: float | None = opt(
         None, "max global grad norm (0 = off)", default_text=_FROM_DS
+    )
+    override_lr_schedule: bool = opt(
+        False,
+        "with --resume: the lr schedule (--schedule, --lr, warmup, --max_steps, decay) comes "
+        "from this launch's flags instead of the checkpoint; a warning lists what changed",
     )
 
 

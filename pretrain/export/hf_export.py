@@ -1,11 +1,14 @@
 """Export a training checkpoint as a standard Hugging Face folder.
 
     python -m pretrain.export RUN --output HF_DIR [--checkpoint RUN/checkpoints/step_00001000]
+    python -m pretrain.export RUN --output HF_DIR --average last:3   (or --average 800,900,1000)
 
 Consolidates the ZeRO-2 or ZeRO-3 shards with DeepSpeed's ``zero_to_fp32`` helper, loads them
 into the training model (strict), maps to ``BertForMaskedLM`` / ``BertForPreTraining`` names, slices
 the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` + the tokenizer
-+ a model card (README.md, see :mod:`pretrain.export.model_card`).
++ a model card (README.md, see :mod:`pretrain.export.model_card`). With ``--average`` the weights
+are the element-wise mean of several checkpoints (:mod:`pretrain.export.average`), and the card
+lists their steps.
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
 
@@ -29,6 +32,7 @@ from bertforge.files import publish_dir
 from bertforge.logs import get_logger
 from pretrain.components.checkpoint_files import MARKER, consolidated_state_dict, is_complete
 from pretrain.components.resume import CheckpointError, list_complete, read_state, resolve_resume
+from pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
 from pretrain.export.model_card import write_model_card
 
 log = get_logger(__name__)
@@ -101,21 +105,31 @@ def export(
     *,
     language: list[str] | None = None,
     datasets: list[str] | None = None,
+    average: str | None = None,
 ) -> dict[str, Any]:
-    """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``),
-    with a model card (README.md; ``language`` and ``datasets`` go into its YAML header)."""
+    """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``, or
+    the mean of the checkpoints ``average`` names: ``last:K`` or steps ``100,200``), with a model
+    card (README.md; ``language`` and ``datasets`` go into its YAML header)."""
     import torch
     import transformers
 
     from pretrain.model.bert import ModelConfig, build_model
 
     run = Path(run)
-    ckpt = find_checkpoint(run, checkpoint)
-    state = read_state(ckpt)
+    if average and checkpoint:
+        raise AverageError("--average and --checkpoint name the weights twice: give one")
+    if average:  # the newest averaged checkpoint's state describes the run (step, data, card)
+        chosen = select_checkpoints(run, average)
+        ckpt = chosen[-1][1]
+        sd = average_checkpoints([path for _, path in chosen])
+        state = {**read_state(ckpt), "averaged_steps": [step for step, _ in chosen]}
+    else:
+        ckpt = find_checkpoint(run, checkpoint)
+        sd = consolidated_state_dict(ckpt)
+        state = read_state(ckpt)
     model_cfg = ModelConfig(**state["config"]["model_cfg"])
     nsp = bool(state.get("nsp", False))
     model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
-    sd = consolidated_state_dict(ckpt)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     # The tied decoder weight may be absent from some DeepSpeed versions' consolidated dict.
     missing = [
@@ -146,6 +160,7 @@ def export(
         "output": str(output),
         "architecture": model.hf_architecture,
         "share_layers": model.share_layers,
+        "averaged_steps": state.get("averaged_steps"),
     }
     # Published (replacing an earlier export) only once it is written and, unless --no_verify,
     # reloads cleanly: a failed check leaves the old folder as it was.
@@ -179,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", help="run folder (its newest complete checkpoint is exported)")
     p.add_argument("--output", required=True, help="HF folder to write")
     p.add_argument("--checkpoint", default=None, help="a specific checkpoint folder instead")
+    p.add_argument(
+        "--average",
+        default=None,
+        metavar="last:K|S1,S2,...",
+        help="export the element-wise mean of the newest K complete checkpoints, or of those "
+        "steps (one architecture and vocabulary); the model card lists the steps",
+    )
     p.add_argument("--no_verify", action="store_true", help="skip the transformers reload check")
     p.add_argument("--language", nargs="+", default=[], help="model card: language codes (en zh)")
     p.add_argument(
@@ -196,14 +218,16 @@ def main(argv: list[str] | None = None) -> int:
             verify=not args.no_verify,
             language=args.language,
             datasets=args.dataset,
+            average=args.average,
         )
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT
-    print(
-        f"exported {res['checkpoint']} (step {res['step']}) as {res['architecture']} "
-        f"to {res['output']}"
-    )
+    what = f"{res['checkpoint']} (step {res['step']})"
+    if res["averaged_steps"]:
+        steps = ", ".join(str(s) for s in res["averaged_steps"])
+        what = f"the mean of the checkpoints of steps {steps} of {args.run}"
+    print(f"exported {what} as {res['architecture']} to {res['output']}")
     if res["share_layers"] != "none":
         print(
             f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "

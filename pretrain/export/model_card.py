@@ -45,6 +45,7 @@ def card_facts(run: Path, state: dict[str, Any]) -> dict[str, Any]:
         "data": state.get("data_mixture") or [],
         "precision": config.get("precision_resolved") or state.get("precision"),
         "world_size": config.get("world_size") or state.get("world_size"),
+        "averaged_steps": state.get("averaged_steps"),  # set by export --average
     }
 
 
@@ -220,6 +221,11 @@ def render_card(
         else "- sequences seen: (not recorded)",
         f"- tokens seen: {facts['tokens_seen']:,}",
         f"- precision: {facts['precision']}, ranks: {facts['world_size']}",
+        *(
+            [f"- weights: the mean of the checkpoints of steps {facts['averaged_steps']}"]
+            if facts.get("averaged_steps")
+            else []
+        ),
         "- masking: " + ", ".join(f"{k} {v}" for k, v in masking.items() if k != "seed"),
         "",
         "## Validation",

@@ -143,8 +143,40 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
     assert [f.total_steps for f in sched.lr_lambdas] == [2] * len(sched.lr_lambdas)
     assert sched.get_last_lr() == saved.lr_scheduler.get_last_lr()
     out = capsys.readouterr().out
-    assert "schedule continues as saved" in out and "total_steps=10" in out
+    assert "schedule continues as saved" in out and "--max_steps is ignored" in out
+    assert "(total steps 2 -> 10)" in out and "Pass --override_lr_schedule" in out
     assert engine._config.load_universal_checkpoint is False
+
+
+def test_restore_with_override_puts_the_flags_schedule_in_effect_even_after_a_rollback(
+    english_shards, tmp_path, one_rank_group, capsys
+):
+    from pretrain.components.checkpoint import CheckpointManager
+
+    cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
+    _train_two_steps(cfg)
+    flags = "--max_steps 6 --lr 2e-3 --schedule wsd --decay_steps 2 --resume auto"
+    cfg6 = _config(english_shards, tmp_path / "run", *flags.split(), "--override_lr_schedule")
+    engine, schedule, _, reader = _engine(cfg6, seed=999)
+    ckpts = CheckpointManager(cfg6.run.output_dir, cfg6.checkpoint, 0, 1)
+    point = _resume_point(cfg, reader)
+    ckpts.restore(engine, point, schedule=schedule, seed=cfg6.run.seed, override_lr=True)
+
+    def in_effect():
+        sched = engine.lr_scheduler
+        lrs = [g["lr"] for g in engine.optimizer.param_groups]
+        return sched.lr_lambdas, sched.base_lrs, sched.last_epoch, lrs
+
+    # At the checkpoint's position (2 scheduler steps), the flags' schedule and peak lr.
+    new = ([schedule, schedule], [2e-3, 2e-3], 2, [2e-3 * schedule(2)] * 2)
+    assert in_effect() == new
+    out = capsys.readouterr().out
+    assert "--override_lr_schedule: the learning-rate schedule comes from this launch's" in out
+    for change in ("schedule warmup_decay -> wsd", "peak lr 0.001 -> 0.002", "total steps 2 -> 6"):
+        assert change in out
+    # The guard's rollback loads the same (older) checkpoint again: the override stays.
+    ckpts.load(engine, point.path)
+    assert in_effect() == new
 
 
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
