@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser
+from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import Recipe, recipe_dict
 from pretrain.evaluate.models import ModelSource, resolve_all
 from pretrain.evaluate.passage_tasks import write_task
@@ -106,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_length", type=int, default=128)
     p.add_argument("--models", nargs="*", default=[], help="LABEL=PATH of more models")
     args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except UserError as e:  # a text that gives too few passages, a model that is not one
+        get_logger(__name__).error(str(e))
+        return USER_ERROR_EXIT
+
+
+def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.text:
         texts = dict(t.split("=", 1) for t in args.text)
