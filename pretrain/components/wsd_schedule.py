@@ -14,6 +14,7 @@ With ``--schedule_clock time`` the phases are fractions of the time budget (warm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -107,11 +108,19 @@ def check_schedule_flags(cfg) -> None:
                 "--decay_steps counts steps; with --schedule_clock time give the decay as "
                 "--decay_fraction (a fraction of the time budget)"
             )
-    elif cfg.decay_steps is not None or cfg.decay_shape != "1-sqrt" or cfg.decay_fraction != 0.2:
+    elif any(
+        getattr(cfg, f) != _default(cfg, f)
+        for f in ("decay_steps", "decay_shape", "decay_fraction")
+    ):
         raise ScheduleError(
             "--decay_steps, --decay_fraction and --decay_shape shape the wsd schedule; add "
             "--schedule wsd, or use --decay for the warmup_decay schedule"
         )
+
+
+def _default(cfg, name: str):
+    """The default of one of the config dataclass's fields (one definition: train_config)."""
+    return next(f.default for f in dataclasses.fields(cfg) if f.name == name)
 
 
 def build_wsd(cfg, warmup: int, total: int) -> WarmupStableDecay:
