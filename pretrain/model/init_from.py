@@ -91,8 +91,9 @@ class InitReport:
         return "\n".join(lines)
 
 
-def _tokenizer(folder: Path):
-    """The `tokenizers.Tokenizer` of an HF tokenizer folder (tokenizer.json or vocab.txt)."""
+def _tokenizer(folder: Path, quiet: bool = False):
+    """The `tokenizers.Tokenizer` of an HF tokenizer folder (tokenizer.json or vocab.txt);
+    ``quiet``: a second load within one --init_from, which has said its warning already."""
     if (folder / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
@@ -105,7 +106,7 @@ def _tokenizer(folder: Path):
         except Exception as e:  # transformers raises many types for a bad folder
             raise InitError(f"tokenizer {folder} does not load ({type(e).__name__}: {e}).") from e
     switched_off = plain_encoding(tok)  # padding would put [PAD] rows into a new token's mean
-    if switched_off:
+    if switched_off and not quiet:
         log.warning(
             f"tokenizer {folder}: {' and '.join(switched_off)} switched on in its file; "
             "turned off for the vocabulary check"
@@ -356,7 +357,7 @@ def load_initial_weights(
         )
     report.ignored = sorted(set(sd) - used)
     report.notes += _dropped_parts(src, report.ignored)
-    base_tok = _tokenizer(base_dir)
+    base_tok = _tokenizer(base_dir, quiet=True)  # plan_vocabulary loaded and warned already
     report.vocabulary = _vocab_report(plan, base_dir, shards_dir, base_tok)
     unk = base_tok.token_to_id("[UNK]")
     with_unk = [plan.tokens[i] for i, ids in plan.pieces.items() if unk in ids]

@@ -482,13 +482,16 @@ def _sentence_transformers_folder(tmp: Path, tokenizer: Path, module: str) -> tu
 
 @pytest.mark.parametrize("module", ["", "0_Transformer"])
 def test_sentence_transformers_folder_loads_the_encoder_and_says_what_it_drops(
-    base_tokenizer, tmp_path, module
+    base_tokenizer, tmp_path, module, capsys
 ):
     from pretrain.export.model_card import _initial_weights
 
     folder, hf = _sentence_transformers_folder(tmp_path, base_tokenizer, module)
     shards_tok = _shards_tokenizer(folder / module, tmp_path / "tok")
+    capsys.readouterr()
     model, report = _our_model(folder, shards_tok, nsp=False)
+    # the published file's truncation and padding: turned off, and said once
+    assert capsys.readouterr().out.count("turned off for the vocabulary check") == 1
     assert report.kind == "sentence-transformers"
     assert {k for k in report.ignored if k.startswith("bert.pooler.")} == {
         "bert.pooler.dense.weight",
