@@ -91,10 +91,11 @@ def run_tasks_and_signal_group(
                 )
             )
         deadline = time.monotonic() + timeout_s
+        tail = lambda: (logs / "rank0.log").read_text()[-4000:]  # noqa: E731
         while all(p.poll() is None for p in procs) and not ready():
-            assert time.monotonic() < deadline, "the run was not ready in time"
+            assert time.monotonic() < deadline, "the run was not ready in time:\n" + tail()
             time.sleep(0.05)
-        assert all(p.poll() is None for p in procs), "a rank ended before the signal"
+        assert all(p.poll() is None for p in procs), "a rank ended before the signal:\n" + tail()
         os.killpg(procs[0].pid, sig)
         codes = [p.wait(timeout=timeout_s) for p in procs]
     finally:
