@@ -10,6 +10,8 @@
 3. The same store then backs the torch process group (backend chosen by DeepSpeed's accelerator:
    nccl on GPUs, gloo/ccl on CPUs), which `deepspeed.init_distributed` adopts. Reusing the store
    means one port per job: no second port that could collide with a neighbouring job.
+4. On the CPU accelerator, DeepSpeed's shared-memory all-reduce segments are unlinked as soon as
+   every rank has mapped them (`pretrain.components.shm_buffers`), so no exit leaves them behind.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from bertforge.logs import get_logger
+from pretrain.components import shm_buffers
 
 log = get_logger(__name__)
 
@@ -264,6 +267,8 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     )
     # DeepSpeed adopts the initialised torch group (and picks the same backend name).
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    if accel.device_name() == "cpu":  # its shared-memory all-reduce: nothing left in /dev/shm
+        shm_buffers.release_after_init(info.rank, info.world_size)
     return info
 
 

@@ -23,6 +23,7 @@ into the batch as the tensor `batch["source"]`, which the trainer pops like `mas
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -256,6 +257,19 @@ def _whole_batch(batch: dict) -> dict:
     return batch
 
 
+def ignore_job_signals(_worker_id: int) -> None:
+    """worker_init_fn: a worker ignores SIGTERM and SIGINT.
+
+    Schedulers (SLURM on scancel or preemption) and a terminal's Ctrl-C signal every process of
+    the job, workers included. A worker killed by it makes its rank fail ("DataLoader worker
+    (pid N) is killed by signal") before the rank can save at the step boundary. Ignoring them
+    leaves the decision to the rank's main process, which saves, exits and shuts its workers down
+    (a worker whose rank died exits by itself: torch's worker loop watches its parent).
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def build_loader(
     reader,
     data_cfg: DataConfig,
@@ -310,4 +324,5 @@ def build_loader(
         pin_memory=data_cfg.pin_memory and torch.cuda.is_available(),
         prefetch_factor=data_cfg.prefetch_factor if workers > 0 else None,
         persistent_workers=False,
+        worker_init_fn=ignore_job_signals if workers > 0 else None,
     )

@@ -231,3 +231,24 @@ def memory_and_disk_rows(
             )
         )
     return mem + disk
+
+
+def shm_rows(stale: list[Any]) -> list[Row]:
+    """Shared memory on this machine: DeepSpeed all-reduce segments (69 MB each) of dead jobs
+    (``pretrain.components.shm_buffers.stale_buffers``); they hold RAM until removed."""
+    if not stale:
+        return [Row("shared memory", LOCAL, OK, "no stale DeepSpeed buffer in /dev/shm")]
+    total = sum(b.size for b in stale)
+    names = " ".join(str(b.path) for b in stale)
+    shown = ", ".join(f"{b.path.name} ({b.size / 1e6:.0f} MB)" for b in stale[:3])
+    more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+    return [
+        Row(
+            "shared memory",
+            LOCAL,
+            WARN,
+            f"{len(stale)} DeepSpeed buffers of dead jobs hold {total / 1e6:.0f} MB of RAM in "
+            f"/dev/shm: {shown}{more}",
+            f"no live process maps them; remove them with: rm -f {names}",
+        )
+    ]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
+from pretrain.components import shm_buffers
 from pretrain.config.batching import BatchPlan
 from pretrain.config.ds_config import ConfigError, activation_checkpointing_mode, load_user_config
 from pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
@@ -42,6 +43,7 @@ from pretrain.doctor.checks import (
     data_rows,
     device_rows,
     memory_and_disk_rows,
+    shm_rows,
     version_rows,
 )
 from pretrain.doctor.memory_estimate import model_shape
@@ -303,6 +305,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     if hosts is None:
         return rows
     rows += check_deepspeed_env(env_files(cwd))
+    rows += shm_rows(shm_buffers.stale_buffers())
     probes, found = probe_rows(cfg, opts, hosts, cwd)
     rows += found
     if probes:

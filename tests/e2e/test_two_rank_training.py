@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers.commands import REPO
 from helpers.launch import COMMON, assert_loss_falls, ds_config, launch, launch_cmd, losses
+from helpers.shm import left_in_shm, port_of
 
 from pretrain.components.checkpoint_files import MARKER
 from pretrain.components.metrics import read_metrics
@@ -324,8 +325,9 @@ def test_kill_a_rank_then_resume_auto(english_shards, tmp_path):
     ] + COMMON
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(tmp_path / "killed_run.log", "w")  # noqa: SIM115 - closed in the finally below
+    killed_cmd = launch_cmd("pretrain/main.py", 2) + args + ["--max_steps", "400"]
     launcher = subprocess.Popen(
-        launch_cmd("pretrain/main.py", 2) + args + ["--max_steps", "400"],
+        killed_cmd,
         cwd=REPO,
         env=env,
         stdout=log,
@@ -354,6 +356,8 @@ def test_kill_a_rank_then_resume_auto(english_shards, tmp_path):
             launcher.kill()
             launcher.wait()
         log.close()
+    # DeepSpeed's shared-memory all-reduce buffers were unlinked at start-up: kill -9 leaves none.
+    assert left_in_shm(port_of(killed_cmd)) == []
     newest = list_complete(run / "checkpoints")[-1][0]
     # A crash while saving leaves a folder without the marker; resume must not pick it.
     partial = run / "checkpoints" / tag_for(newest + 1)
@@ -368,6 +372,7 @@ def test_kill_a_rank_then_resume_auto(english_shards, tmp_path):
     assert steps == list(range(1, newest + 3))  # steps after the checkpoint were redone once
     assert find_latest(run / "checkpoints").name == tag_for(newest + 2)
     assert not partial.exists()  # the stale partial folder was cleaned up
+    assert left_in_shm(port_of(proc.args)) == []  # nor does a clean exit
 
 
 def test_fp16_overflow_at_min_scale_stops_cleanly(english_shards, tmp_path):

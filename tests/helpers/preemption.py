@@ -56,3 +56,53 @@ def run_and_signal(
                 proc.kill()
                 proc.wait()
     return code, log.read_text()
+
+
+def run_tasks_and_signal_group(
+    cmd: list[str],
+    ranks: int,
+    port: int,
+    logs: Path,
+    ready: Callable[[], bool],
+    sig: int = signal.SIGTERM,
+    timeout_s: float = 240.0,
+) -> list[tuple[int, str]]:
+    """Start ``ranks`` copies of ``cmd`` as srun starts the tasks of a job step (no launcher:
+    each gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT) in one new
+    process group; once ``ready()`` holds, send ``sig`` to the whole group (ranks and their
+    DataLoader workers), as SLURM does on scancel and preemption. Returns each rank's (exit
+    status, output), rank 0 first."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env.update(MASTER_PORT=str(port), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks))
+    procs: list[subprocess.Popen] = []
+    outs = []
+    try:
+        for rank in range(ranks):
+            out = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
+            outs.append(out)
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO,
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    process_group=procs[0].pid if procs else 0,
+                )
+            )
+        deadline = time.monotonic() + timeout_s
+        tail = lambda: (logs / "rank0.log").read_text()[-4000:]  # noqa: E731
+        while all(p.poll() is None for p in procs) and not ready():
+            assert time.monotonic() < deadline, "the run was not ready in time:\n" + tail()
+            time.sleep(0.05)
+        assert all(p.poll() is None for p in procs), "a rank ended before the signal:\n" + tail()
+        os.killpg(procs[0].pid, sig)
+        codes = [p.wait(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for out in outs:
+            out.close()
+    return [(code, (logs / f"rank{r}.log").read_text()) for r, code in enumerate(codes)]
