@@ -150,3 +150,15 @@ def test_dry_run_and_memory_estimate_know_the_presets(english_shards):
     base, _ = count_params("modernbert-base", 50280, nsp=False)
     large, _ = count_params("modernbert-large", 50280, nsp=False)
     assert round(base / 1e6) == 150 and round(large / 1e6) == 396
+
+
+def test_torch_activation_checkpointing_keeps_the_gradients():
+    batch = masked_batch(seed=5)
+    grads = []
+    for mode in ("none", "torch"):
+        model = tiny().train()  # no dropout in the preset: both passes compute the same
+        model.set_activation_checkpointing(mode)
+        model(**batch)["loss"].backward()
+        grads.append(model.model.layers[1].mlp.Wi.weight.grad)
+    assert model.checkpointing == "torch" and model.model.gradient_checkpointing
+    torch.testing.assert_close(grads[0], grads[1])
