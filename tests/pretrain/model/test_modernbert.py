@@ -146,6 +146,7 @@ def test_dry_run_and_memory_estimate_know_the_presets(english_shards):
     assert report["model"]["architecture"] == "ModernBertForMaskedLM"
     assert report["model"]["padded_vocab_size"] == 2048 and report["model"]["flops_per_token"] > 0
     assert "modernbert-tiny: ModernBertForMaskedLM" in out.getvalue()
+    assert "global every 3 layers, the others a window of 128 tokens" in out.getvalue()
     # The published sizes with ModernBERT's own 50,280-token vocabulary (padded to 50,368).
     base, _ = count_params("modernbert-base", 50280, nsp=False)
     large, _ = count_params("modernbert-large", 50280, nsp=False)
