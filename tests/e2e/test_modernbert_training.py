@@ -53,6 +53,7 @@ def test_trains_and_exports_a_folder_transformers_loads(modernbert_run, english_
 
     res = export(modernbert_run, tmp_path / "hf")  # also reloads it and runs fill-mask
     assert res["architecture"] == "ModernBertForMaskedLM" and res["fill_mask"]
+    assert '\n- "modernbert"\n' in (tmp_path / "hf" / "README.md").read_text()  # card's tags
     hf, info = AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert type(hf).__name__ == "ModernBertForMaskedLM" and not any(info.values()), info
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
