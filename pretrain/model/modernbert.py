@@ -24,12 +24,9 @@ from transformers.models.modernbert.modeling_modernbert import ModernBertForMask
 
 import kernels
 from bertforge.errors import UserError
-from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX
 from pretrain.model.bert import apply_activation_checkpointing
 from pretrain.model.model_config import ModelConfig, padded_vocab
-
-log = get_logger(__name__)
 
 #: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
 VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
