@@ -44,6 +44,7 @@ from pretrain.data.shard_check import verify_once
 from pretrain.model.bert import build_model
 from pretrain.model.init_from import load_initial_weights
 from pretrain.model.init_source import init_architecture
+from pretrain.model.modernbert import check_supported
 from pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
@@ -119,6 +120,12 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
 
     world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_readers = open_shards(cfg)
+    check_supported(  # what --arch modernbert cannot do yet, before any rendezvous
+        cfg.model_cfg,
+        nsp=train_reader.format == "nsp",
+        init_from=cfg.run.init_from,
+        downstream_eval=cfg.log.downstream_eval,
+    )
     if cfg.run.init_from:  # the architecture is the checkpoint's
         cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]

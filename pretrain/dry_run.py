@@ -200,6 +200,17 @@ def _sharing(model_cfg: dict[str, Any]) -> str:
     return "" if spec == "none" else f" (weights shared: {spec})"
 
 
+def _modern_block(model_cfg: dict[str, Any]) -> str:
+    """For --arch modernbert: where the layers attend and their rotary bases; else ""."""
+    if model_cfg.get("arch", "bert") != "modernbert":
+        return ""
+    return (
+        f"\n        attention: global every {model_cfg['global_attn_every_n_layers']} layers, "
+        f"the others a window of {model_cfg['local_attention']} tokens; rope theta "
+        f"{model_cfg['global_rope_theta']:g} global, {model_cfg['local_rope_theta']:g} local"
+    )
+
+
 def format_report(r: dict[str, Any]) -> str:
     """Human-readable form of a dry-run report."""
     m, s, k = r["model"], r["shards"], r["masking"]
@@ -209,7 +220,7 @@ def format_report(r: dict[str, Any]) -> str:
         (
             f"model   {cm['name']}: {m['architecture']}, hidden {cm['hidden_size']}, layers "
             f"{cm['num_hidden_layers']}{_sharing(cm)}, heads {cm['num_attention_heads']}, "
-            f"ffn {cm['intermediate_size']}"
+            f"ffn {cm['intermediate_size']}{_modern_block(cm)}"
         ),
         (
             f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "

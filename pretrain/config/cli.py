@@ -82,15 +82,10 @@ def config_from_args(
 ) -> TrainConfig:
     """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
     doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
-    from pretrain.model.bert import preset
-
     cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
     foreign = foreign_concerns()
-    try:
-        base = preset(cfg.run.model_preset)
-    except ValueError as e:
-        parser.error(str(e))
     flags = _overrides(ns, names, "model_cfg")
+    base = _preset_for(cfg, flags, getattr(ns, "model_preset", None) is not None, parser)
     cfg.model_cfg = dataclasses.replace(base, **flags)
     chosen = dataclasses.asdict(base) if getattr(ns, "model_preset", None) is not None else {}
     cfg.explicit_model = {**{k: v for k, v in chosen.items() if k != "name"}, **flags}
@@ -107,6 +102,28 @@ def config_from_args(
         parser.error(str(e))
     _check_values(cfg, parser)
     return cfg
+
+
+def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any:
+    """The preset the model starts from: --model's, or --arch's tiny one when only --arch is
+    given; a --model of the other arch is refused (naming both flags)."""
+    from pretrain.model.model_config import ARCHES, DEFAULT_PRESET, preset
+
+    arch = flags.get("arch")
+    if arch is not None and arch not in ARCHES:
+        parser.error(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
+    if arch is not None and not model_given:
+        cfg.run.model_preset = DEFAULT_PRESET[arch]
+    try:
+        base = preset(cfg.run.model_preset)
+    except ValueError as e:
+        parser.error(str(e))
+    if arch is not None and base.arch != arch:
+        parser.error(
+            f"--model {cfg.run.model_preset} is a {base.arch} preset but --arch is {arch}: "
+            f"choose a {arch} preset (--model {DEFAULT_PRESET[arch]}, ...) or drop --arch"
+        )
+    return base
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

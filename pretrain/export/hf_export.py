@@ -12,6 +12,9 @@ lists their steps.
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
 
+A ``--arch modernbert`` run is exported as ``ModernBertForMaskedLM`` (the tokenizer's special-token
+ids written into its config).
+
 A run trained with ``--share_layers all|groups:G`` (ALBERT-style sharing) is exported as the same
 standard BERT class with the shared weights copied into every layer that uses them: the folder
 loads anywhere ``BertForMaskedLM`` does and computes exactly what the trained model computes; it is
@@ -132,11 +135,7 @@ def export(
     model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     # The tied decoder weight may be absent from some DeepSpeed versions' consolidated dict.
-    missing = [
-        k
-        for k in missing
-        if k not in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-    ]
+    missing = [k for k in missing if k not in model.tied_keys]
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint {ckpt} does not match the model it was trained with: "
@@ -144,6 +143,11 @@ def export(
         )
     hf_cls = getattr(transformers, model.hf_architecture)
     conf = model.hf_config(unpad_vocab=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
+    if model.arch == "modernbert":  # its config names the special tokens; BERT's needs none
+        from pretrain.model.modernbert import set_tokenizer_ids
+
+        set_tokenizer_ids(conf, tok)
     hf_model = hf_cls(conf)
     hf_sd = model.hf_state_dict(unpad_vocab=True)
     missing, unexpected = hf_model.load_state_dict(hf_sd, strict=False)
@@ -167,7 +171,6 @@ def export(
     with publish_dir(output, replace=True) as tmp:
         with torch.no_grad():
             hf_model.save_pretrained(str(tmp), safe_serialization=True)
-        tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
         tok.save_pretrained(str(tmp))
         write_model_card(
             tmp,

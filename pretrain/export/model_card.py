@@ -55,14 +55,15 @@ def _yaml_list(key: str, values: list[str]) -> list[str]:
     return [f"{key}:"] + [f"- {json.dumps(v, ensure_ascii=False)}" for v in values]
 
 
-def _header(language: list[str], datasets: list[str]) -> list[str]:
+def _header(language: list[str], datasets: list[str], arch: str = "bert") -> list[str]:
+    tags = [arch, *TAGS[1:]]  # the first tag names the architecture (bert or modernbert)
     lines = [
         "---",
         *_yaml_list("language", language),
         f"license: {LICENSE_PLACEHOLDER}  # placeholder: set the license of your weights",
         "library_name: transformers",
         "pipeline_tag: fill-mask",
-        *_yaml_list("tags", list(TAGS)),
+        *_yaml_list("tags", tags),
         *_yaml_list("datasets", datasets),
         "---",
     ]
@@ -188,7 +189,7 @@ def render_card(
     model = cfg.get("model_cfg", {})
     masking = cfg.get("masking", {})
     val = facts["validation"]
-    lines = _header(language, datasets) + [
+    lines = _header(language, datasets, model.get("arch", "bert")) + [
         "",
         f"# {model.get('name') or 'BERT'} masked language model",
         "",

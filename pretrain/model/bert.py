@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -34,80 +33,15 @@ from transformers.models.bert.modeling_bert import (
 )
 
 import kernels
-from bertforge.cli import opt
 from kernels import IGNORE_INDEX
+from pretrain.model.model_config import ARCHES, ModelConfig, padded_vocab
+
+# The presets' first home: `from pretrain.model.bert import PRESETS, preset` keeps working.
+from pretrain.model.model_config import PRESETS as PRESETS
+from pretrain.model.model_config import preset as preset
 
 CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
 SHARE_LAYERS_HELP = "none, all, or groups:G with G dividing num_hidden_layers"
-
-
-@dataclass
-class ModelConfig:
-    """Architecture of the encoder (a preset, optionally overridden, or a BERT config JSON)."""
-
-    name: str = opt("custom", "preset name this config came from (informational)")
-    hidden_size: int = opt(128, "width of the encoder")
-    num_hidden_layers: int = opt(2, "number of transformer layers")
-    num_attention_heads: int = opt(2, "attention heads per layer (must divide hidden_size)")
-    intermediate_size: int = opt(512, "width of the feed-forward layer")
-    max_position_embeddings: int = opt(512, "longest sequence the position embeddings cover")
-    type_vocab_size: int = opt(2, "token-type (segment) vocabulary")
-    hidden_act: str = opt("gelu", "activation of the feed-forward layer and the MLM transform")
-    hidden_dropout_prob: float = opt(0.1, "dropout on embeddings and layer outputs")
-    attention_probs_dropout_prob: float = opt(0.1, "dropout on attention probabilities")
-    layer_norm_eps: float = opt(1e-12, "LayerNorm epsilon")
-    initializer_range: float = opt(0.02, "std of the normal initialisation")
-    vocab_multiple: int = opt(8, "pad the vocabulary (embedding/decoder rows) to this multiple")
-    config_json: str | None = opt(
-        None, "BERT config.json whose architecture replaces the fields above"
-    )
-    loss_impl: str = opt("auto", "kernels.masked_lm_loss implementation: auto | triton | torch")
-    share_layers: str = opt(
-        "none",
-        "cross-layer weight sharing (ALBERT): none | all (one set of layer weights for every "
-        "layer) | groups:G (G groups of consecutive layers, one set each)",
-    )
-
-
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(
-        name="tiny",
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=512,
-    ),
-    "small": ModelConfig(
-        name="small",
-        hidden_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        intermediate_size=2048,
-    ),
-    "base": ModelConfig(
-        name="base",
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-    ),
-    "large": ModelConfig(
-        name="large",
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        intermediate_size=4096,
-    ),
-}
-
-
-def preset(name: str) -> ModelConfig:
-    """The preset called ``name``; an unknown name is a ValueError that lists the choices."""
-    if name not in PRESETS:
-        raise ValueError(
-            f"unknown model preset --model {name!r}: choose one of {', '.join(PRESETS)}"
-        )
-    return PRESETS[name]
 
 
 _ARCH_FIELDS = (
@@ -161,11 +95,6 @@ def _share_module_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None
             setattr(target, name, param)
 
 
-def padded_vocab(vocab_size: int, multiple: int) -> int:
-    """Smallest multiple of `multiple` >= vocab_size."""
-    return -(-vocab_size // multiple) * multiple
-
-
 def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
     """Fill the architecture from `cfg.config_json` when given; check it against the shards'
     vocabulary."""
@@ -207,8 +136,41 @@ def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
     return conf
 
 
+def apply_activation_checkpointing(model, mode: str, *, shares_layers: bool = False) -> None:
+    """Recompute `model`'s encoder layers in backward: "none", "torch" (non-reentrant torch
+    checkpoint) or "deepspeed" (deepspeed.checkpointing.checkpoint: the trainer must have called
+    `deepspeed.checkpointing.configure(None, deepspeed_config=...)` after init_distributed).
+    `model` is a transformers PreTrainedModel whose layers are GradientCheckpointingLayers."""
+    if mode not in CHECKPOINTING_MODES:
+        raise ValueError(f"activation checkpointing {mode!r}: choose one of {CHECKPOINTING_MODES}")
+    if mode == "none":
+        model._set_gradient_checkpointing(enable=False)
+    elif mode == "torch":
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        import deepspeed
+
+        # DeepSpeed's reentrant checkpoint runs a separate backward per layer, so a shared
+        # weight would receive (and ZeRO reduce) one gradient per layer that uses it, which
+        # ZeRO refuses; the non-reentrant variant keeps one backward graph (one gradient,
+        # summed by autograd) and honours the same activation-checkpointing config.
+        func = (
+            deepspeed.checkpointing.non_reentrant_checkpoint
+            if shares_layers
+            else deepspeed.checkpointing.checkpoint
+        )
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
+    model.checkpointing = mode
+
+
 class BertForPretrainingMasked(BertPreTrainedModel):
     """BERT with the MLM head on masked rows only and an optional NSP head (see module doc)."""
+
+    arch = "bert"
+    #: Keys a consolidated checkpoint may omit: tied to the word embeddings and the MLM bias.
+    tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
     _tied_weights_keys: ClassVar[dict[str, str]] = {
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
@@ -391,33 +353,8 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         )
 
     def set_activation_checkpointing(self, mode: str) -> None:
-        """Recompute encoder layers in backward: "none", "torch" (non-reentrant torch checkpoint)
-        or "deepspeed" (deepspeed.checkpointing.checkpoint: the trainer must have called
-        `deepspeed.checkpointing.configure(None, deepspeed_config=...)` after init_distributed)."""
-        if mode not in CHECKPOINTING_MODES:
-            raise ValueError(
-                f"activation checkpointing {mode!r}: choose one of {CHECKPOINTING_MODES}"
-            )
-        if mode == "none":
-            self._set_gradient_checkpointing(enable=False)
-        elif mode == "torch":
-            self.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}
-            )
-        else:
-            import deepspeed
-
-            # DeepSpeed's reentrant checkpoint runs a separate backward per layer, so a shared
-            # weight would receive (and ZeRO reduce) one gradient per layer that uses it, which
-            # ZeRO refuses; the non-reentrant variant keeps one backward graph (one gradient,
-            # summed by autograd) and honours the same activation-checkpointing config.
-            func = (
-                deepspeed.checkpointing.non_reentrant_checkpoint
-                if self.shares_layers
-                else deepspeed.checkpointing.checkpoint
-            )
-            self._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
-        self.checkpointing = mode
+        """Recompute encoder layers in backward (see :func:`apply_activation_checkpointing`)."""
+        apply_activation_checkpointing(self, mode, shares_layers=self.shares_layers)
 
     def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
         """Training FLOPs (forward + backward = 3x forward) per input token.
@@ -464,10 +401,17 @@ class BertForPretrainingMasked(BertPreTrainedModel):
 def build_model(
     model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *, max_seq_len: int | None = None
 ) -> BertForPretrainingMasked:
-    """Build the pretraining model for a tokenizer of `vocab_size` entries (from the manifest).
+    """Build the pretraining model for a tokenizer of `vocab_size` entries (from the manifest):
+    a BERT, or the ModernBERT of :mod:`pretrain.model.modernbert` for ``arch="modernbert"``.
 
     max_seq_len (the shards'): checked against max_position_embeddings.
     """
+    if model_cfg.arch not in ARCHES:
+        raise ValueError(f"--arch {model_cfg.arch!r}: choose one of {', '.join(ARCHES)}")
+    if model_cfg.arch == "modernbert":  # lazy: that module builds on this one
+        from pretrain.model.modernbert import build_modernbert
+
+        return build_modernbert(model_cfg, vocab_size, nsp, max_seq_len=max_seq_len)
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a BERT tokenizer")
     cfg = resolve_config(model_cfg, vocab_size)

@@ -112,6 +112,12 @@ def _run_source(path: Path, ckpt: Path) -> InitSource:
 
     state = read_state(ckpt)
     vocab = int(state["vocab_size"])
+    arch = state["config"]["model_cfg"].get("arch", "bert")
+    if arch != "bert":
+        raise InitError(
+            f"--init_from {path}: {ckpt} is a --arch {arch} run; --init_from loads BERT "
+            "checkpoints only (continue that run with --resume instead)."
+        )
     try:
         cfg = resolve_config(ModelConfig(**state["config"]["model_cfg"]), vocab)
     except ValueError as e:

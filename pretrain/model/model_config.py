@@ -1,0 +1,128 @@
+"""What ``--model`` and ``--arch`` name: the encoder's architecture fields and the presets.
+
+One dataclass for both architectures (``arch`` "bert" or "modernbert"): the fields a ModernBERT
+does not use (``type_vocab_size``, ``share_layers``) stay at their defaults there, and the
+ModernBERT-only ones (rotary thetas, local attention) are ignored by BERT. Each arch has a tiny
+preset for the tests and the published base/large shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bertforge.cli import opt
+
+ARCHES = ("bert", "modernbert")
+#: The preset ``--arch X`` picks when ``--model`` is not given.
+DEFAULT_PRESET = {"bert": "tiny", "modernbert": "modernbert-tiny"}
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the encoder (a preset, optionally overridden, or a BERT config JSON)."""
+
+    name: str = opt("custom", "preset name this config came from (informational)")
+    arch: str = opt(
+        "bert",
+        "encoder architecture: bert (2018 BERT) | modernbert (transformers' ModernBERT block: "
+        "rotary positions, GeGLU, pre-norm, no biases, local/global attention); without --model "
+        "it picks its tiny preset",
+    )
+    hidden_size: int = opt(128, "width of the encoder")
+    num_hidden_layers: int = opt(2, "number of transformer layers")
+    num_attention_heads: int = opt(2, "attention heads per layer (must divide hidden_size)")
+    intermediate_size: int = opt(512, "width of the feed-forward layer")
+    max_position_embeddings: int = opt(512, "longest sequence the position embeddings cover")
+    type_vocab_size: int = opt(2, "token-type (segment) vocabulary")
+    hidden_act: str = opt("gelu", "activation of the feed-forward layer and the MLM transform")
+    hidden_dropout_prob: float = opt(0.1, "dropout on embeddings and layer outputs")
+    attention_probs_dropout_prob: float = opt(0.1, "dropout on attention probabilities")
+    layer_norm_eps: float = opt(1e-12, "LayerNorm epsilon")
+    initializer_range: float = opt(0.02, "std of the normal initialisation")
+    vocab_multiple: int = opt(8, "pad the vocabulary (embedding/decoder rows) to this multiple")
+    config_json: str | None = opt(
+        None, "BERT config.json whose architecture replaces the fields above"
+    )
+    loss_impl: str = opt("auto", "kernels.masked_lm_loss implementation: auto | triton | torch")
+    share_layers: str = opt(
+        "none",
+        "cross-layer weight sharing (ALBERT): none | all (one set of layer weights for every "
+        "layer) | groups:G (G groups of consecutive layers, one set each)",
+    )
+    local_attention: int = opt(
+        128, "modernbert: tokens a sliding-window (local) attention layer sees, itself included"
+    )
+    global_attn_every_n_layers: int = opt(
+        3, "modernbert: layers 0, N, 2N, ... attend globally, the others through the window"
+    )
+    global_rope_theta: float = opt(160000.0, "modernbert: rotary base of the global layers")
+    local_rope_theta: float = opt(10000.0, "modernbert: rotary base of the local layers")
+
+
+def _modernbert(name: str, hidden: int, layers: int, heads: int, ffn: int, max_pos: int):
+    """A ModernBERT shape with its released defaults: no dropout, LayerNorm eps 1e-5, the
+    vocabulary padded to a multiple of 64."""
+    return ModelConfig(
+        name=name,
+        arch="modernbert",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        max_position_embeddings=max_pos,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        layer_norm_eps=1e-5,
+        vocab_multiple=64,
+    )
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        name="tiny",
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+    ),
+    "small": ModelConfig(
+        name="small",
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        intermediate_size=2048,
+    ),
+    "base": ModelConfig(
+        name="base",
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+    ),
+    "large": ModelConfig(
+        name="large",
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+    ),
+    # ModernBERT-base and -large as published (answerdotai/ModernBERT-*, config.json); tiny has
+    # three layers so that both a global and a local layer are in it.
+    "modernbert-tiny": _modernbert("modernbert-tiny", 128, 3, 2, 192, 512),
+    "modernbert-base": _modernbert("modernbert-base", 768, 22, 12, 1152, 8192),
+    "modernbert-large": _modernbert("modernbert-large", 1024, 28, 16, 2624, 8192),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """The preset called ``name``; an unknown name is a ValueError that lists the choices."""
+    if name not in PRESETS:
+        raise ValueError(
+            f"unknown model preset --model {name!r}: choose one of {', '.join(PRESETS)}"
+        )
+    return PRESETS[name]
+
+
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    """Smallest multiple of `multiple` >= vocab_size."""
+    return -(-vocab_size // multiple) * multiple

@@ -1,0 +1,253 @@
+"""``--arch modernbert``: transformers' ModernBERT block with our masked-rows-only MLM head.
+
+The encoder, prediction head and decoder are transformers' own (``ModernBertModel``,
+``ModernBertPredictionHead``, the tied decoder of ``ModernBertForMaskedLM``), configured as
+``ModernBertConfig`` defines the architecture: rotary positions with a global and a local theta
+(``rope_parameters``), GeGLU feed-forward, pre-norm with a final norm, no biases in the linear
+and norm layers (the decoder keeps its bias, as in the released models), sliding-window attention
+of ``local_attention`` tokens with a global layer every ``global_attn_every_n_layers`` layers.
+The parameter names are those of ``ModernBertForMaskedLM``, so a state dict loads into it
+strictly; the forward pass gathers the masked rows before the head and ends in
+``kernels.masked_lm_loss_rows``, as the BERT arch does. The vocabulary is padded (to 64 in the
+presets); the padding columns take no part in the softmax.
+
+What only the BERT arch has is refused with :class:`ArchError` (exit status 2) by
+:func:`check_supported`, before any rendezvous.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import ModernBertConfig
+from transformers.models.modernbert.modeling_modernbert import ModernBertForMaskedLM
+
+import kernels
+from bertforge.errors import UserError
+from kernels import IGNORE_INDEX
+from pretrain.model.bert import apply_activation_checkpointing
+from pretrain.model.model_config import ModelConfig, padded_vocab
+
+#: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
+VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
+
+
+class ArchError(UserError, ValueError):
+    """A flag or input the chosen --arch does not support; the message names the flag."""
+
+
+def check_supported(
+    cfg: ModelConfig, *, nsp: bool = False, init_from: str = "", downstream_eval: str = ""
+) -> None:
+    """Refuse what only the BERT arch implements, naming the flag (nothing to do for bert)."""
+    if cfg.arch != "modernbert":
+        return
+    refused = []  # (what, why and what to do instead)
+    if cfg.share_layers.strip().lower() != "none":
+        refused.append(f"--share_layers {cfg.share_layers}: cross-layer sharing is BERT-only")
+    if cfg.config_json:
+        refused.append(f"--config_json {cfg.config_json}: it reads a BERT config.json")
+    if nsp:
+        refused.append(
+            "NSP shards (--data built with --format nsp): ModernBERT has no NSP head; "
+            "build packed shards"
+        )
+    if init_from:
+        refused.append(f"--init_from {init_from}: it loads BERT checkpoints and runs only")
+    if downstream_eval:
+        refused.append(f"--downstream_eval {downstream_eval}: pretrain.evaluate loads BERT only")
+    if refused:
+        raise ArchError(
+            "--arch modernbert does not support yet: "
+            + "; ".join(refused)
+            + ". Drop that, or train with --arch bert."
+        )
+
+
+def layer_types(num_layers: int, every: int) -> list[str]:
+    """ModernBERT's layer pattern: layer i attends globally when i % every == 0."""
+    if every < 1:
+        raise ArchError(f"--global_attn_every_n_layers must be at least 1, got {every}")
+    return ["full_attention" if i % every == 0 else "sliding_attention" for i in range(num_layers)]
+
+
+def modernbert_config(cfg: ModelConfig, vocab_size: int) -> ModernBertConfig:
+    """transformers.ModernBertConfig for `cfg`, the vocabulary padded to cfg.vocab_multiple.
+    The special-token ids are set from the tokenizer on export (:func:`set_tokenizer_ids`);
+    training only needs a pad id inside the vocabulary (our tokenizers put [PAD] at 0)."""
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ArchError(
+            f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
+            f"{cfg.num_attention_heads}"
+        )
+    if cfg.local_attention < 2 or cfg.local_attention % 2:
+        raise ArchError(f"--local_attention must be an even number >= 2, got {cfg.local_attention}")
+    conf = ModernBertConfig(
+        vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        hidden_activation=cfg.hidden_act,
+        max_position_embeddings=cfg.max_position_embeddings,
+        initializer_range=cfg.initializer_range,
+        norm_eps=cfg.layer_norm_eps,
+        norm_bias=False,
+        attention_bias=False,
+        mlp_bias=False,
+        decoder_bias=True,
+        attention_dropout=cfg.attention_probs_dropout_prob,
+        embedding_dropout=cfg.hidden_dropout_prob,
+        mlp_dropout=cfg.hidden_dropout_prob,
+        layer_types=layer_types(cfg.num_hidden_layers, cfg.global_attn_every_n_layers),
+        local_attention=cfg.local_attention,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.global_rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.local_rope_theta},
+        },
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        cls_token_id=None,
+        sep_token_id=None,
+        tie_word_embeddings=True,
+    )
+    conf._attn_implementation = "sdpa"
+    return conf
+
+
+def set_tokenizer_ids(conf: ModernBertConfig, tokenizer) -> None:
+    """Write the tokenizer's [PAD]/[CLS]/[SEP] ids into an exported config (transformers'
+    defaults are those of ModernBERT's own 50k vocabulary)."""
+    conf.pad_token_id = tokenizer.pad_token_id
+    conf.cls_token_id = conf.bos_token_id = tokenizer.cls_token_id
+    conf.sep_token_id = conf.eos_token_id = tokenizer.sep_token_id
+
+
+class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
+    """transformers' ModernBertForMaskedLM whose forward runs the head on masked rows only and
+    ends in our fused loss; the same interface as the BERT arch's model (see module doc)."""
+
+    arch = "modernbert"
+    hf_architecture = "ModernBertForMaskedLM"
+    nsp = False
+    share_layers = "none"
+    shares_layers = False
+    #: Keys a consolidated checkpoint may omit: the decoder weight is the embedding's.
+    tied_keys = ("decoder.weight",)
+
+    def __init__(self, config: ModernBertConfig, true_vocab_size: int, loss_impl: str = "auto"):
+        super().__init__(config)
+        self.true_vocab_size = int(true_vocab_size)
+        self.loss_impl = loss_impl
+        self.checkpointing = "none"
+
+    def register_zero3_external_parameters(self) -> None:
+        """ZeRO-3 must gather the decoder weight (the embedding's) and bias for the loss, which
+        uses them outside the decoder module's own forward; harmless without ZeRO-3."""
+        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+        register_external_parameter(self, self.decoder.weight)
+        register_external_parameter(self, self.decoder.bias)
+
+    def _masked_rows(self, input_ids, attention_mask, labels) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major)."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        flat_labels = labels.reshape(-1)
+        idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)
+        return self.head(rows), flat_labels.index_select(0, idx)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # the loader's; ModernBERT has no segments
+        labels: torch.Tensor | None = None,
+        mlm_normalizer: torch.Tensor | float | None = None,
+        **_: object,
+    ) -> dict:
+        """Pretraining loss and counts, as BertForPretrainingMasked.forward returns them
+        (nsp_loss None, NSP counts 0). mlm_normalizer: masked tokens of the global batch."""
+        if labels is None:
+            raise ValueError("labels are required: the model computes the MLM loss on masked rows")
+        rows, row_labels = self._masked_rows(input_ids, attention_mask, labels)
+        mlm = kernels.masked_lm_loss_rows(
+            rows,
+            self.decoder.weight,
+            self.decoder.bias,
+            row_labels,
+            ignore_index=IGNORE_INDEX,
+            vocab_size=self.true_vocab_size,
+            normalizer=mlm_normalizer,
+            impl=self.loss_impl,
+        )
+        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
+        return {
+            "loss": mlm.loss,
+            "mlm_loss": mlm.loss,
+            "nsp_loss": None,
+            "num_masked": mlm.num_masked,
+            "num_correct": mlm.num_correct,
+            "nsp_correct": zero,
+            "nsp_count": zero,
+        }
+
+    @torch.no_grad()
+    def predict_masked(self, input_ids, attention_mask, token_type_ids, labels) -> torch.Tensor:
+        """MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX (row-major order)."""
+        rows, _ = self._masked_rows(input_ids, attention_mask, labels)
+        v = self.true_vocab_size
+        return F.linear(rows, self.decoder.weight[:v], self.decoder.bias[:v])
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """Recompute encoder layers in backward: "none", "torch" or "deepspeed"."""
+        apply_activation_checkpointing(self, mode)
+
+    def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
+        """Training FLOPs (3x forward) per input token: Wqkv and Wo (4h^2), GeGLU (3hi), the
+        attention scores and weighted sum over the tokens each layer sees (all of them in a
+        global layer, at most the window in a local one), the head on the masked rows only."""
+        c = self.config
+        h, i = c.hidden_size, c.intermediate_size
+        dense = 2 * (4 * h * h + 3 * h * i)
+        seen = {"full_attention": seq_len, "sliding_attention": min(seq_len, c.local_attention)}
+        attention = sum(4 * seen[t] * h for t in c.layer_types)
+        head = masked_fraction * 2 * (h * h + h * self.true_vocab_size)
+        return 3.0 * (c.num_hidden_layers * dense + attention + head)
+
+    def hf_config(self, unpad_vocab: bool = False) -> ModernBertConfig:
+        """A transformers config for export (architectures set; vocab unpadded on request)."""
+        conf = ModernBertConfig.from_dict(self.config.to_dict())
+        conf.architectures = [self.hf_architecture]
+        if unpad_vocab:
+            conf.vocab_size = self.true_vocab_size
+        return conf
+
+    def hf_state_dict(self, unpad_vocab: bool = False) -> dict[str, torch.Tensor]:
+        """State dict with ModernBertForMaskedLM's names; unpad_vocab slices the padding rows."""
+        sd = {k: v.detach() for k, v in self.state_dict().items()}
+        if unpad_vocab:
+            for k in VOCAB_KEYS:
+                sd[k] = sd[k][: self.true_vocab_size]
+        return sd
+
+
+def build_modernbert(
+    cfg: ModelConfig, vocab_size: int, nsp: bool = False, *, max_seq_len: int | None = None
+) -> ModernBertForPretrainingMasked:
+    """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries; what the arch
+    does not support (NSP, sharing, a BERT config JSON) is an ArchError."""
+    check_supported(cfg, nsp=nsp)
+    if vocab_size < 5:
+        raise ValueError(f"vocab_size {vocab_size} is too small for a tokenizer")
+    if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:
+        raise ValueError(
+            f"the shards' max_seq_len {max_seq_len} exceeds the model's "
+            f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
+    if cfg.loss_impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
+    return ModernBertForPretrainingMasked(
+        modernbert_config(cfg, vocab_size), vocab_size, cfg.loss_impl
+    )

@@ -1,0 +1,94 @@
+"""--arch modernbert through the trainer: three DeepSpeed steps on the CPU config, then an export
+that transformers loads as ModernBertForMaskedLM with the trained model's masked-row logits; a
+BERT launch refuses that run as --init_from and as a checkpoint to resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.commands import train_cli
+
+from bertforge.errors import USER_ERROR_EXIT
+from kernels import IGNORE_INDEX
+from pretrain.components.checkpoint_files import consolidated_state_dict
+from pretrain.components.metrics import read_metrics
+from pretrain.export.hf_export import export, find_checkpoint
+from pretrain.model.bert import ModelConfig, build_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def modernbert_run(english_shards, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("modernbert") / "run"
+    train_cli(
+        run,
+        "--data",
+        str(english_shards),
+        "--arch",
+        "modernbert",
+        "--local_attention",
+        "32",  # shorter than the shards' 128 tokens: the local layers use their window
+        "--max_steps",
+        "3",
+        "--global_batch_size",
+        "4",
+        "--micro_batch_size",
+        "2",
+    )
+    return run
+
+
+def test_trains_and_exports_a_folder_transformers_loads(modernbert_run, english_shards, tmp_path):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    config = json.loads((modernbert_run / "config.json").read_text())
+    assert config["model_cfg"]["arch"] == "modernbert"
+    assert config["model_cfg"]["name"] == "modernbert-tiny"
+    losses = [r["loss"] for r in read_metrics(modernbert_run / "metrics.jsonl", "train")]
+    assert len(losses) == 3 and all(0 < x < 20 for x in losses)
+
+    res = export(modernbert_run, tmp_path / "hf")  # also reloads it and runs fill-mask
+    assert res["architecture"] == "ModernBertForMaskedLM" and res["fill_mask"]
+    assert '\n- "modernbert"\n' in (tmp_path / "hf" / "README.md").read_text()  # card's tags
+    hf, info = AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert type(hf).__name__ == "ModernBertForMaskedLM" and not any(info.values()), info
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (hf.config.pad_token_id, hf.config.cls_token_id, hf.config.sep_token_id) == (
+        tok.pad_token_id,
+        tok.cls_token_id,
+        tok.sep_token_id,
+    )
+    assert hf.config.local_attention == 32 and hf.config.vocab_size == len(tok)
+
+    ckpt = find_checkpoint(modernbert_run)
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    ours = build_model(ModelConfig(**state["config"]["model_cfg"]), int(state["vocab_size"]))
+    ours.load_state_dict(consolidated_state_dict(ckpt), strict=False)
+    ours.eval()
+    hf.eval()
+    enc = tok(["The function returns a list of values.", "Raise an error."], padding=True)
+    ids = torch.tensor(enc["input_ids"])
+    mask = torch.tensor(enc["attention_mask"])
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, 1:4] = ids[:, 1:4]
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits[labels != IGNORE_INDEX]
+    torch.testing.assert_close(
+        ours.predict_masked(ids, mask, None, labels), ref, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_a_bert_launch_refuses_the_modernbert_run(modernbert_run, english_shards, capsys):
+    from pretrain.main import main
+
+    data = ["--data", str(english_shards), "--dry-run"]
+    # --init_from loads BERT weights only; resuming under another --arch is another model.
+    assert main([*data, "--init_from", str(modernbert_run)]) == USER_ERROR_EXIT
+    assert "is a --arch modernbert run" in capsys.readouterr().err
+    resume = ["--output_dir", str(modernbert_run), "--resume", "auto"]
+    assert main([*data, *resume]) == USER_ERROR_EXIT
+    assert "model.arch = 'modernbert' (checkpoint) != 'bert'" in capsys.readouterr().err
