@@ -29,12 +29,12 @@ COMMON = [
     "1",
 ]
 
-_PORT = [29700 + (os.getpid() % 200)]
-
 
 def _port() -> int:
-    _PORT[0] += 1
-    return _PORT[0]
+    """A port free now: parallel test workers (pytest -n) never share one."""
+    from pretrain.components.distributed import free_port
+
+    return free_port()
 
 
 def launch_cmd(script: str | Path, nproc: int) -> list[str]:
