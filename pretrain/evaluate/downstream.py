@@ -42,7 +42,7 @@ from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import encode, recipe_for, run_once
 from pretrain.evaluate.metrics import PRIMARY
 from pretrain.evaluate.models import ModelSource
-from pretrain.evaluate.runner import default_device
+from pretrain.evaluate.runner import choose_lr, default_device
 from pretrain.evaluate.tasks import TaskData, load_task, load_task_file
 
 log = get_logger(__name__)
@@ -87,8 +87,8 @@ def evaluate_source(
             recipe = recipe_for(data)
             encoded = encode(source.tokenizer, data, recipe.max_length)
             runs = [run_once(source, data, encoded, recipe, lr, seed, device) for lr in recipe.lrs]
-            primary = PRIMARY[data.scheme]
-            best = max(runs, key=lambda r: (r["dev"][primary], -r["lr"]))
+            lr = choose_lr(runs, PRIMARY[data.scheme])  # the evaluator's own rule
+            best = next(r for r in runs if r["lr"] == lr)
             for metric, value in sorted(best["test"].items()):
                 records.append(
                     {

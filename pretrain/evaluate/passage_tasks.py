@@ -72,7 +72,8 @@ def write_task(texts: dict[str, str], out: str | Path, chars: int = 100, count: 
     return out / "tasks.json"
 
 
-def _named_texts(values: list[str]) -> dict[str, str]:
+def named_texts(values: list[str]) -> dict[str, str]:
+    """``NAME=FILE`` values of --text as {name: file}; a malformed or repeated name is an error."""
     texts: dict[str, str] = {}
     for value in values:
         label, sep, path = value.partition("=")
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passages", type=int, default=300, help="passages per text at most")
     args = p.parse_args(argv)
     try:
-        print(write_task(_named_texts(args.text), args.out, args.chars, args.passages))
+        print(write_task(named_texts(args.text), args.out, args.chars, args.passages))
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT

