@@ -34,7 +34,7 @@ from transformers.models.bert.modeling_bert import (
 
 import kernels
 from kernels import IGNORE_INDEX
-from pretrain.model.model_config import ARCHES, ModelConfig, padded_vocab
+from pretrain.model.model_config import ARCHES, ModelConfig, export_config, padded_vocab
 
 # The presets' first home: `from pretrain.model.bert import PRESETS, preset` keeps working.
 from pretrain.model.model_config import PRESETS as PRESETS
@@ -373,11 +373,9 @@ class BertForPretrainingMasked(BertPreTrainedModel):
 
     def hf_config(self, unpad_vocab: bool = False) -> BertConfig:
         """A transformers config for export (architectures set; vocab unpadded on request)."""
-        conf = BertConfig.from_dict(self.config.to_dict())
-        conf.architectures = [self.hf_architecture]
-        if unpad_vocab:
-            conf.vocab_size = self.true_vocab_size
-        return conf
+        return export_config(
+            self.config, self.hf_architecture, self.true_vocab_size if unpad_vocab else None
+        )
 
     def hf_state_dict(self, unpad_vocab: bool = False) -> dict[str, torch.Tensor]:
         """State dict with transformers' names (BertForPreTraining / BertForMaskedLM).

@@ -123,6 +123,16 @@ def preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
+def export_config(config, architecture: str, vocab_size: int | None = None):
+    """A copy of a transformers ``config`` for export, ``architectures`` set to
+    ``[architecture]``, and with ``vocab_size`` (the tokenizer's, no padding rows) when given."""
+    conf = type(config).from_dict(config.to_dict())
+    conf.architectures = [architecture]
+    if vocab_size is not None:
+        conf.vocab_size = vocab_size
+    return conf
+
+
 def padded_vocab(vocab_size: int, multiple: int) -> int:
     """Smallest multiple of `multiple` >= vocab_size."""
     return -(-vocab_size // multiple) * multiple

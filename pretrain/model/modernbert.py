@@ -26,7 +26,7 @@ import kernels
 from bertforge.errors import UserError
 from kernels import IGNORE_INDEX
 from pretrain.model.bert import apply_activation_checkpointing
-from pretrain.model.model_config import ModelConfig, padded_vocab
+from pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 
 #: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
 VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
@@ -218,11 +218,9 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
 
     def hf_config(self, unpad_vocab: bool = False) -> ModernBertConfig:
         """A transformers config for export (architectures set; vocab unpadded on request)."""
-        conf = ModernBertConfig.from_dict(self.config.to_dict())
-        conf.architectures = [self.hf_architecture]
-        if unpad_vocab:
-            conf.vocab_size = self.true_vocab_size
-        return conf
+        return export_config(
+            self.config, self.hf_architecture, self.true_vocab_size if unpad_vocab else None
+        )
 
     def hf_state_dict(self, unpad_vocab: bool = False) -> dict[str, torch.Tensor]:
         """State dict with ModernBertForMaskedLM's names; unpad_vocab slices the padding rows."""
