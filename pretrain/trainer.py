@@ -314,7 +314,7 @@ class Trainer:
     def evaluate(self, step: int) -> list[dict]:
         """MLM loss, accuracy and perplexity on each source's validation split (all ranks take
         part); with several sources, per-source records plus the overall one (no "source")."""
-        sums = {name: self._validation_sums(reader) for name, reader in self.data.val_readers}
+        sums = {name: self._validation_sums(reader, step) for name, reader in self.data.val_readers}
         records = []
         if len(sums) > 1:
             records = [{"source": name, **validation_record(step, *s)} for name, s in sums.items()]
@@ -326,7 +326,7 @@ class Trainer:
             self.metrics.eval(rec, self.engine.global_samples)
         return records
 
-    def _validation_sums(self, reader) -> tuple[float, float, float]:
+    def _validation_sums(self, reader, step: int) -> tuple[float, float, float]:
         """(summed token loss, correct, masked) over the first eval_batches of ``reader``,
         all ranks together (the masks are the same at every evaluation)."""
         loader = build_loader(
@@ -354,6 +354,8 @@ class Trainer:
                 loss_sum += float(out["mlm_loss"])
                 correct += float(out["num_correct"])
                 masked += float(out["num_masked"])
+                if self.faults:  # a planned crash or preemption mid-validation
+                    self.faults.signal_if_due("validation", step, self.rank)
         self.engine.train()
         return tuple(sum_across_ranks([loss_sum, correct, masked], self.device))
 

@@ -230,6 +230,7 @@ class CheckpointManager:
                 client_state={"trainer_state": full_state, "universal_checkpoint_info": {}},
             )
         written, error = [p for p in ds.written if path in p.parents], ds.error
+        self.faults.signal_if_due("save", step, self.rank)  # planned crash or preemption mid-save
         try:
             if error is None:
                 (path / "rng").mkdir(parents=True, exist_ok=True)

@@ -11,15 +11,31 @@ Kinds:
     loss_spike  the step's loss is multiplied by :data:`SPIKE_FACTOR` (gradients with it)
     loss_nan    the step's loss is NaN (gradients with it)
     save_enospc the checkpoint save after the step fails with ``OSError(ENOSPC)`` part-way
+    kill_in_PHASE   the rank SIGKILLs itself part-way through PHASE at the step (a crash)
+    term_in_PHASE   the rank sends SIGTERM to its job's whole process group part-way through
+                    PHASE, as a scheduler's preemption does (the job must run in its own
+                    session: ``setsid``, ``start_new_session=True``)
+
+PHASE is ``save`` (after DeepSpeed wrote its files, before the RNG and state files and the
+completion marker), ``validation`` (after the first validation batch) or ``startup`` (after the
+engine is built, before the first step; its step is the step the launch starts from).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 
 ENV_VAR = "BERTFORGE_FAULTS"
-KINDS = ("loss_spike", "loss_nan", "save_enospc")
+PHASES = ("save", "validation", "startup")  # where a planned signal can arrive
+SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
+KINDS = (
+    "loss_spike",
+    "loss_nan",
+    "save_enospc",
+    *(f"{name}_in_{phase}" for name in SIGNALS for phase in PHASES),
+)
 SPIKE_FACTOR = 1000.0
 
 
@@ -76,3 +92,19 @@ class FaultPlan:
                 self.pending.remove(f)
                 return True
         return False
+
+    def signal_if_due(self, phase: str, step: int, rank: int) -> None:
+        """Send the signal a ``kill_in_PHASE`` or ``term_in_PHASE`` fault plans for ``step``."""
+        for name, signum in SIGNALS.items():
+            if not self.due(f"{name}_in_{phase}", step, rank):
+                continue
+            if name == "kill":
+                os.kill(os.getpid(), signum)
+            # A scheduler signals every process of the job; refuse to signal a group that is
+            # not the job's own (it would reach the shell or the test runner that started it).
+            if os.getsid(0) != os.getpgrp():
+                raise RuntimeError(
+                    f"{ENV_VAR}: {name}_in_{phase} signals the job's process group, but this job "
+                    "shares its group with its parent; start it in its own session (setsid)"
+                )
+            os.killpg(os.getpgrp(), signum)
