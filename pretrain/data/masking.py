@@ -1,5 +1,9 @@
 """Dynamic BERT masking as a pure function of (seed, epoch, sample index, token position).
 
+With ``static_masking`` the epoch is left out of the key, so a sample keeps one mask for the whole
+run, as in original BERT's preprocessing (which wrote each mask into the data; its
+``dupe_factor`` copies are what dynamic masking replaces).
+
 Every random decision comes from a counter-based hash (splitmix64 finalizer on numpy uint64), keyed
 by the masking seed, the epoch, the sample's index in the dataset and the token position. The same
 sample therefore gets the same mask whatever the world size, the number of loader workers, the
@@ -49,6 +53,11 @@ class MaskingConfig:
     max_predictions: int | None = opt(None, "cap on selected tokens per sequence (None: no cap)")
     whole_word: bool = opt(False, "select whole words / protected terms (word-start bits) as units")
     seed: int = opt(1234, "masking seed: with (epoch, sample index) it fixes every mask")
+    static_masking: bool = opt(
+        False,
+        "the same mask for a sample in every epoch, as original BERT's preprocessing fixed "
+        "them (default: a new mask each epoch)",
+    )
 
     def __post_init__(self) -> None:
         for name in ("mask_prob", "mask_token_frac", "random_token_frac"):
@@ -68,6 +77,11 @@ class MaskingConfig:
             raise ValueError(
                 "MaskingConfig: a linear schedule (mask_prob_end set) needs "
                 "schedule_samples > 0 (the number of global samples it spans)"
+            )
+        if self.static_masking and self.mask_prob_end is not None:
+            raise ValueError(
+                "MaskingConfig: static_masking fixes each sample's mask, but a mask-rate "
+                "schedule (mask_prob_end) changes it as training goes on; use one of them"
             )
         if self.max_predictions is not None and self.max_predictions < 1:
             raise ValueError(
@@ -183,6 +197,8 @@ class Masker:
         arange_t = np.arange(T, dtype=pos_dtype)[None, :]
         unit_start = np.maximum.accumulate(np.where(starts, arange_t, pos_dtype(0)), axis=1)
 
+        # Static masking keys every epoch as the first: a sample keeps its mask for the run.
+        epochs = np.zeros_like(epochs) if cfg.static_masking else epochs
         h = token_hashes(cfg.seed, epochs, sample_index, T)
         key = np.take_along_axis(h, unit_start, axis=1)
         key[~maskable] = np.iinfo(np.uint64).max  # sorted last, never selected

@@ -133,6 +133,11 @@ def test_masks_identical_across_worker_counts_world_sizes_and_resume(english_sha
         np.testing.assert_array_equal(ids, ref[pos][0])
         np.testing.assert_array_equal(labels, ref[pos][1])
     # And the masks really are dynamic: the same sample in the next epoch is masked differently.
+    assert not np.array_equal(first_sample_next_epoch(reader, masking), ref[0][1])
+
+
+def first_sample_next_epoch(reader, masking: MaskingConfig) -> np.ndarray:
+    """The labels of stream position 0's sample where it comes again in epoch 1."""
     sampler = GlobalSampler(len(reader), 8, seed=DataConfig().seed)
     idx0 = int(sampler.plan(np.array([0])).indices[0])
     later = next(
@@ -146,7 +151,19 @@ def test_masks_identical_across_worker_counts_world_sizes_and_resume(english_sha
         ),
         1,
     )[0]
-    assert not np.array_equal(b["labels"][0, : len(ref[0][1])].numpy(), ref[0][1])
+    return b["labels"][0, : int(b["attention_mask"][0].sum())].numpy()
+
+
+def test_static_masking_flag_fixes_each_samples_mask_for_the_run(english_shards):
+    """--static_masking: the mask a sample gets in epoch 0 is the one it gets in epoch 1."""
+    cfg = parse_args(["--data", str(english_shards), "--static_masking", "true"])
+    assert cfg.masking.static_masking
+    reader = ShardReader(english_shards)
+    ref = rows_by_position(
+        build_loader(reader, DataConfig(num_workers=0), cfg.masking, micro_batch_size=8), 1
+    )
+    np.testing.assert_array_equal(first_sample_next_epoch(reader, cfg.masking), ref[0][1])
+    assert len({labels.tobytes() for _ids, labels, _t in ref.values()}) == len(ref)
 
 
 def test_collation_padding_segments_and_nsp_labels(english_nsp_shards):

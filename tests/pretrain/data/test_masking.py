@@ -215,6 +215,7 @@ def test_merge_stats_recomputes_fractions():
         {"mask_token_frac": 0.9, "random_token_frac": 0.2},
         {"mask_prob_end": 0.1},
         {"max_predictions": 0},
+        {"static_masking": True, "mask_prob_end": 0.1, "schedule_samples": 100},
     ],
 )
 def test_bad_config_is_rejected(kwargs):
@@ -228,3 +229,31 @@ def test_whole_word_needs_word_starts_and_specials_need_mask():
         run(MaskingConfig(whole_word=True), ids, lengths, None)
     with pytest.raises(ValueError, match="mask"):
         Masker(MaskingConfig(), VOCAB, {"cls": 101, "sep": 102, "pad": 0})
+
+
+def test_static_masking_keeps_a_samples_mask_across_epochs():
+    ids, lengths, ws = make_batch(32, ragged=True, seed=11)
+    index = np.arange(500, 532)
+    for whole_word in (False, True):
+        cfg = MaskingConfig(whole_word=whole_word, static_masking=True)
+        first = run(cfg, ids, lengths, ws, index=index, epoch=0)
+        for epoch in (1, 7):  # the same masked ids and labels in every later epoch
+            later = run(cfg, ids, lengths, ws, index=index, epoch=epoch)
+            np.testing.assert_array_equal(later[0], first[0])
+            np.testing.assert_array_equal(later[1], first[1])
+        # ... and it is epoch 0's dynamic mask, while samples still differ from each other.
+        dynamic = run(MaskingConfig(whole_word=whole_word), ids, lengths, ws, index=index)
+        np.testing.assert_array_equal(dynamic[1], first[1])
+        same_ids = np.repeat(ids[:1], 32, axis=0)
+        rows = (
+            run(
+                cfg,
+                same_ids,
+                np.repeat(lengths[:1], 32),
+                np.repeat(ws[:1], 32, axis=0),
+                index=index,
+                epoch=3,
+            )[1]
+            != IGNORE_INDEX
+        )
+        assert len({r.tobytes() for r in rows}) > 1  # one text, other sample indices: other masks
