@@ -21,6 +21,7 @@ command and the end of its log.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -153,6 +154,33 @@ def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
     return results
 
 
+def frequent_token_guess(shards: Path, masking: dict) -> dict:
+    """The accuracy on the validation split's masked tokens of always guessing the token that is
+    masked most often in the training split, under the run's masking: the score a model that
+    learned only token frequencies gets, to read the trained model's accuracy against."""
+    import numpy as np
+
+    from data_prep.reader import ShardReader
+    from pretrain.data.loader import DataConfig, build_loader
+    from pretrain.data.masking import IGNORE_INDEX, MaskingConfig
+
+    cfg = MaskingConfig(**masking)
+    loader_cfg = DataConfig(num_workers=0)
+
+    def labels(split: str) -> np.ndarray:
+        reader = ShardReader(shards, split=split)
+        batches = build_loader(reader, loader_cfg, cfg, micro_batch_size=256, train=False)
+        return np.concatenate([b["labels"][b["labels"] != IGNORE_INDEX].numpy() for b in batches])
+
+    train = labels("train")
+    top = int(np.bincount(train).argmax())
+    val = labels("validation")
+    from tokenizers import Tokenizer
+
+    token = Tokenizer.from_file(str(shards / "tokenizer" / "tokenizer.json")).id_to_token(top)
+    return {"token": token, "accuracy": float((val == top).mean()), "masked_tokens": len(val)}
+
+
 def prepare_output(out: Path) -> None:
     """Start clean in a folder this demo made before; refuse anyone else's non-empty folder."""
     if out.exists() and any(out.iterdir()):
@@ -277,6 +305,9 @@ def run_demo(args: argparse.Namespace) -> dict:
             {k: r.get(k) for k in ("step", "val_loss", "val_accuracy", "val_perplexity")}
             for r in val
         ],
+        "frequent_token_guess": frequent_token_guess(
+            paths["shards"], json.loads((paths["run"] / "config.json").read_text())["masking"]
+        ),
         "paths": {k: str(v) for k, v in paths.items()},
         "plots": sorted(str(p) for p in paths["plots"].glob("*.png")),
         "commands": {name: shlex.join(cmd) for name, cmd, _ in steps},
@@ -294,6 +325,12 @@ def print_summary(s: dict) -> None:
             f"  step {v['step']:>4}: loss {v['val_loss']:.3f}  accuracy {v['val_accuracy']:.3f}"
             f"  perplexity {v['val_perplexity']:.1f}"
         )
+    guess, last = s["frequent_token_guess"], s["validation"][-1]
+    print(
+        f"[demo] learned: the model predicts {last['val_accuracy']:.1%} of the masked tokens;"
+        f" always guessing the most frequent one ({guess['token']!r}) gets"
+        f" {guess['accuracy']:.1%}"
+    )
     print(
         "  (a 1M-parameter model on 460 KB of text: fill-mask gets some words right and"
         " guesses frequent tokens elsewhere; more --steps keep lowering the loss)"

@@ -1,13 +1,17 @@
-"""pretrain.demo's argument handling and plan (the demo itself runs in CI as `make demo`)."""
+"""pretrain.demo's argument handling, plan and frequent-token guesser (the demo itself runs in CI
+as `make demo`)."""
 
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 
 import pytest
 from helpers.commands import run_cli
+from tokenizers import Tokenizer
 
-from pretrain.demo import MARKER, DemoError, prepare_output, write_corpus
+from data_prep.reader import ShardReader
+from pretrain.demo import MARKER, DemoError, frequent_token_guess, prepare_output, write_corpus
 
 
 def test_plan_lists_every_step_with_its_command(tmp_path):
@@ -75,3 +79,24 @@ def test_corpus_is_the_pydoc_topics(tmp_path):
     assert docs == sum(1 for t in topics.values() if t.strip()) and size > 300_000
     assert "\n\n\n" not in text and text.count("\n\n") == docs  # one blank line per document
     assert 'The "assert" statement' in text
+
+
+def test_frequent_token_guess_is_the_top_tokens_share_of_validation(english_shards):
+    """With every maskable token masked, the guesser's accuracy is the validation share of the
+    training split's most frequent non-special token, counted here straight from the shards."""
+    reader = ShardReader(english_shards)
+    special = set(reader.special_tokens.values())
+    counts = Counter(t for sample in reader for t in sample.input_ids.tolist() if t not in special)
+    top = counts.most_common(1)[0][0]
+    val = [
+        t
+        for sample in ShardReader(english_shards, split="validation")
+        for t in sample.input_ids.tolist()
+        if t not in special
+    ]
+    masking = {"mask_prob": 1.0, "mask_token_frac": 0.8, "random_token_frac": 0.1}
+    guess = frequent_token_guess(english_shards, masking)
+    tokenizer = Tokenizer.from_file(str(english_shards / "tokenizer" / "tokenizer.json"))
+    assert guess["token"] == tokenizer.id_to_token(top)
+    assert guess["masked_tokens"] == len(val)
+    assert guess["accuracy"] == pytest.approx(val.count(top) / len(val))
