@@ -122,8 +122,34 @@ def train_command(
     )
 
 
-def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
-    """Top-3 predictions of the exported model for SENTENCES (transformers' fill-mask pipeline)."""
+def read_sentences(path: Path) -> list[str]:
+    """Fill-mask sentences from a file: one per line, each with one ``[MASK]`` (the model's own
+    mask token replaces it); blank lines and lines starting with ``#`` are skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DemoError(f"--sentences {path}: cannot read it ({e})") from None
+    sentences = []
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.count("[MASK]") != 1:
+            raise DemoError(
+                f"--sentences {path}, line {number}: write exactly one [MASK] in each sentence "
+                f"(found {line.count('[MASK]')}): {line!r}"
+            )
+        sentences.append(line.replace("[MASK]", "{mask}"))
+    if not sentences:
+        raise DemoError(f"--sentences {path}: no sentence in it (one per line, with [MASK])")
+    return sentences
+
+
+def fill_mask(
+    hf_dir: Path, out: Path | None = None, sentences: tuple[str, ...] = SENTENCES, top_k: int = 3
+) -> list[dict]:
+    """Top-k predictions of the exported model for ``sentences`` ({mask} where the mask goes;
+    transformers' fill-mask pipeline)."""
     if not (Path(hf_dir) / "config.json").is_file():
         what = "no such folder" if not Path(hf_dir).exists() else "no config.json in it"
         raise DemoError(
@@ -135,9 +161,9 @@ def fill_mask(hf_dir: Path, out: Path | None = None) -> list[dict]:
 
     fill = pipeline("fill-mask", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
     results = []
-    for s in SENTENCES:
-        text = s.format(mask=fill.tokenizer.mask_token)
-        preds = fill(text, top_k=3)
+    for s in sentences:
+        text = s.replace("{mask}", fill.tokenizer.mask_token)
+        preds = fill(text, top_k=top_k)
         results.append(
             {
                 "sentence": text,
@@ -380,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HF_DIR",
         help="only run the fill-mask step on an exported folder",
     )
+    p.add_argument(
+        "--sentences",
+        type=Path,
+        metavar="FILE",
+        help="with --fill_mask: your sentences, one per line with one [MASK] (default: the demo's)",
+    )
+    p.add_argument("--top_k", type=int, default=3, help="with --fill_mask: predictions shown")
     p.add_argument("--fill_mask_out", type=Path, help=argparse.SUPPRESS)
     return p
 
@@ -404,8 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.fill_mask:
-            fill_mask(args.fill_mask, args.fill_mask_out)
+            sentences = read_sentences(args.sentences) if args.sentences else SENTENCES
+            fill_mask(args.fill_mask, args.fill_mask_out, tuple(sentences), args.top_k)
             return 0
+        if args.sentences:
+            p.error("--sentences goes with --fill_mask HF_DIR")
         check_args(p, args)
         summary = run_demo(args)
     except UserError as e:

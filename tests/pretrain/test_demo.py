@@ -3,11 +3,13 @@ as `make demo`)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections import Counter
 
 import pytest
 from helpers.commands import run_cli
+from helpers.tiny_bert import build_tiny_bert
 from tokenizers import Tokenizer
 
 from data_prep.reader import ShardReader
@@ -100,3 +102,31 @@ def test_frequent_token_guess_is_the_top_tokens_share_of_validation(english_shar
     assert guess["token"] == tokenizer.id_to_token(top)
     assert guess["masked_tokens"] == len(val)
     assert guess["accuracy"] == pytest.approx(val.count(top) / len(val))
+
+
+def test_fill_mask_on_your_own_sentences(tmp_path):
+    """--fill_mask HF_DIR --sentences FILE: one result per sentence, top_k predictions each, the
+    model's own mask token put in; a sentence without exactly one [MASK] is refused by line."""
+    model = build_tiny_bert(tmp_path / "bert")
+    sentences = tmp_path / "domain.txt"
+    sentences.write_text(
+        "# domain sentences\nThe [MASK] header names the character set.\n\n"
+        "A dict {key: value} maps a [MASK] to a value.\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "fill.json"
+    run_cli(
+        "-m", "pretrain.demo", "--fill_mask", str(model), "--sentences", str(sentences),
+        "--top_k", "5", "--fill_mask_out", str(out),
+    )  # fmt: skip
+    results = json.loads(out.read_text())
+    assert [r["sentence"] for r in results] == [
+        "The [MASK] header names the character set.",
+        "A dict {key: value} maps a [MASK] to a value.",
+    ]
+    assert all(len(r["predictions"]) == 5 for r in results)
+    sentences.write_text("The [MASK] header.\nNo mask here.\n", encoding="utf-8")
+    bad = run_cli("-m", "pretrain.demo", "--fill_mask", str(model), "--sentences", str(sentences),
+                  check=False)  # fmt: skip
+    assert bad.returncode == 2
+    assert f"--sentences {sentences}, line 2: write exactly one [MASK]" in bad.stderr
