@@ -27,21 +27,14 @@ python pretrain/main.py --data runs/domain/shards --init_from $BASE --output_dir
     --global_batch_size 32 --micro_batch_size 32 --eval_interval 100 --progress false
 # 6. export (the extended tokenizer goes with the model), then fill-mask before and after
 python -m pretrain.export runs/domain/run --output runs/domain/hf_model
-for model in $BASE runs/domain/hf_model; do             # the demo's general sentences, both models
+cat > runs/domain/sentences.txt <<'TXT'
+The [MASK] parameter names the character set of the message body.
+A [MASK] message holds several parts separated by a boundary string.
+Return the [MASK] of the message: a string, or a list of Message objects.
+The server sends a [MASK] that the client returns with each later request.
+Open the [MASK], which can be a string or a Request object.
+TXT
+for model in $BASE runs/domain/hf_model; do       # the demo's general sentences, then the domain's
     echo "$model"; python -m pretrain.demo --fill_mask $model
+    echo "$model"; python -m pretrain.demo --fill_mask $model --sentences runs/domain/sentences.txt
 done
-python - <<'PY'                                           # domain sentences, both models
-from transformers import pipeline
-sentences = [
-    "The [MASK] parameter names the character set of the message body.",
-    "A [MASK] message holds several parts separated by a boundary string.",
-    "Return the [MASK] of the message: a string, or a list of Message objects.",
-    "The server sends a [MASK] that the client returns with each later request.",
-    "Open the [MASK], which can be a string or a Request object.",
-]
-for name in ("runs/demo/hf_model", "runs/domain/hf_model"):
-    fill = pipeline("fill-mask", model=name, device="cpu")
-    print(name)
-    for s in sentences:
-        print(f"  {s}\n      -> {', '.join(p['token_str'] for p in fill(s, top_k=5))}")
-PY
