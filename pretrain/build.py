@@ -27,6 +27,7 @@ import torch.distributed as dist
 from bertforge.files import publish_dir, write_json_atomic
 from bertforge.logs import get_logger, process_rank
 from data_prep.lock import FolderLock
+from pretrain.components import watchdog
 from pretrain.components.budget import TimeBudget, TimeClockLR
 from pretrain.components.checkpoint import CheckpointManager
 from pretrain.components.distributed import init_distributed, sum_across_ranks
@@ -344,7 +345,7 @@ class Training:
 
 def join_ranks(cfg: TrainConfig, run: Resolved) -> StepSetup:
     """The rendezvous, and this rank's device; the engine is filled in by :func:`build_training`."""
-    info = init_distributed(cfg.run.dist_timeout_s)
+    info = init_distributed(cfg.run.dist_timeout_s, cfg.run.heartbeat_timeout_s)
     device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
     return StepSetup(None, run.setup.batch, device, rank=info.rank, world=info.world_size)
 
@@ -395,8 +396,10 @@ def build_training(cfg: TrainConfig, run: Resolved, launched: float) -> Training
 
 
 def shutdown() -> None:
-    """Leave the process group together (otherwise ranks linger in teardown for seconds)."""
+    """Leave the process group together (otherwise ranks linger in teardown for seconds). The
+    watchdog stops after the last barrier: every rank got that far, none can hang any more."""
     if dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
+        watchdog.stop(done=True)
         dist.destroy_process_group()
