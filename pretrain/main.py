@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error(str(e))
         watchdog.stop(done=False)  # no done mark: a peer still waiting for this rank exits 3
         return USER_ERROR_EXIT
+    except Exception as e:
+        watchdog.await_verdict(e)  # a collective saw a peer die first: the watchdog names it
+        raise
 
 
 if __name__ == "__main__":

@@ -182,13 +182,47 @@ class Watchdog:
             pass
 
 
+#: How a collective reports a peer that died (gloo, NCCL, the store): the watchdog then has the
+#: last word (:func:`await_verdict`).
+PEER_LOSS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "remote process exited",
+    "failed to recv",
+)
+
+
+def looks_like_peer_loss(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) says a peer's connection went away."""
+    seen = 0
+    while error is not None and seen < 10:
+        text = str(error).lower()
+        if type(error).__name__ == "DistNetworkError" or any(p in text for p in PEER_LOSS):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def await_verdict(error: BaseException) -> None:
+    """The main thread ended with ``error``. When it says a peer is gone (gloo on one host sees a
+    killed rank's sockets close at once), wait, at most the heartbeat timeout, for the watchdog
+    to name that rank and exit 3, instead of a traceback that names no rank. Returns otherwise
+    (another error, no watchdog, or no verdict in time: the caller re-raises)."""
+    dog = _running
+    if dog is None or dog._thread is None or not looks_like_peer_loss(error):
+        return
+    dog._thread.join(timeout=dog.timeout_s + 3 * dog.interval_s)
+
+
 def exit_now(message: str) -> None:
     """Log ``message`` as the one error of this rank and end the process with status 3 now,
     from any thread (the main thread may be blocked in a collective)."""
     log.error(
-        f"{message}. Exiting with status {EXIT_RANK_GONE} instead of waiting --dist_timeout_s in "
-        "a collective; the newest complete checkpoint is intact: restart the job with "
-        "--resume auto."
+        f"{message}. Exiting with status {EXIT_RANK_GONE}: the job cannot go on without it (no "
+        "waiting --dist_timeout_s in a collective); the newest complete checkpoint is intact: "
+        "restart the job with --resume auto."
     )
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -23,7 +23,7 @@ TIMEOUT, INTERVAL = 1.0, 0.1
 
 def _server(port: int):
     return dist.TCPStore(
-        "127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False
+        "127.0.0.1", port, None, True, timedelta(seconds=5), wait_for_workers=False
     )
 
 
