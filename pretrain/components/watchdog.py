@@ -136,7 +136,7 @@ class Watchdog:
             message = (
                 f"rank {self._watched} on {self._host(self._watched)} stopped beating: no "
                 f"heartbeat for {silent:.0f} s (--heartbeat_timeout_s {self.timeout_s:g}); it "
-                f"was killed or its node failed (noticed by rank {self.rank})"
+                f"was killed or is frozen, or its node failed (noticed by rank {self.rank})"
             )
             store.compare_set(self._key("abort"), "", message)  # the first report wins
             return message
