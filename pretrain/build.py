@@ -76,7 +76,9 @@ def take_run_lock(cfg: TrainConfig) -> FolderLock | None:
     if process_rank() != 0:
         return None
     run = Path(cfg.run.output_dir).resolve()
-    return FolderLock(run / ".lock", f"run folder {run}").acquire()
+    lock = FolderLock(run / ".lock", f"run folder {run}").acquire()
+    watchdog.at_exit(lock.release)  # its exit 3 skips main's finally: leave no lock behind
+    return lock
 
 
 def open_shards(cfg: TrainConfig):

@@ -224,6 +224,11 @@ def exit_now(message: str) -> None:
         "waiting --dist_timeout_s in a collective); the newest complete checkpoint is intact: "
         "restart the job with --resume auto."
     )
+    for cleanup in _cleanups:  # e.g. rank 0's run-folder lock: a requeued job on another node
+        try:  # would be refused by a lock left behind
+            cleanup()
+        except Exception:  # noqa: BLE001  exit anyway
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -233,16 +238,23 @@ def exit_now(message: str) -> None:
 
 
 _running: Watchdog | None = None
-_exit_hook: list = []  # non-empty once the atexit hook is registered
+_cleanups: list[Callable[[], None]] = []  # run by exit_now before os._exit
+_atexit_registered = False
+
+
+def at_exit(cleanup: Callable[[], None]) -> None:
+    """Have :func:`exit_now` call ``cleanup()`` (quick, idempotent) before it ends the process:
+    ``os._exit`` runs no ``finally`` blocks of the main thread."""
+    _cleanups.append(cleanup)
 
 
 def start(*args, **kwargs) -> Watchdog:
     """Start this process's watchdog (arguments of :class:`Watchdog`); :func:`stop` ends it."""
-    global _running
+    global _running, _atexit_registered
     stop(done=False)
-    if _running is None and not _exit_hook:
-        atexit.register(stop, done=False)  # a traceback's exit: stop quietly, without the mark
-        _exit_hook.append(stop)
+    if not _atexit_registered:  # a traceback's exit: stop quietly, without the done mark
+        atexit.register(stop, done=False)
+        _atexit_registered = True
     _running = Watchdog(*args, **kwargs).start()
     return _running
 

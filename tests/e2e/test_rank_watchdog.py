@@ -117,6 +117,7 @@ def assert_survivor_exits_3(ends, dead: int, expect: str, died_at: float | None 
 def test_a_rank_killed_in_a_save_ends_the_job_and_resume_takes_the_previous(english_shards, jobs):
     run, ends = jobs["save"]
     assert_survivor_exits_3(ends, 1, f"rank 1 on {socket.gethostname()} stopped beating")
+    assert not (run / ".lock").exists()  # released by the watchdog's exit
     ckpts = run / "checkpoints"
     assert [step for step, _ in list_complete(ckpts)] == [2]
     assert (ckpts / tag_for(4)).is_dir() and not (ckpts / tag_for(4) / "COMPLETE").exists()
@@ -146,3 +147,4 @@ def test_a_frozen_rank_ends_the_job_though_no_collective_fails(jobs):
     assert jobs["stopped_at"], "rank 1 was never stopped"
     expect = f"rank 1 on {socket.gethostname()} stopped beating"
     assert_survivor_exits_3(ends, 1, expect, died_at=jobs["stopped_at"][0])
+    assert not (jobs["stopped"][0] / ".lock").exists()  # exit 3 from the thread released it

@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from pretrain.components.distributed import free_port
-from pretrain.components.watchdog import Watchdog
+from pretrain.components.watchdog import Watchdog, looks_like_peer_loss
 
 TIMEOUT, INTERVAL = 1.0, 0.1
 
@@ -120,3 +120,17 @@ def test_the_store_host_waits_for_every_end_mark_and_a_vanished_store_is_reporte
     message = other.lost[1][0][1]
     assert "lost the rendezvous store at 127.0.0.1" in message, message
     assert f"rank 0 on {socket.gethostname()}" in message, message
+
+
+def test_only_errors_that_say_a_peer_went_away_wait_for_the_verdict():
+    gloo = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:43404: Connection reset by peer"
+    assert looks_like_peer_loss(RuntimeError(gloo))
+    try:
+        try:
+            raise RuntimeError("Connection closed by peer [127.0.0.1]:5000")
+        except RuntimeError as e:
+            raise ValueError("the save failed") from e
+    except ValueError as chained:
+        assert looks_like_peer_loss(chained)
+    assert not looks_like_peer_loss(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not looks_like_peer_loss(KeyError("step"))
