@@ -17,7 +17,14 @@ DeepSpeed's shared-memory set-up), with its own client connection to the rendezv
 A rank that ends normally (:func:`stop`, after the final barrier) marks its counter done, and
 the rank hosting the store waits until every rank has marked it (at most ``timeout_s``), so a
 finished run never exits 3 because a peer finished first. An error exit stops the thread without
-a mark: a peer still waiting for the rank then exits 3 after the timeout.
+a mark: a peer still waiting for the rank then exits 3 after the timeout. A collective that
+fails first because a dead peer's sockets closed (gloo sees that at once on one host) waits for
+the watchdog's verdict (:func:`await_verdict`), so that exit is 3 with the rank named too.
+
+Limits: the beats come from a Python thread, so a C call that holds the GIL for longer than the
+timeout would look like a dead rank (none of the trainer's does: collectives, file writes and
+compiles release it); a rank that dies during the rendezvous itself is the rendezvous's to
+report (``--dist_timeout_s``).
 """
 
 from __future__ import annotations
