@@ -22,9 +22,9 @@ fails first because a dead peer's sockets closed (gloo sees that at once on one 
 the watchdog's verdict (:func:`await_verdict`), so that exit is 3 with the rank named too.
 
 Limits: the beats come from a Python thread, so a C call that holds the GIL for longer than the
-timeout would look like a dead rank (none of the trainer's does: collectives, file writes and
-compiles release it); a rank that dies during the rendezvous itself is the rendezvous's to
-report (``--dist_timeout_s``).
+timeout would look like a dead rank (collectives, file writes and subprocess waits release it;
+not measured for torch.save of a very large state: keep the timeout well above it); a rank
+that dies during the rendezvous itself is the rendezvous's to report (``--dist_timeout_s``).
 """
 
 from __future__ import annotations
