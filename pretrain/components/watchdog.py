@@ -23,8 +23,8 @@ the watchdog's verdict (:func:`await_verdict`), so that exit is 3 with the rank 
 
 Limits: the beats come from a Python thread, so a C call that holds the GIL for longer than the
 timeout would look like a dead rank (collectives, file writes and subprocess waits release it;
-not measured for torch.save of a very large state: keep the timeout well above it); a rank
-that dies during the rendezvous itself is the rendezvous's to report (``--dist_timeout_s``).
+while torch.save wrote 200 MB, a 10 ms beat thread's longest gap was 36 ms); a rank that dies
+during the rendezvous itself is the rendezvous's to report (``--dist_timeout_s``).
 """
 
 from __future__ import annotations
