@@ -27,6 +27,7 @@ import torch.distributed as dist
 from bertforge.files import publish_dir, write_json_atomic
 from bertforge.logs import get_logger, process_rank
 from data_prep.lock import FolderLock
+from pretrain.components import watchdog
 from pretrain.components.budget import TimeBudget, TimeClockLR
 from pretrain.components.checkpoint import CheckpointManager
 from pretrain.components.distributed import init_distributed, sum_across_ranks
@@ -75,7 +76,9 @@ def take_run_lock(cfg: TrainConfig) -> FolderLock | None:
     if process_rank() != 0:
         return None
     run = Path(cfg.run.output_dir).resolve()
-    return FolderLock(run / ".lock", f"run folder {run}").acquire()
+    lock = FolderLock(run / ".lock", f"run folder {run}").acquire()
+    watchdog.at_exit(lock.release)  # its exit 3 skips main's finally: leave no lock behind
+    return lock
 
 
 def open_shards(cfg: TrainConfig):
@@ -344,7 +347,7 @@ class Training:
 
 def join_ranks(cfg: TrainConfig, run: Resolved) -> StepSetup:
     """The rendezvous, and this rank's device; the engine is filled in by :func:`build_training`."""
-    info = init_distributed(cfg.run.dist_timeout_s)
+    info = init_distributed(cfg.run.dist_timeout_s, cfg.run.heartbeat_timeout_s)
     device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
     return StepSetup(None, run.setup.batch, device, rank=info.rank, world=info.world_size)
 
@@ -395,8 +398,10 @@ def build_training(cfg: TrainConfig, run: Resolved, launched: float) -> Training
 
 
 def shutdown() -> None:
-    """Leave the process group together (otherwise ranks linger in teardown for seconds)."""
+    """Leave the process group together (otherwise ranks linger in teardown for seconds). The
+    watchdog stops after the last barrier: every rank got that far, none can hang any more."""
     if dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
+        watchdog.stop(done=True)
         dist.destroy_process_group()

@@ -20,6 +20,7 @@ import sys
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from pretrain import build, dry_run
+from pretrain.components import watchdog
 from pretrain.config.train_config import TrainConfig, parse_args
 
 log = get_logger("pretrain.main")
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except UserError as e:  # a bad flag, file or checkpoint: the message says what to fix
         log.error(str(e))
+        watchdog.stop(done=False)  # no done mark: a peer still waiting for this rank exits 3
         return USER_ERROR_EXIT
+    except Exception as e:
+        watchdog.await_verdict(e)  # a collective saw a peer die first: the watchdog names it
+        raise
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@
    means one port per job: no second port that could collide with a neighbouring job.
 4. On the CPU accelerator, DeepSpeed's shared-memory all-reduce segments are unlinked as soon as
    every rank has mapped them (`pretrain.components.shm_buffers`), so no exit leaves them behind.
+5. Right after the rendezvous (before the process group, so also before DeepSpeed's CPU
+   `shm_initialize`, which waits forever for a peer that died), each rank starts its heartbeat
+   watchdog (`pretrain.components.watchdog`): a rank that stops beating makes the others exit
+   with `EXIT_RENDEZVOUS` instead of waiting `timeout_s` in a collective.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from bertforge.logs import get_logger
-from pretrain.components import shm_buffers
+from pretrain.components import shm_buffers, watchdog
 
 log = get_logger(__name__)
 
@@ -217,10 +221,12 @@ def _ranges(ranks: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
-def init_distributed(timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(timeout_s: float = 600.0, heartbeat_timeout_s: float = 0.0) -> DistInfo:
     """Start the process group for this rank, or exit with `EXIT_RENDEZVOUS` and a clear message.
 
     `timeout_s` bounds the wait for the other ranks and is the process group's collective timeout.
+    `heartbeat_timeout_s` > 0 starts the watchdog (`watchdog.stop()` ends it): a rank silent that
+    long makes every other rank exit with `EXIT_RENDEZVOUS`, at any point of the run.
     Works under the DeepSpeed launcher, torchrun, srun (with the variables exported) and plain
     `python` (a world of one on a free local port).
     """
@@ -247,6 +253,18 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     except RendezvousError as e:
         log.error(str(e))
         raise SystemExit(EXIT_RENDEZVOUS) from None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if heartbeat_timeout_s > 0 and info.world_size > 1:
+        watchdog.start(
+            info.master_addr,
+            info.master_port,
+            info.rank,
+            info.world_size,
+            heartbeat_timeout_s,
+            namespace=f"bertforge_watchdog/{attempt}/",  # a torchrun restart reuses the store
+            hosts_store=info.rank == 0 and not _agent_store(),
+            keep=store,  # rank 0's store serves the beats until the watchdog stops
+        )
     kwargs = {}
     if accel.device_name() == "cuda":
         accel.set_device(info.local_rank)
@@ -255,7 +273,6 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
             kwargs["device_id"] = torch.device("cuda", info.local_rank)
     store.set_timeout(timeout)
     # Own namespace per attempt: a torchrun restart reuses the agent's store.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"bertforge_pg/{attempt}/", store)
     dist.init_process_group(
         backend,

@@ -180,6 +180,10 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         )
     if cfg.run.max_time_hours < 0:
         parser.error(f"--max_time_hours must be >= 0, got {cfg.run.max_time_hours}")
+    if cfg.run.heartbeat_timeout_s < 0:
+        parser.error(
+            f"--heartbeat_timeout_s must be >= 0 (0 = off), got {cfg.run.heartbeat_timeout_s}"
+        )
     if cfg.optim.schedule_clock not in ("steps", "time"):
         parser.error(f"--schedule_clock must be steps or time, got {cfg.optim.schedule_clock!r}")
     if cfg.optim.schedule_clock == "time" and cfg.run.max_time_hours <= 0:

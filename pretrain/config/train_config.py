@@ -68,6 +68,12 @@ class RunConfig:
     dist_timeout_s: float = opt(
         600.0, "how long ranks wait for each other at start-up and in collectives"
     )
+    heartbeat_timeout_s: float = opt(
+        60.0,
+        "a rank that has not sent a heartbeat for this many seconds counts as gone: every other "
+        "rank names it and exits with status 3 instead of waiting --dist_timeout_s in a "
+        "collective (pretrain.components.watchdog); 0 = off",
+    )
     dry_run: bool = opt(
         False,
         "print the resolved plan (memory, batch sizes) and exit without training",
