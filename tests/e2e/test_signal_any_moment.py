@@ -2,7 +2,8 @@
 
 SIGTERM reaches every process of a 2-rank ZeRO-2 job (two DataLoader workers per rank), sent by
 rank 0 itself part-way through the phase (``term_in_PHASE@STEP@0``, pretrain/components/faults.py)
-as a scheduler sends it, with the job in a session of its own. The run validates and saves every
+as a scheduler sends it, with the job in a session of its own (SIGUSR1 too during the save, with
+--preemption_signals TERM,INT,USR1). The run validates and saves every
 2 steps; one run folder takes four launches: SIGTERM during the validation pass at step 2, during
 the start-up of its resume, during the interval save at step 4, then a resume to step 6. After
 each signal every rank exits 0 and the run stopped where it should (the signal save at step 2;
@@ -69,6 +70,9 @@ def all_exit_0(results: list[tuple[int, str]]) -> None:
 # The launches of one run, in order: (moment of the signal or None, step it stops at). Each
 # resumes from the checkpoint the one before left; the last one trains to STEPS.
 CHAIN = [("validation", 2), ("startup", 2), ("save", 4), (None, STEPS)]
+# SLURM's --signal=USR1@120 warning arrives with the SIGTERM during the save, when the training
+# loader's workers are up: the ranks stop on it, the workers ignore it (USR1's default kills).
+USR1 = ("--preemption_signals", "TERM,INT,USR1")
 
 
 def left_by(run: Path, results: list[tuple[int, str]]) -> dict:
@@ -95,7 +99,10 @@ def chain(english_shards, tmp_path_factory) -> dict:
     for i, (moment, stop) in enumerate(CHAIN):
         resume = ("--resume", "auto") if i else ()
         faults = f"term_in_{moment}@{stop}@0" if moment else ""  # rank 0 signals the whole job
-        results = job(train_cmd(english_shards, run, *resume), tmp / f"logs_{i}", faults)
+        if moment == "save":
+            faults += f",usr1_in_save@{stop}@0"
+        cmd = train_cmd(english_shards, run, *resume, *USR1)
+        results = job(cmd, tmp / f"logs_{i}", faults)
         out[moment or "end"] = {**left_by(run, results), "stop": stop}
         if i:  # the launch after a stop: where it resumed from
             out[CHAIN[i - 1][0]]["resumed"] = results[0][1]
