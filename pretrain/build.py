@@ -35,6 +35,7 @@ from pretrain.components.downstream_jobs import DownstreamJobs
 from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
+from pretrain.components.preemption import PreemptionHandler
 from pretrain.components.resume import ResumePoint, find_resume
 from pretrain.components.schedule_override import check_resume_clock
 from pretrain.config.ds_config import ConfigError, DeepSpeedSetup, resolve_deepspeed_config
@@ -352,9 +353,13 @@ def join_ranks(cfg: TrainConfig, run: Resolved) -> StepSetup:
     return StepSetup(None, run.setup.batch, device, rank=info.rank, world=info.world_size)
 
 
-def build_training(cfg: TrainConfig, run: Resolved, launched: float) -> Training:
+def build_training(
+    cfg: TrainConfig, run: Resolved, launched: float, preempt: PreemptionHandler | None = None
+) -> Training:
     """Join the ranks, build model, engine, resume position, loader and outputs into a Trainer.
-    ``launched``: :func:`launch_clock` of this launch (a time budget counts start-up too)."""
+    ``launched``: :func:`launch_clock` of this launch (a time budget counts start-up too);
+    ``preempt``: main's stop-signal flag, installed before the rendezvous (the trainer acts on a
+    signal that arrived during this start-up before its first step)."""
     place = join_ranks(cfg, run)
     if run.setup.precision_note:
         log.warning(run.setup.precision_note)
@@ -393,6 +398,7 @@ def build_training(cfg: TrainConfig, run: Resolved, launched: float) -> Training
         clock,
         downstream=DownstreamJobs.for_run(cfg, place.rank, metrics),
         guard=GuardedStep.for_run(cfg.guard, place, outputs, clock, guard_state),
+        preempt=preempt,
     )
     return Training(trainer, start_step, consumed)
 

@@ -16,25 +16,29 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from pretrain import build, dry_run
-from pretrain.components import watchdog
+from pretrain.components import preemption, watchdog
+from pretrain.components.preemption import EXIT_INTERRUPTED, PreemptionHandler
+from pretrain.components.resume import find_latest
 from pretrain.config.train_config import TrainConfig, parse_args
 
 log = get_logger("pretrain.main")
 
 
-def train(cfg: TrainConfig) -> int:
+def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
     """Resolve, build, run the loop; returns the exit status. Refused at once (LockError) while
     another job holds --output_dir. (DeepSpeed is imported only here, inside pretrain.build's
-    functions: --help and --dry-run need no engine.)"""
+    functions: --help and --dry-run need no engine.) ``preempt``: the stop-signal flag main
+    installed, carried into the trainer."""
     launched = build.launch_clock()  # a time budget counts start-up too
     lock = build.take_run_lock(cfg)
     try:
         run = build.resolve_run(cfg)  # every user error fails here, before any rendezvous
-        training = build.build_training(cfg, run, launched)
+        training = build.build_training(cfg, run, launched, preempt)
         try:
             return training.trainer.run(training.start_step, training.consumed)
         finally:
@@ -44,26 +48,53 @@ def train(cfg: TrainConfig) -> int:
             lock.release()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python pretrain/main.py`` and the launchers."""
+def interrupted_message(cfg: TrainConfig) -> str:
+    """The one line of a second Ctrl-C: stopped at once, and what a resume will take."""
+    latest = find_latest(Path(cfg.run.output_dir) / "checkpoints", quiet=True)
+    kept = (
+        f"the newest complete checkpoint is {latest}"
+        if latest is not None
+        else "there is no complete checkpoint yet"
+    )
+    return f"interrupted twice: stopped at once without saving; {kept} (resume with --resume auto)"
+
+
+def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
+    """Entry point for ``python pretrain/main.py`` and the launchers. ``keep_handler``: leave
+    the stop-signal handler installed on return (the script: it exits right after, so a signal
+    in between still does nothing); a caller in the same process gets its handlers back."""
     cfg = parse_args(argv)
-    try:
-        if cfg.run.dry_run:
+    if cfg.run.dry_run:
+        try:
             return dry_run.main(cfg)
-        status = train(cfg)
+        except UserError as e:
+            log.error(str(e))
+            return USER_ERROR_EXIT
+    # The stop signals set a flag from here on, through the rendezvous, the engine build and the
+    # checkpoint load, to the process's exit: none ends the run by its default action
+    # (pretrain.components.preemption says what each moment does with it).
+    preempt = preemption.install(cfg.checkpoint.preemption_signals)
+    try:
+        status = train(cfg, preempt)
         build.shutdown()
         return status
     except UserError as e:  # a bad flag, file or checkpoint: the message says what to fix
         log.error(str(e))
         watchdog.stop(done=False)  # no done mark: a peer still waiting for this rank exits 3
         return USER_ERROR_EXIT
+    except KeyboardInterrupt:  # a second Ctrl-C: one line, not a traceback
+        log.error(interrupted_message(cfg))
+        return EXIT_INTERRUPTED
     except Exception as e:
         watchdog.await_verdict(e)  # a collective saw a peer die first: the watchdog names it
         raise
+    finally:
+        if not keep_handler:
+            preemption.uninstall()
 
 
 if __name__ == "__main__":
-    code = main()
+    code = main(keep_handler=True)
     # Everything is written and closed by now. Skip the interpreter's native teardown: with a
     # multi-rank gloo group it takes ~7 s per run on CPU (measured, no Python frame running).
     sys.stdout.flush()

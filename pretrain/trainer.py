@@ -22,11 +22,7 @@ import torch.distributed as dist
 
 from kernels import IGNORE_INDEX
 from pretrain.components.budget import TimeBudget, TimeClockLR
-from pretrain.components.checkpoint import (
-    CheckpointManager,
-    CheckpointSaveError,
-    PreemptionHandler,
-)
+from pretrain.components.checkpoint import CheckpointManager, CheckpointSaveError
 from pretrain.components.distributed import sum_across_ranks
 from pretrain.components.downstream_jobs import DownstreamJobs
 from pretrain.components.faults import SPIKE_FACTOR
@@ -34,6 +30,7 @@ from pretrain.components.guard import EXIT_GAVE_UP, Verdict
 from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, StepTimer
 from pretrain.components.optim import current_lr
+from pretrain.components.preemption import PreemptionHandler
 from pretrain.config.batching import BatchPlan
 from pretrain.config.train_config import TrainConfig
 from pretrain.data.loader import build_loader
@@ -165,8 +162,12 @@ class Trainer:
         *,
         downstream: DownstreamJobs | None = None,
         guard: GuardedStep | None = None,
+        preempt: PreemptionHandler | None = None,
     ):
         self.cfg, self.place, self.data, self.outputs = cfg, place, data, outputs
+        # main's handler, installed before the rendezvous (pretrain.components.preemption); None:
+        # run() installs one of its own for the loop (a trainer built by a test or a benchmark).
+        self.preempt = preempt
         self.clock = clock or RunClock(TimeBudget(cfg.run.max_time_hours))
         self.downstream, self.guard = downstream, guard
         # Shorthands the step and the loop use on every line.
@@ -182,8 +183,19 @@ class Trainer:
     def run(self, step: int, consumed: int) -> int:
         """Train from ``step`` to ``max_steps``; returns the exit status."""
         max_steps, eval_interval = self.cfg.run.max_steps, self.cfg.log.eval_interval
-        preempt, timer, batches = PreemptionHandler(), StepTimer(), _iterate(self.data.loader)
+        own = self.preempt is None
+        preempt = PreemptionHandler(self.cfg.checkpoint.preemption_signals) if own else self.preempt
         try:
+            if self.faults:  # a planned crash or preemption at the end of start-up
+                self.faults.signal_if_due("startup", step, self.rank)
+            if self.ckpts.signalled(preempt):  # a signal during start-up (any rank)
+                self.metrics.info(
+                    f"stopped by a signal during start-up, before step {step + 1}: nothing to "
+                    "save (the run starts from a complete checkpoint or from step 0); continue "
+                    "with --resume auto"
+                )
+                return 0
+            timer, batches = StepTimer(), _iterate(self.data.loader)
             while step < max_steps:
                 timer.restart()
                 try:
@@ -217,6 +229,12 @@ class Trainer:
                     break
                 if reason and not self.save(step, consumed, reason):
                     return EXIT_SAVE_FAILED
+                if reason in PERIODIC_SAVES and self.ckpts.signalled(preempt):
+                    # A signal during that save: stop now, without another step. Had the save
+                    # failed (a periodic one only warns), take the signal save in its place.
+                    reason = "signal"
+                    if self.ckpts.last_saved_step != step and not self.save(step, consumed, reason):
+                        return EXIT_SAVE_FAILED
                 if reason == "signal":
                     self.metrics.info(
                         f"stopped by a signal after step {step}; continue with --resume auto"
@@ -227,10 +245,12 @@ class Trainer:
             if self.cfg.checkpoint.save_final and self.ckpts.last_saved_step != step:
                 if not self.save(step, consumed, "budget" if reason == "budget" else "final"):
                     return EXIT_SAVE_FAILED
-            self._finish_downstream()
+            # A signal after training leaves the final checkpoint: do not wait long for more.
+            self._finish_downstream(timeout_s=30.0 if preempt.signal is not None else None)
             return 0
         finally:
-            preempt.restore()
+            if own:
+                preempt.restore()
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}

@@ -42,7 +42,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -68,6 +67,7 @@ from pretrain.components.checkpoint_files import (
 )
 from pretrain.components.distributed import sum_across_ranks
 from pretrain.components.faults import FaultPlan
+from pretrain.components.preemption import PreemptionHandler  # noqa: F401 - its old home
 from pretrain.components.resume import (
     STATE_FILE,
     TAG_RE,
@@ -120,31 +120,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "accelerator" in state:
         get_accelerator().set_rng_state(state["accelerator"])
-
-
-class PreemptionHandler:
-    """SIGTERM/SIGINT set a flag; the loop saves at the next step boundary and exits.
-
-    The trainer agrees on the flag across ranks with an all-reduce each step, because a signal
-    may reach only one rank and every rank must call ``save_checkpoint`` together.
-    """
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame) -> None:
-        if self.signal is not None and signum == signal.SIGINT:  # second Ctrl-C: stop now
-            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    def restore(self) -> None:
-        """Put back the previous handlers."""
-        for sig, h in self._previous.items():
-            signal.signal(sig, h)
 
 
 class CheckpointManager:
@@ -342,6 +317,11 @@ class CheckpointManager:
         if spent_rank0 > 0:
             return "budget"
         return self.due(step, self.cfg.save_interval, 0.0) or ("time" if time_rank0 > 0 else None)
+
+    def signalled(self, preempt: PreemptionHandler) -> bool:
+        """True on every rank when a stop signal reached any rank (collective: one all-reduce).
+        The trainer asks at start-up and after a save, the moments between step boundaries."""
+        return sum_across_ranks([float(preempt.signal is not None)], self.device)[0] > 0
 
     def restore(
         self, engine, point: ResumePoint, *, schedule: Any, seed: int, override_lr: bool = False

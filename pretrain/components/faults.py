@@ -15,6 +15,8 @@ Kinds:
     term_in_PHASE   the rank sends SIGTERM to its job's whole process group part-way through
                     PHASE, as a scheduler's preemption does (the job must run in its own
                     session: ``setsid``, ``start_new_session=True``)
+    int_in_PHASE    the same with SIGINT, as a terminal's Ctrl-C does (twice: a second Ctrl-C)
+    usr1_in_PHASE   the same with SIGUSR1, as SLURM's ``--signal=USR1@120`` warning does
 
 PHASE is ``save`` (after DeepSpeed wrote its files, before the RNG and state files and the
 completion marker), ``validation`` (after the first validation batch) or ``startup`` (after the
@@ -29,7 +31,12 @@ from dataclasses import dataclass
 
 ENV_VAR = "BERTFORGE_FAULTS"
 PHASES = ("save", "validation", "startup")  # where a planned signal can arrive
-SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
+SIGNALS = {
+    "kill": signal.SIGKILL,
+    "term": signal.SIGTERM,
+    "int": signal.SIGINT,
+    "usr1": signal.SIGUSR1,
+}
 KINDS = (
     "loss_spike",
     "loss_nan",

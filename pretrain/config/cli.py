@@ -160,6 +160,12 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     _check_guard(cfg.guard, parser)
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
+    from pretrain.components.preemption import parse_signals
+
+    try:
+        parse_signals(cfg.checkpoint.preemption_signals)
+    except ValueError as e:
+        parser.error(str(e))
     from pretrain.model.bert import (
         layer_groups,
     )  # (a --config_json depth is checked again at build)

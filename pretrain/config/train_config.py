@@ -186,6 +186,12 @@ class CheckpointConfig:
     )
     keep_last: int = opt(3, "complete checkpoints to keep (older ones are deleted)")
     save_final: bool = opt(True, "save when training ends")
+    preemption_signals: str = opt(
+        "TERM,INT",
+        "signals that stop the run after saving at the step boundary (exit 0), comma-separated:"
+        " TERM, INT, USR1, USR2, HUP, XCPU; add USR1 for SLURM's --signal=USR1@120 warning "
+        "before the time limit (docs/launching.md)",
+    )
 
 
 @dataclass

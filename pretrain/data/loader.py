@@ -26,6 +26,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bertforge.cli import opt
 from data_prep.reader import SampleBatch
+from pretrain.components.preemption import job_signals
 from pretrain.data.masking import Masker, MaskingConfig
 
 
@@ -257,17 +259,22 @@ def _whole_batch(batch: dict) -> dict:
     return batch
 
 
-def ignore_job_signals(_worker_id: int) -> None:
-    """worker_init_fn: a worker ignores SIGTERM and SIGINT.
+DEFAULT_JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    Schedulers (SLURM on scancel or preemption) and a terminal's Ctrl-C signal every process of
-    the job, workers included. A worker killed by it makes its rank fail ("DataLoader worker
-    (pid N) is killed by signal") before the rank can save at the step boundary. Ignoring them
-    leaves the decision to the rank's main process, which saves, exits and shuts its workers down
-    (a worker whose rank died exits by itself: torch's worker loop watches its parent).
+
+def ignore_job_signals(_worker_id: int, signals: tuple[int, ...] = DEFAULT_JOB_SIGNALS) -> None:
+    """worker_init_fn: a worker ignores the job's stop signals (SIGTERM and SIGINT by default,
+    all of --preemption_signals: :func:`pretrain.components.preemption.job_signals`).
+
+    Schedulers (SLURM on scancel, preemption or ``--signal=USR1@120``) and a terminal's Ctrl-C
+    signal every process of the job, workers included. A worker killed by it makes its rank fail
+    ("DataLoader worker (pid N) is killed by signal") before the rank can save at the step
+    boundary. Ignoring them leaves the decision to the rank's main process, which saves, exits
+    and shuts its workers down (a worker whose rank died exits by itself: torch's worker loop
+    watches its parent).
     """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def build_loader(
@@ -324,5 +331,6 @@ def build_loader(
         pin_memory=data_cfg.pin_memory and torch.cuda.is_available(),
         prefetch_factor=data_cfg.prefetch_factor if workers > 0 else None,
         persistent_workers=False,
-        worker_init_fn=ignore_job_signals if workers > 0 else None,
+        # The signals are read here, in the rank: a worker started by spawn inherits nothing.
+        worker_init_fn=partial(ignore_job_signals, signals=job_signals()) if workers > 0 else None,
     )

@@ -56,7 +56,7 @@ class MaskingConfig:
     static_masking: bool = opt(
         False,
         "the same mask for a sample in every epoch, as original BERT's preprocessing fixed "
-        "them (default: a new mask each epoch)",
+        "them; false: a new mask each epoch",
     )
 
     def __post_init__(self) -> None:

@@ -106,3 +106,66 @@ def run_tasks_and_signal_group(
         for out in outs:
             out.close()
     return [(code, (logs / f"rank{r}.log").read_text()) for r, code in enumerate(codes)]
+
+
+# The job of run_job_in_own_session: started with start_new_session=True, it starts the ranks
+# (they inherit its session and process group, as a job step's tasks under srun share theirs),
+# waits for them and prints their exit statuses. Its own handlers ignore the job's signals (a
+# caught signal is reset to the default in the ranks by exec, an ignored one would not be).
+_JOB = """
+import json, os, signal, subprocess, sys
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, lambda *_: None)
+cmd, ranks, logs = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+procs = []
+for rank in range(ranks):
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+    with open(os.path.join(logs, f"rank{rank}.log"), "w") as out:
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+codes = []
+for p in procs:
+    while True:
+        try:
+            codes.append(p.wait())
+            break
+        except InterruptedError:
+            pass
+print(json.dumps(codes))
+"""
+
+
+def run_job_in_own_session(
+    cmd: list[str],
+    ranks: int,
+    port: int,
+    logs: Path,
+    env: dict | None = None,
+    timeout_s: float = 240.0,
+) -> list[tuple[int, str]]:
+    """Run ``ranks`` copies of ``cmd`` as srun runs a job step's tasks (RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT set) in a session and process group of
+    their own, so that a planned ``term_in_PHASE`` fault (pretrain/components/faults.py) can
+    signal the whole job, DataLoader workers included, and nothing else. Returns each rank's
+    (exit status, output), rank 0 first."""
+    import json
+    import sys
+
+    logs.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", **(env or {})}
+    full_env.update(MASTER_PORT=str(port), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks))
+    job = subprocess.Popen(
+        [sys.executable, "-c", _JOB, json.dumps(cmd), str(ranks), str(logs)],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = job.communicate(timeout=timeout_s)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # the whole job: the ranks are in its group
+            job.wait()
+    codes = json.loads(out.strip().splitlines()[-1])
+    return [(code, (logs / f"rank{r}.log").read_text()) for r, code in enumerate(codes)]
