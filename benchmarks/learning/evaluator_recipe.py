@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import write_results
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import Recipe, recipe_dict
 from pretrain.evaluate.models import ModelSource, resolve_all
@@ -155,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     for ref in refs:
         print(f"| *{ref['model']}* (reference) | {ref['test']['accuracy']['median']:.3f} | | | |")
-    write_json_atomic(
+    write_results(
         args.out / "results.json",
         {
             "texts": texts,
@@ -168,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
             "seconds": seconds,
             "references": refs,
         },
+        run=args.out,
     )
     return 0
 
