@@ -413,6 +413,28 @@ class CheckpointManager:
                 )
         return state
 
+    def load_any(self, engine, path: Path, *, seed: int) -> dict[str, Any]:
+        """:meth:`load` of ``path`` whatever world size wrote it (the guard's rollback); returns
+        its state. Collective. Another world size loads its universal conversion, made once by
+        rank 0 as ``--resume`` does, with DeepSpeed's universal load switched on for this one
+        load; each rank's RNG is then derived from ``seed`` and the step, as on such a resume
+        (per-rank RNG states cannot carry over to another number of ranks)."""
+        state = read_state(path)
+        if int(state["world_size"]) == self.world_size:
+            return self.load(engine, path)
+        universal = self.to_universal(path)
+        engine._config.load_universal_checkpoint = True
+        try:
+            self.load(engine, universal)
+        finally:
+            engine._config.load_universal_checkpoint = False
+        torch.manual_seed(seed + 1000003 * int(state["step"]) + self.rank)
+        log.info(
+            f"loaded {path}, written on {state['world_size']} ranks, through its universal "
+            f"conversion {universal} (now {self.world_size} ranks)"
+        )
+        return state
+
     def to_universal(self, path: Path) -> Path:
         """Convert ``path`` to a universal checkpoint (rank 0 converts, everyone waits).
 
