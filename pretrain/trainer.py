@@ -404,5 +404,6 @@ class Trainer:
         return True
 
     def _finish_downstream(self, timeout_s: float | None = None) -> None:
-        if self.downstream:
+        if self.downstream and self.downstream.active:
             self.downstream.finish(timeout_s)
+            self.ckpts.prune()  # what was kept for the jobs, beyond --keep_last

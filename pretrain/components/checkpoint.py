@@ -68,6 +68,7 @@ from pretrain.components.checkpoint_files import (
 )
 from pretrain.components.distributed import sum_across_ranks
 from pretrain.components.faults import FaultPlan
+from pretrain.components.leases import live_leases
 from pretrain.components.resume import (
     STATE_FILE,
     TAG_RE,
@@ -291,7 +292,8 @@ class CheckpointManager:
     def _prune(self, keep: Path | None = None) -> None:
         """Keep the newest ``keep_last`` verified checkpoints (``keep``, the one just saved,
         always among them); drop older complete ones and older partials. Nothing newer than
-        ``keep`` is touched."""
+        ``keep`` is touched, nor a checkpoint a live background job holds a lease on
+        (:mod:`pretrain.components.leases`): it goes at a later prune, once the job has read it."""
         complete = list_complete(self.root)
         good = [p for _, p in complete if p == keep or not verify(p)]
         kept = {p.name for p in good[-self.keep_last :]} | ({keep.name} if keep else set())
@@ -301,6 +303,10 @@ class CheckpointManager:
             m = TAG_RE.match(p.name)
             if not m or p.name in kept or int(m.group(1)) > limit:
                 continue
+            if is_complete(p) and (held := live_leases(p)):
+                who = ", ".join(f"{h['what']} (pid {h['pid']} on {h['host']})" for h in held)
+                log.info(f"keeping {p} beyond --keep_last for now: {who} is reading it")
+                continue
             if is_complete(p) or int(m.group(1)) < limit:
                 shutil.rmtree(p, ignore_errors=True)
         uni = self.root / "universal"
@@ -308,6 +314,12 @@ class CheckpointManager:
             for p in uni.iterdir():
                 if p.name not in kept:
                     shutil.rmtree(p, ignore_errors=True)
+
+    def prune(self) -> None:
+        """Rank 0: prune now (the end of a run: checkpoints kept for a background job that has
+        read them since go too)."""
+        if self.rank == 0:
+            self._prune()
 
     def due(self, step: int, save_interval: int, save_interval_minutes: float) -> str | None:
         """The reason a save is due after ``step`` (interval or time), or None.
