@@ -113,7 +113,10 @@ class DownstreamJobs:
         )
         job_log.close()  # the child holds its own descriptor
         ckpt = self.run_dir / "checkpoints" / tag_for(step)
-        self.leases[step] = leases.take(ckpt, self.running[step].pid, "downstream evaluation")
+        try:
+            self.leases[step] = leases.take(ckpt, self.running[step].pid, "downstream evaluation")
+        except OSError as e:  # training goes on; the job may then lose its checkpoint to a prune
+            log.warning(f"no lease on {ckpt} for its job ({e}): --keep_last may prune it early")
         log.info(
             f"downstream evaluation of step {step} started "
             f"(log: {self.root / f'step_{step:08d}.log'})"
@@ -139,7 +142,9 @@ class DownstreamJobs:
 
     def _collect(self, step: int, returncode: int) -> None:
         del self.running[step]
-        leases.release(self.leases.pop(step))  # (the job gave it back once it had read it)
+        lease = self.leases.pop(step, None)
+        if lease is not None:  # (the job gave it back once it had read it)
+            leases.release(lease)
         out, job_log = self.root / f"step_{step:08d}.jsonl", self.root / f"step_{step:08d}.log"
         if returncode != 0 or not out.is_file():
             tail = job_log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
