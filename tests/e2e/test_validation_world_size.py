@@ -43,7 +43,9 @@ def masked_in_validation(shards: Path, run: Path, sequences: int) -> int:
 
 def test_one_and_two_ranks_validate_the_same_sequences(english_shards, tmp_path):
     n = len(ShardReader(english_shards, "validation"))
-    assert n % 8, f"{n} validation sequences: the test wants a partial last block of 2 x 4"
+    # 89 with CPython 3.11's pydoc topics: the last block of 2 x 4 holds one sequence, so rank 1
+    # runs a stand-in forward there. Were n a multiple of 8, the test would still compare the same
+    # sequences, only without that corner.
     whole = -(-n // 16) + 1  # global batches of 16: more than the split holds
     val = {}
     for ranks in (1, 2):
