@@ -4,9 +4,11 @@ masks, on one rank and on two, so the validation loss of the same weights is the
 Both runs take one optimizer step at lr 0 (the weights stay the seeded initialisation, the same
 on any world size) and validate at the end over the whole validation split, whose last block of
 micro-batches is partial on two ranks (rank 1 gets fewer sequences, or none, and runs a stand-in
-forward whose sums it leaves out). With dropout 0 the two losses differ only by the order of the
-float sums: fp32, relative tolerance 1e-6; the masked-token counts are equal exactly, and equal a
-count of the validation masks made in this process.
+forward whose sums it leaves out). The two-rank run is ZeRO-3, where every forward gathers the
+weights collectively, so a rank that skipped the last forward would hang the other. With
+dropout 0 the two losses differ only by the order of the float sums: fp32, relative tolerance
+1e-6; the masked-token counts are equal exactly, and equal a count of the validation masks made
+in this process.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers.commands import REPO
-from helpers.launch import COMMON, launch
+from helpers.launch import COMMON, ds_config, launch
 
 from data_prep.reader import ShardReader
 from kernels import IGNORE_INDEX
@@ -47,12 +49,13 @@ def test_one_and_two_ranks_validate_the_same_sequences(english_shards, tmp_path)
     # runs a stand-in forward there. Were n a multiple of 8, the test would still compare the same
     # sequences, only without that corner.
     whole = -(-n // 16) + 1  # global batches of 16: more than the split holds
+    zero3 = ds_config(tmp_path, "zero3.json", zero_optimization={"stage": 3})
     val = {}
-    for ranks in (1, 2):
+    for ranks, config in ((1, REPO / "ds_configs" / "cpu.json"), (2, zero3)):
         run = tmp_path / f"ranks_{ranks}"
         args = command_line.flags(
             {
-                "ds_config": REPO / "ds_configs" / "cpu.json",
+                "ds_config": config,
                 "data": english_shards,
                 "output_dir": run,
                 "hidden_dropout_prob": 0,
