@@ -1,7 +1,11 @@
 # Two commands on a fresh machine:  `make demo` (the main job) and `make test` (the test suite).
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
-TORCH_VERSION ?= 2.13.0
+# The tested versions (constraints.txt): every install is constrained to them; `make install
+# CONSTRAINTS=` installs without (the doctor then warns of each version that differs).
+CONSTRAINTS ?= constraints.txt
+CONSTRAINT_FLAG := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' constraints.txt)
 # On a machine without a GPU and without a local wheel cache, point pip at PyTorch's CPU index:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
@@ -11,10 +15,13 @@ DEMO_DIR ?= runs/demo
 .PHONY: install demo test bench lint format
 
 # CPU torch first (unless a torch is already installed, e.g. a CUDA build on a GPU node), so the
-# project's `torch>=` requirement is already satisfied and never pulls a CUDA build.
+# project's torch requirement is already satisfied and never pulls a CUDA build; constraints.txt
+# says torch==X without a local label, which 2.13.0+cpu (and +cuXXX) satisfies. A GPU node whose
+# torch is a later 2.x than the tested one: `make install CONSTRAINTS=` keeps it (the doctor then
+# warns that it is untested).
 install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
-	$(PIP) install -q -e ".[dev]"
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install $(CONSTRAINT_FLAG) "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
+	$(PIP) install -q $(CONSTRAINT_FLAG) -e ".[dev]"
 
 demo: install
 	$(PYTHON) -m pretrain.demo --output_dir $(DEMO_DIR)

@@ -9,10 +9,13 @@ come from ``pretrain.config.command_line``, the sample corpus from ``data_prep.s
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+from bertforge.files import write_json_atomic
 from pretrain.config import command_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,3 +53,43 @@ def vocab_size(shards: Path) -> int:
 def one_thread_env(**extra: str) -> dict[str, str]:
     """This process's environment with one thread per rank (and `extra`)."""
     return {**os.environ, **ONE_THREAD, **extra}
+
+
+def portable(obj: Any, run: str | os.PathLike | None = None) -> Any:
+    """`obj` (JSON-like: dicts, lists, strings, numbers, Paths) with the paths of this machine
+    written so that the result reads the same on any machine: inside the repository relative to
+    it (``docs/bench/x.json``, the repository itself ``.``); else inside `run` (the benchmark's
+    output folder) as ``$OUT/...`` (``$OUT/logs/train.log``, the folder itself ``$OUT``); this
+    interpreter as ``python``. Paths inside longer strings (commands, error messages) are
+    rewritten too. Other absolute paths are left as they are
+    (``tests/benchmarks/test_bench_paths.py`` checks that the committed results hold none)."""
+    roots = [(str(REPO), "", ".")]
+    if run is not None:
+        run_abs = Path(run).absolute()
+        if not run_abs.is_relative_to(REPO):  # a run inside the repository: repository-relative
+            roots.insert(0, (str(run_abs), "$OUT/", "$OUT"))
+    subs = [(re.escape(sys.executable) + r"(?![\w./-])", "python")]
+    for root, inside, itself in roots:
+        # ROOT/rest -> INSIDE + rest; ROOT alone -> ITSELF; never a prefix of a longer name
+        subs.append((re.escape(root) + r"/(?=[^\s/])", inside))
+        subs.append((re.escape(root) + r"(?![\w.-])", itself))
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [fix(v) for v in value]
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str):
+            for pattern, repl in subs:
+                value = re.sub(pattern, lambda _, r=repl: r, value)
+        return value
+
+    return fix(obj)
+
+
+def write_results(path: str | os.PathLike, obj: Any, run: str | os.PathLike | None = None, **kw):
+    """A benchmark's result JSON, written atomically with its paths made :func:`portable`
+    (relative to the repository, or to `run`: the benchmark's output folder)."""
+    write_json_atomic(path, portable(obj, run), **kw)

@@ -347,33 +347,45 @@ class Trainer:
         return records
 
     def _validation_sums(self, reader, step: int) -> tuple[float, float, float]:
-        """(summed token loss, correct, masked) over the first eval_batches of ``reader``,
-        all ranks together (the masks are the same at every evaluation)."""
-        loader = build_loader(
-            reader,
-            self.cfg.data_cfg,
-            self.cfg.masking,
-            rank=self.rank,
-            world_size=self.world,
-            micro_batch_size=self.plan.micro_batch,
-            consumed_samples=0,
-            train=False,
-        )
-        batches = _iterate(loader)
+        """(summed token loss, correct, masked) over the first ``--eval_batches`` global batches
+        of ``reader`` (eval_batches x the global batch size of sequences, in index order), all
+        ranks together: the same sequences and masks on any world size and at every evaluation.
+        Each rank runs grad_accum micro-batches per global batch, as a training step does."""
+
+        def loader(rank: int, world: int):
+            return build_loader(
+                reader,
+                self.cfg.data_cfg,
+                self.cfg.masking,
+                rank=rank,
+                world_size=world,
+                micro_batch_size=self.plan.micro_batch,
+                consumed_samples=0,
+                train=False,
+            )
+
+        mine = loader(self.rank, self.world)
+        block = self.plan.micro_batch * self.world  # sequences of one micro-batch of every rank
+        rounds = min(self.cfg.log.eval_batches * self.plan.grad_accum, -(-len(reader) // block))
+        batches = _iterate(mine)
+        # The split's last block may leave this rank fewer (or no) sequences than the others; it
+        # still runs each forward (ZeRO-3 gathers weights collectively) on a stand-in batch whose
+        # sums it leaves out, so every rank runs `rounds` forwards and no sequence is dropped.
+        stand_in = None if len(mine.batch_sampler) else next(_iterate(loader(0, 1)))
         loss_sum = correct = masked = 0.0
         self.engine.eval()
         with torch.no_grad():
-            for _ in range(self.cfg.log.eval_batches):
+            for _ in range(rounds):
                 mb = next(batches, None)
-                # ZeRO-3 gathers weights collectively: stop when any rank runs out of batches.
-                if sum_across_ranks([0.0 if mb is not None else 1.0], self.device)[0] > 0:
-                    break
+                real, mb = mb is not None, stand_in if mb is None else mb
+                stand_in = mb
                 mb.pop("masking_stats", None)
                 mb.pop("source", None)
                 out = self.engine(**self._to_device(mb), mlm_normalizer=1.0)  # normaliser 1: sums
-                loss_sum += float(out["mlm_loss"])
-                correct += float(out["num_correct"])
-                masked += float(out["num_masked"])
+                if real:
+                    loss_sum += float(out["mlm_loss"])
+                    correct += float(out["num_correct"])
+                    masked += float(out["num_masked"])
                 if self.faults:  # a planned crash or preemption mid-validation
                     self.faults.signal_if_due("validation", step, self.rank)
         self.engine.train()
@@ -412,5 +424,6 @@ class Trainer:
         return True
 
     def _finish_downstream(self, timeout_s: float | None = None) -> None:
-        if self.downstream:
+        if self.downstream and self.downstream.active:
             self.downstream.finish(timeout_s)
+            self.ckpts.prune()  # what was kept for the jobs, beyond --keep_last

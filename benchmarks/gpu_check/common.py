@@ -4,7 +4,6 @@ result record, its atomic JSON file, and the time-boxed subprocess runner.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO
-from bertforge.files import write_bytes_atomic
+from benchmarks.common import REPO, write_results
 
 PARTS = ("data", "kernel_tests", "kernel_sweep", "head", "train", "hf_baseline", "resume")
 
@@ -133,10 +131,11 @@ class PartResult:
     error: str = ""
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Atomic JSON write (the lead's write_json_atomic can replace this one call)."""
+def write_json(path: Path, obj: Any, out: Path) -> None:
+    """Atomic JSON write, paths relative to the repository or written ``$OUT/...`` (`out`: the
+    check's output folder), so a report copied off the node names no path of the node."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, json.dumps(obj, indent=2, default=str).encode())
+    write_results(path, obj, run=out, indent=2)
 
 
 def part_file(out: Path, name: str) -> Path:
@@ -145,7 +144,7 @@ def part_file(out: Path, name: str) -> Path:
 
 def save_part(out: Path, result: PartResult) -> None:
     """Written after every row, so a part killed by its time box still leaves what it measured."""
-    write_json(part_file(out, result.name), asdict(result))
+    write_json(part_file(out, result.name), asdict(result), out)
 
 
 def run_logged(

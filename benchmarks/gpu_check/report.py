@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks.common import portable
 from benchmarks.gpu_check.common import PartResult, Plan, write_json
 from bertforge.files import write_bytes_atomic
 
@@ -160,6 +161,6 @@ def write_report(out: Path, plan: Plan, results: list[PartResult], total_s: floa
         "targets": kernel_targets(by_name) + training_targets(by_name),
         "parts": {r.name: asdict(r) for r in results},
     }
-    write_json(out / "gpu_check.json", report)
-    write_bytes_atomic(out / "gpu_check.md", markdown(report).encode())
+    write_json(out / "gpu_check.json", report, out)
+    write_bytes_atomic(out / "gpu_check.md", markdown(portable(report, out)).encode())
     return report

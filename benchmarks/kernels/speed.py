@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import write_results
 from benchmarks.kernels.cuda import hbm_peak_gbps, measure_cuda
 from benchmarks.kernels.measure import (
     Result,
@@ -55,7 +56,7 @@ from benchmarks.kernels.measure import (
 )
 from benchmarks.kernels.sweep import loss_only, sweep_grid
 from bertforge.cli import ArgumentParser, field_help, opt
-from bertforge.files import write_bytes_atomic, write_json_atomic
+from bertforge.files import write_bytes_atomic
 from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX, api
 
@@ -382,7 +383,7 @@ def run(cfg: BenchConfig) -> dict:
 def write_outputs(report: dict, results: list[Result], out: Path, cfg: BenchConfig) -> None:
     """bench_kernels.json (atomically) and bench_kernels.png (the head part's measured rows)."""
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "bench_kernels.json", report, indent=2)
+    write_results(out / "bench_kernels.json", report, run=out, indent=2)
     measured = [r for r in results if r.status == "ok" and not r.name.startswith("loss_only")]
     if measured:
         plot(

@@ -42,9 +42,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import CPU_DS_CONFIG, REPO
+from benchmarks.common import CPU_DS_CONFIG, REPO, write_results
 from benchmarks.learning.new_tokens import ARMS, new_token_eval, random_rows_folder
-from bertforge.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from bertforge.files import write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
 from data_prep.sample_corpus import write_english_corpus
@@ -70,7 +70,7 @@ TERMS = (
     "urlopen",
     "HTTPConnection",
 )
-PATH_ARGS = ("out", "base", "plot", "results")  # recorded repository-relative where inside it
+PATH_ARGS = ("out", "base", "plot", "results")  # recorded as paths (made portable), not str
 ARCH_FIELDS = (
     "hidden_size",
     "num_hidden_layers",
@@ -243,16 +243,6 @@ def summarise(arms: dict[str, dict], ext_report: dict, new_tok: dict) -> dict:
     }
 
 
-def relative(value: object) -> str | None:
-    """A path inside the repository as a repository-relative string; others as given."""
-    if value is None:
-        return None
-    try:
-        return str(Path(str(value)).absolute().relative_to(REPO))
-    except ValueError:
-        return str(value)
-
-
 def plot(arms: dict[str, dict], new_tok: dict, path: Path, title: str) -> None:
     """Validation loss against wall-clock time (left) and against step (middle); the loss on
     new-token positions at step 0 and at the end (right)."""
@@ -348,14 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(arms, ext_report, new_tok)
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "args": {k: relative(v) if k in PATH_ARGS else str(v) for k, v in vars(args).items()},
-        "domain_text": {**info, "output": relative(info["output"])},
+        "args": {k: v if k in PATH_ARGS else str(v) for k, v in vars(args).items()},
+        "domain_text": info,
         "summary": summary,
         "arms": arms,
         "new_token_eval": new_tok,
         "seconds": round(time.monotonic() - t0, 1),
     }
-    write_json_atomic(args.results or b.out / "results.json", result)
+    write_results(args.results or b.out / "results.json", result, run=b.out)
     plot(
         arms,
         new_tok,

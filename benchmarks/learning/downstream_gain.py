@@ -35,10 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env
+from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, write_results
 from benchmarks.learning.random_init import random_init_folder
 from bertforge.cli import ArgumentParser
-from bertforge.files import write_json_atomic, write_text_atomic
+from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
 from pretrain.components.distributed import free_port
 from pretrain.components.resume import find_latest, tag_for
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             ["python -m benchmarks.learning.downstream_gain", *(argv or sys.argv[1:])]
         ),
     }
-    write_json_atomic(exp.out / "summary.json", summary)
+    write_results(exp.out / "summary.json", summary, exp.out)
     table = markdown(summary)
     write_text_atomic(exp.out / "summary.md", table)
     plot(summary, exp.out / "gain.png")

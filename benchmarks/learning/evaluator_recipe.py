@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import write_results
 from benchmarks.learning.random_init import random_init_folder
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
 from pretrain.evaluate.finetune import Recipe, recipe_dict
 from pretrain.evaluate.models import ModelSource, resolve_all
@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     for ref in refs:
         print(f"| *{ref['model']}* (reference) | {ref['test']['accuracy']['median']:.3f} | | | |")
-    write_json_atomic(
+    write_results(
         args.out / "results.json",
         {
             "texts": texts,
@@ -155,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             "seconds": seconds,
             "references": refs,
         },
+        run=args.out,
     )
     return 0
 

@@ -42,7 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, vocab_size
+from benchmarks.common import (
+    CPU_DS_CONFIG,
+    REPO,
+    build_shards,
+    one_thread_env,
+    vocab_size,
+    write_results,
+)
 from benchmarks.learning.evaluator import (
     build_masked_batches,
     heldout_loss,
@@ -52,7 +59,6 @@ from benchmarks.learning.evaluator import (
 )
 from benchmarks.learning.heldout import bert_vocab, split_corpus
 from benchmarks.learning.hf_side import hf_command, hf_worker
-from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
 from kernels import IGNORE_INDEX
 from pretrain.config import command_line
@@ -262,7 +268,7 @@ def _save_launches(work: Path, launches: dict) -> None:
     """Each side's launch time and wall seconds, kept as soon as it finished (--score_only)."""
     path = work / "launches.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    write_json_atomic(path, {**saved, **launches})
+    write_results(path, {**saved, **launches}, run=work)
 
 
 def trained_sides(args, work: Path) -> tuple[dict[str, list[dict]], dict]:
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "sides": sides,
         "summary": summary(sides, args.budget_s),
     }
-    write_json_atomic(work / "learning.json", result)
+    write_results(work / "learning.json", result, run=work)
     title = f"{args.model}, {args.precision}, vocab {stats['vocab_size']}, T={args.budget_s:.0f} s"
     curves = {s: [(r["time_s"], r["loss"]) for r in recs] for s, recs in sides.items()}
     png = plot_curves(curves, title, work / "learning.png")

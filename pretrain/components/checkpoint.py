@@ -67,6 +67,7 @@ from pretrain.components.checkpoint_files import (
 )
 from pretrain.components.distributed import sum_across_ranks
 from pretrain.components.faults import FaultPlan
+from pretrain.components.leases import live_leases
 from pretrain.components.preemption import PreemptionHandler  # noqa: F401 - its old home
 from pretrain.components.resume import (
     STATE_FILE,
@@ -266,7 +267,8 @@ class CheckpointManager:
     def _prune(self, keep: Path | None = None) -> None:
         """Keep the newest ``keep_last`` verified checkpoints (``keep``, the one just saved,
         always among them); drop older complete ones and older partials. Nothing newer than
-        ``keep`` is touched."""
+        ``keep`` is touched, nor a checkpoint a live background job holds a lease on
+        (:mod:`pretrain.components.leases`): it goes at a later prune, once the job has read it."""
         complete = list_complete(self.root)
         good = [p for _, p in complete if p == keep or not verify(p)]
         kept = {p.name for p in good[-self.keep_last :]} | ({keep.name} if keep else set())
@@ -276,6 +278,10 @@ class CheckpointManager:
             m = TAG_RE.match(p.name)
             if not m or p.name in kept or int(m.group(1)) > limit:
                 continue
+            if is_complete(p) and (held := live_leases(p)):
+                who = ", ".join(f"{h['what']} (pid {h['pid']} on {h['host']})" for h in held)
+                log.info(f"keeping {p} beyond --keep_last for now: {who} is reading it")
+                continue
             if is_complete(p) or int(m.group(1)) < limit:
                 shutil.rmtree(p, ignore_errors=True)
         uni = self.root / "universal"
@@ -283,6 +289,12 @@ class CheckpointManager:
             for p in uni.iterdir():
                 if p.name not in kept:
                     shutil.rmtree(p, ignore_errors=True)
+
+    def prune(self) -> None:
+        """Rank 0: prune now (the end of a run: checkpoints kept for a background job that has
+        read them since go too)."""
+        if self.rank == 0:
+            self._prune()
 
     def due(self, step: int, save_interval: int, save_interval_minutes: float) -> str | None:
         """The reason a save is due after ``step`` (interval or time), or None.
@@ -391,6 +403,28 @@ class CheckpointManager:
                     "resume is not exact (dropout and masking differ from an uninterrupted run)",
                     extra={"all_ranks": True},
                 )
+        return state
+
+    def load_any(self, engine, path: Path, *, seed: int) -> dict[str, Any]:
+        """:meth:`load` of ``path`` whatever world size wrote it (the guard's rollback); returns
+        its state. Collective. Another world size loads its universal conversion, made once by
+        rank 0 as ``--resume`` does, with DeepSpeed's universal load switched on for this one
+        load; each rank's RNG is then derived from ``seed`` and the step, as on such a resume
+        (per-rank RNG states cannot carry over to another number of ranks)."""
+        state = read_state(path)
+        if int(state["world_size"]) == self.world_size:
+            return self.load(engine, path)
+        universal = self.to_universal(path)
+        engine._config.load_universal_checkpoint = True
+        try:
+            self.load(engine, universal)
+        finally:
+            engine._config.load_universal_checkpoint = False
+        torch.manual_seed(seed + 1000003 * int(state["step"]) + self.rank)
+        log.info(
+            f"loaded {path}, written on {state['world_size']} ranks, through its universal "
+            f"conversion {universal} (now {self.world_size} ranks)"
+        )
         return state
 
     def to_universal(self, path: Path) -> Path:

@@ -9,6 +9,12 @@ jobs' ``split: "downstream"`` records are copied into metrics.jsonl and TensorBo
 step; at the end of the run rank 0 waits for the jobs still running. Each job writes its records
 and its log under ``RUN/downstream/``. Jobs run on the CPU unless ``--downstream_device`` says
 otherwise, so they never take memory from training on the GPU.
+
+A job holds a lease on its checkpoint (:mod:`pretrain.components.leases`), taken right after it
+starts and before any later save could prune: ``--keep_last`` keeps that checkpoint until the
+job has read it (the job gives the lease back then; this module does too when the job ends, and
+a dead job's lease no longer counts). At the end of the run, once the jobs are done, rank 0
+prunes again, so nothing is kept beyond ``--keep_last``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.logs import get_logger
+from pretrain.components import leases
+from pretrain.components.resume import tag_for
 
 log = get_logger(__name__)
 
@@ -47,6 +55,7 @@ class DownstreamJobs:
         self.max_examples, self.device, self.metrics = max_examples, device, metrics
         self.active = bool(tasks) and interval > 0 and rank == 0
         self.running: dict[int, subprocess.Popen] = {}
+        self.leases: dict[int, Path] = {}  # step -> the lease its job holds on the checkpoint
         if self.active:  # a bad tasks file fails now, not in the first background job
             from pretrain.evaluate.downstream import load_downstream_tasks
 
@@ -103,6 +112,11 @@ class DownstreamJobs:
             env=env,
         )
         job_log.close()  # the child holds its own descriptor
+        ckpt = self.run_dir / "checkpoints" / tag_for(step)
+        try:
+            self.leases[step] = leases.take(ckpt, self.running[step].pid, "downstream evaluation")
+        except OSError as e:  # training goes on; the job may then lose its checkpoint to a prune
+            log.warning(f"no lease on {ckpt} for its job ({e}): --keep_last may prune it early")
         log.info(
             f"downstream evaluation of step {step} started "
             f"(log: {self.root / f'step_{step:08d}.log'})"
@@ -128,6 +142,9 @@ class DownstreamJobs:
 
     def _collect(self, step: int, returncode: int) -> None:
         del self.running[step]
+        lease = self.leases.pop(step, None)
+        if lease is not None:  # (the job gave it back once it had read it)
+            leases.release(lease)
         out, job_log = self.root / f"step_{step:08d}.jsonl", self.root / f"step_{step:08d}.log"
         if returncode != 0 or not out.is_file():
             tail = job_log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]

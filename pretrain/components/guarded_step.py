@@ -107,18 +107,19 @@ class GuardedStep:
     def rollback(self, event: dict[str, Any], consumed: int) -> int | None:
         """Load the newest complete checkpoint into the engine (all ranks) and keep the data
         position, so the samples consumed since it are skipped; returns its step, or None when
-        there is none of this world size (the caller gives up)."""
+        there is none (the caller skips or gives up). A checkpoint written on another number of
+        ranks (a run resumed on more or fewer) is loaded through its universal conversion, as
+        ``--resume`` loads it."""
         engine, ckpts = self.place.engine, self.outputs.ckpts
         path = find_latest(ckpts.root)
         state = read_state(path) if path is not None else None
-        if state is None or int(state["world_size"]) != self.place.world:
-            event["reason"] = (
-                "no complete checkpoint to roll back to"
-                if state is None
-                else f"the newest checkpoint {path} was written on {state['world_size']} ranks"
-            )
+        if state is None:
+            event["reason"] = "no complete checkpoint to roll back to"
             return None
-        ckpts.load(engine, path)
+        seed = int(self.outputs.base_state.get("config", {}).get("run", {}).get("seed", 0))
+        ckpts.load_any(engine, path, seed=seed)
+        if int(state["world_size"]) != self.place.world:
+            event["converted_from_world_size"] = int(state["world_size"])
         to_step = int(state["step"])
         engine.global_steps, engine.global_samples = to_step, consumed
         ckpts.last_saved_step = to_step

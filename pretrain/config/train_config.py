@@ -233,7 +233,12 @@ class LogConfig:
 
     log_interval: int = opt(1, "console/TensorBoard every N steps (metrics.jsonl gets every step)")
     eval_interval: int = opt(0, "validate every N steps (0 = only at the end)")
-    eval_batches: int = opt(50, "max validation micro-batches per rank per evaluation")
+    eval_batches: int = opt(
+        50,
+        "max validation global batches per evaluation: the first N x --global_batch_size "
+        "validation sequences, the same on any number of ranks (before 2026-12-02: "
+        "micro-batches per rank)",
+    )
     progress: str = opt(
         "auto",
         'rank 0\'s console: "bar" (tqdm), "lines" (one plain line per --log_interval steps: '

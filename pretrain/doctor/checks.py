@@ -53,6 +53,56 @@ def version_rows(probes: dict[str, dict]) -> list[Row]:
     return rows
 
 
+def same_release(installed: str | None, tested: str) -> bool:
+    """Whether an installed version is the tested one; a local label (``2.13.0+cpu``,
+    ``+cu128``: the same release built for another device) does not count, as in pip."""
+    return installed is not None and installed.split("+", 1)[0] == tested.split("+", 1)[0]
+
+
+def constraint_rows(probes: dict[str, dict]) -> list[Row]:
+    """Every node's installed versions against constraints.txt (the tested ones): a WARN naming
+    each that differs, never a FAIL (an untested version may work; it was not tested)."""
+    rows = []
+    for host, pr in probes.items():
+        pins = pr.get("tested")
+        if pins is None:
+            rows.append(
+                Row(
+                    "tested versions",
+                    host,
+                    WARN,
+                    f"no constraints.txt in {pr.get('cwd', 'the working directory')}",
+                    "run the doctor from the repository root (or --workdir), where "
+                    "constraints.txt lists the tested versions",
+                )
+            )
+            continue
+        differ = [
+            f"{name} {p['installed'] or 'not installed'} (tested {p['tested']})"
+            for name, p in pins.items()
+            if not same_release(p["installed"], p["tested"])
+        ]
+        same = [
+            f"{name} {p['installed']}"
+            for name, p in pins.items()
+            if same_release(p["installed"], p["tested"])
+        ]
+        if differ:
+            rows.append(
+                Row(
+                    "tested versions",
+                    host,
+                    WARN,
+                    "untested: " + ", ".join(differ) + "; as tested: " + (", ".join(same) or "-"),
+                    "pip install -c constraints.txt -e . installs the tested versions "
+                    "(make install does); other versions may work but were not tested",
+                )
+            )
+        else:
+            rows.append(Row("tested versions", host, OK, "as constraints.txt: " + ", ".join(same)))
+    return rows
+
+
 def device_rows(probes: dict[str, dict], hosts: dict[str, int], cfg: dict) -> list[Row]:
     """GPUs per node against slots; CPU nodes are fine for a config without fp16."""
     rows = []

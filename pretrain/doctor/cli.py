@@ -40,6 +40,7 @@ from pretrain.doctor.checks import (
     OK,
     Row,
     batch_plan,
+    constraint_rows,
     data_rows,
     device_rows,
     memory_and_disk_rows,
@@ -310,6 +311,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     rows += found
     if probes:
         rows += version_rows(probes)
+        rows += constraint_rows(probes)
         rows += device_rows(probes, hosts, ds)
         for folder in (str(s.path) for s in sources):  # every source of a mixture
             local_manifest = Path(folder) / "manifest.json"

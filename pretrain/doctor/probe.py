@@ -3,7 +3,8 @@
 Standard library only (plus torch, imported last and guarded), so it runs on a node even when the
 project or a package is missing there: that is exactly what the doctor wants to report. Prints one
 line `DOCTOR_PROBE {json}`. Arguments (JSON): data (the shard folder, or a list of them),
-output_dir (run folder).
+output_dir (run folder). It also reports, for each package of the project's constraints.txt (in
+its working directory), the installed version beside the tested one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("torch", "deepspeed", "triton", "transformers", "bertforge")
+CONSTRAINTS = "constraints.txt"  # the tested versions, at the repository root
 CODE_DIRS = ("pretrain", "kernels", "data_prep")
 
 
@@ -70,6 +72,38 @@ def disk_free(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+def installed_version(package: str) -> str | None:
+    """The installed version of a distribution (``scikit-learn``, ``torch``), None if absent."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def tested_versions(path: Path) -> dict[str, str] | None:
+    """``{name: version}`` of each ``name==version`` line of a constraints file (comments and
+    blank lines skipped; an environment marker after ``;`` dropped); None without the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    pins = {}
+    for line in text.splitlines():
+        spec = line.split("#", 1)[0].split(";", 1)[0].strip()
+        if "==" in spec:
+            name, version = (part.strip() for part in spec.split("==", 1))
+            pins[name] = version
+    return pins
+
+
+def tested_and_installed(root: Path) -> dict[str, dict] | None:
+    """For each package of ``root/constraints.txt``: ``{"tested": V, "installed": V or None}``."""
+    pins = tested_versions(root / CONSTRAINTS)
+    if pins is None:
+        return None
+    return {name: {"tested": v, "installed": installed_version(name)} for name, v in pins.items()}
+
+
 def probe(data: str | list[str], output_dir: str) -> dict:
     """Everything the doctor compares across nodes, as plain JSON-able values."""
     out: dict = {
@@ -81,11 +115,9 @@ def probe(data: str | list[str], output_dir: str) -> dict:
         "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
     }
     for pkg in PACKAGES:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
+        out[pkg] = installed_version(pkg)
     out["code"] = code_hash(Path.cwd())
+    out["tested"] = tested_and_installed(Path.cwd())
     folders = [data] if isinstance(data, str) else list(data)  # a mixture has several
     out["data_sources"] = {d: data_state(Path(d)) for d in folders}
     out["data"] = out["data_sources"][folders[0]]

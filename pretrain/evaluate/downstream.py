@@ -25,6 +25,7 @@ N``, and the trainer copies finished ones into metrics.jsonl / TensorBoard.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import sys
@@ -39,6 +40,7 @@ import torch
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
+from pretrain.components import leases
 from pretrain.evaluate.finetune import encode, recipe_for, run_once
 from pretrain.evaluate.metrics import PRIMARY
 from pretrain.evaluate.models import ModelSource
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks = load_downstream_tasks(args.tasks, args.max_examples)
         workdir = Path(tempfile.mkdtemp(prefix="bertforge_downstream_"))
         source = ModelSource.from_hf_dir(materialize(refs[-1], workdir))
+        if refs[-1].checkpoint is not None:  # read: the trainer's --keep_last may prune it now
+            leases.release(leases.lease_path(refs[-1].checkpoint, os.getpid()))
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT

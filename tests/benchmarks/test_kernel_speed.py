@@ -100,6 +100,7 @@ def test_head_report_in_process(tmp_path):
     )
     assert code == 0
     report = json.loads((tmp_path / "bench_kernels.json").read_text())
+    assert report["config"]["out"] == "$OUT"  # no path of this machine (test_bench_paths.py)
     by_name = {r["name"]: r for r in report["results"]}
     for name in ("hf_all_positions", "gathered_torch_ce", "ours_torch"):
         assert by_name[name]["time_ms"] > 0 and by_name[name]["peak_mb"] > 0

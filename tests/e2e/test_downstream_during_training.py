@@ -10,6 +10,7 @@ import pytest
 from helpers.commands import train_cli
 
 from pretrain.components.metrics import read_metrics
+from pretrain.components.resume import list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +53,15 @@ def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_s
         "2",
         "--downstream_max_examples",
         "40",
+        # Step 4's save prunes step 2 while step 2's job is still starting up: the job's lease
+        # keeps it until the job has read it; the end of the run prunes it (leases.py).
+        "--keep_last",
+        "1",
     )
     assert "downstream evaluation of step 2 started" in proc.stdout
+    assert f"keeping {with_eval / 'checkpoints' / tag_for(2)} beyond --keep_last" in proc.stdout
+    assert [s for s, _ in list_complete(with_eval / "checkpoints")] == [4]
+    assert not list((with_eval / "checkpoints").rglob(".leases"))
     _train(english_shards, without)
 
     down = read_metrics(with_eval / "metrics.jsonl", "downstream")

@@ -60,8 +60,8 @@ def train_args(shards: Path, run: Path) -> list[str]:
 
 def test_resume_one_rank_onto_two(english_shards, tmp_path):
     one, two = tmp_path / "one_rank", tmp_path / "two_ranks"
-    # --eval_batches is per rank: 4 on one rank validates the same 16 sequences as 2 on two.
-    launch(train_args(english_shards, one) + ["--eval_batches", "4"], nproc=1)  # checkpoints 3, 6
+    # --eval_batches counts global batches: 2 validate the same 32 sequences on 1 rank and on 2.
+    launch(train_args(english_shards, one), nproc=1)  # checkpoints 3, 6
     (two / "checkpoints").mkdir(parents=True)
     shutil.copytree(one / "checkpoints" / tag_for(3), two / "checkpoints" / tag_for(3))
     proc = launch(train_args(english_shards, two) + ["--resume", "auto"], nproc=2)

@@ -162,8 +162,10 @@ def test_two_hosts_good_setup_passes(ssh_hosts, english_shards, tmp_path):
     ssh_hosts.set_node2(NORMAL_NODE2)
     rc, rows = _two_host_doctor(ssh_hosts, english_shards, tmp_path)
     assert rc == 0, rows
-    # /dev/shm of a shared machine may hold other programs' stale buffers: that row may warn.
-    assert all(r["status"] == "ok" for r in rows if r["check"] != "shared memory"), rows
+    # /dev/shm of a shared machine may hold other programs' stale buffers, and a machine not
+    # installed with constraints.txt has untested versions: those rows may warn.
+    may_warn = ("shared memory", "tested versions")
+    assert all(r["status"] == "ok" for r in rows if r["check"] not in may_warn), rows
     for check in ("ssh", "versions", "devices", "data", "memory", "disk"):
         assert _status(rows, check, "127.0.0.1") == ["ok"] and _status(
             rows, check, "127.0.0.2"
