@@ -44,6 +44,7 @@ from pretrain.data.loader import build_loader
 from pretrain.data.mixture import open_training, parse_mixture, validation_readers
 from pretrain.data.shard_check import verify_once
 from pretrain.model.bert import build_model
+from pretrain.model.document_attention import resolve_attention
 from pretrain.model.init_from import load_initial_weights
 from pretrain.model.init_source import init_architecture
 from pretrain.model.modernbert import check_supported
@@ -385,6 +386,7 @@ def build_training(
         micro_batch_size=run.setup.batch.micro_batch,
         consumed_samples=consumed,
         train=True,
+        attention=resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch),
     )
     metrics = open_metrics(cfg, place, start_step, model, run)
     outputs = RunOutputs(metrics, ckpts, run_state(cfg, run.train_reader, run.setup, init_report))

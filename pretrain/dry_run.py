@@ -26,6 +26,7 @@ from pretrain.data.mixture import open_training, parse_mixture
 from pretrain.data.show_masks import format_shown
 from pretrain.data.show_masks import show_masks as shown_masks
 from pretrain.model.bert import ModelConfig, build_model, padded_vocab, resolve_config
+from pretrain.model.document_attention import resolve_attention
 
 log = get_logger(__name__)
 DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)
@@ -147,6 +148,9 @@ def run_dry_run(
     if reader is None:
         reader = open_training(parse_mixture(data), verify=data_cfg.verify)
     resolved = resolve_config(model_cfg, reader.vocab_size)
+    resolved = dataclasses.replace(
+        resolved, attention=resolve_attention(resolved.attention, resolved.arch)
+    )
     model = build_model(
         resolved, reader.vocab_size, nsp=reader.format == "nsp", max_seq_len=reader.max_seq_len
     )
@@ -159,6 +163,7 @@ def run_dry_run(
         micro_batch_size=micro_batch_size,
         consumed_samples=0,
         train=True,
+        attention=resolved.attention,
     )
     masking = realised_masking(loader, num_batches, masking_cfg, micro_batch_size)
     report = {
@@ -200,12 +205,23 @@ def _sharing(model_cfg: dict[str, Any]) -> str:
     return "" if spec == "none" else f" (weights shared: {spec})"
 
 
-def _modern_block(model_cfg: dict[str, Any]) -> str:
-    """For --arch modernbert: where the layers attend and their rotary bases; else ""."""
+def _attention(model_cfg: dict[str, Any], fmt: str) -> str:
+    """The --attention line: what a token sees (document or full) and, for modernbert, where
+    the layers attend and their rotary bases."""
+    mode = model_cfg.get("attention", "full")
+    if mode == "document":
+        seen = (
+            "document: each sequence (NSP pair) as one document"
+            if fmt == "nsp"
+            else "document: a token sees its own document, positions restart per document"
+        )
+    else:
+        seen = "full: a token sees its whole packed sequence"
+    line = f"\n        attention {seen}"
     if model_cfg.get("arch", "bert") != "modernbert":
-        return ""
-    return (
-        f"\n        attention: global every {model_cfg['global_attn_every_n_layers']} layers, "
+        return line
+    return line + (
+        f"\n        layers: global every {model_cfg['global_attn_every_n_layers']} layers, "
         f"the others a window of {model_cfg['local_attention']} tokens; rope theta "
         f"{model_cfg['global_rope_theta']:g} global, {model_cfg['local_rope_theta']:g} local"
     )
@@ -220,7 +236,7 @@ def format_report(r: dict[str, Any]) -> str:
         (
             f"model   {cm['name']}: {m['architecture']}, hidden {cm['hidden_size']}, layers "
             f"{cm['num_hidden_layers']}{_sharing(cm)}, heads {cm['num_attention_heads']}, "
-            f"ffn {cm['intermediate_size']}{_modern_block(cm)}"
+            f"ffn {cm['intermediate_size']}{_attention(cm, s['format'])}"
         ),
         (
             f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "

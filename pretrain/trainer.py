@@ -35,6 +35,7 @@ from pretrain.config.batching import BatchPlan
 from pretrain.config.train_config import TrainConfig
 from pretrain.data.loader import build_loader
 from pretrain.data.masking import merge_stats
+from pretrain.model.document_attention import resolve_attention
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
@@ -362,6 +363,7 @@ class Trainer:
                 micro_batch_size=self.plan.micro_batch,
                 consumed_samples=0,
                 train=False,
+                attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
             )
 
         mine = loader(self.rank, self.world)

@@ -87,6 +87,13 @@ def config_from_args(
     flags = _overrides(ns, names, "model_cfg")
     base = _preset_for(cfg, flags, getattr(ns, "model_preset", None) is not None, parser)
     cfg.model_cfg = dataclasses.replace(base, **flags)
+    from pretrain.model.document_attention import AttentionError, resolve_attention
+
+    try:  # the run's config.json records what auto meant for this arch
+        mode = resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch)
+    except AttentionError as e:
+        parser.error(str(e))
+    cfg.model_cfg = dataclasses.replace(cfg.model_cfg, attention=mode)
     chosen = dataclasses.asdict(base) if getattr(ns, "model_preset", None) is not None else {}
     cfg.explicit_model = {**{k: v for k, v in chosen.items() if k != "name"}, **flags}
     data_over = _overrides(ns, names, "data_cfg")

@@ -19,6 +19,12 @@ Mixtures (pretrain.data.mixture): a reader with a `sampler(...)` method supplies
 (build_loader uses it for train=True); its batches carry `source` (each row's source number, put
 into the batch as the tensor `batch["source"]`, which the trainer pops like `masking_stats`) and
 `mask_prob` (per-row rates handed to the Masker).
+
+Document attention (``attention="document"``, ``--attention``): each batch also carries
+`document_ids` and `position_ids` ([B, T] int64: which document of its packed sequence a token
+belongs to, -1 in padding, and its position inside that document), computed from the batch's
+[SEP]s in a few numpy passes (pretrain.model.document_attention.document_index); masking is
+unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from bertforge.cli import opt
 from data_prep.reader import SampleBatch
 from pretrain.components.preemption import job_signals
 from pretrain.data.masking import Masker, MaskingConfig
+from pretrain.model.document_attention import document_index
 
 
 @dataclass
@@ -180,9 +187,15 @@ class MaskedBatches(Dataset):
         masking_cfg: MaskingConfig,
         pad_to_multiple_of: int = 8,
         schedule_position: int | None = None,
+        attention: str = "full",
     ):
         """schedule_position: evaluate the mask_prob schedule there for every sample (validation
-        masks at one fixed rate) instead of at each sample's stream position."""
+        masks at one fixed rate) instead of at each sample's stream position. attention
+        "document": the batches also carry document_ids and position_ids (see the module doc)."""
+        if attention not in ("full", "document"):
+            raise ValueError(f"attention {attention!r}: choose full or document (resolve auto)")
+        self.attention = attention
+        self.sep_id = int(reader.special_tokens["sep"])
         self.reader = reader
         self.schedule_position = schedule_position
         self.nsp = reader.format == "nsp"
@@ -248,6 +261,10 @@ class MaskedBatches(Dataset):
             types = (np.arange(T)[None, :] >= got.segment_a_len[:, None]) & in_seq
             batch["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
             batch["next_sentence_label"] = torch.from_numpy(got.is_random_next.astype(np.int64))
+        if self.attention == "document":  # from the unmasked ids: masking never touches [SEP]
+            docs, pos = document_index(ids, lengths, self.sep_id, nsp=self.nsp)
+            batch["document_ids"] = torch.from_numpy(docs)
+            batch["position_ids"] = torch.from_numpy(pos)
         if got.source is not None:  # a mixture: which source each row came from (pop it too)
             batch["source"] = torch.from_numpy(got.source)
         batch["masking_stats"] = stats
@@ -287,11 +304,14 @@ def build_loader(
     micro_batch_size: int = 32,
     consumed_samples: int = 0,
     train: bool = True,
+    attention: str = "full",
 ) -> DataLoader:
     """DataLoader of masked micro-batches for one rank (see module doc and docs/design.md s.3).
 
     train=True yields forever, starting at global position `consumed_samples`; train=False makes
     one pass in index order with fixed masks (epoch 0, mask_prob at the schedule's end).
+    attention: "full" or "document" (batches carry document_ids and position_ids; resolve the
+    flag's "auto" with pretrain.model.document_attention.resolve_attention first).
     `loader.batch_sampler` is the GlobalSampler. The loader prefetches,
     so the caller tracks consumed_samples itself (+= global batch per optimizer step).
     """
@@ -320,7 +340,11 @@ def build_loader(
     # Validation masks every sample at the schedule's final rate, so evaluations stay comparable.
     final = masking_cfg.schedule_samples if masking_cfg.mask_prob_end is not None else 0
     dataset = MaskedBatches(
-        reader, masking_cfg, data_cfg.pad_to_multiple_of, schedule_position=None if train else final
+        reader,
+        masking_cfg,
+        data_cfg.pad_to_multiple_of,
+        schedule_position=None if train else final,
+        attention=attention,
     )
     workers = data_cfg.num_workers
     return DataLoader(

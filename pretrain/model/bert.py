@@ -34,6 +34,7 @@ from transformers.models.bert.modeling_bert import (
 
 import kernels
 from kernels import IGNORE_INDEX
+from pretrain.model.document_attention import document_mask
 from pretrain.model.model_config import ARCHES, ModelConfig, export_config, padded_vocab
 
 # The presets' first home: `from pretrain.model.bert import PRESETS, preset` keeps working.
@@ -264,6 +265,18 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
+    def _encode(self, input_ids, attention_mask, token_type_ids, document_ids, position_ids):
+        """BertModel's output; with document_ids, under the block-diagonal document mask."""
+        if document_ids is not None:
+            attention_mask = document_mask(document_ids)
+        return self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            return_dict=True,
+        )
+
     def _masked_rows(
         self, sequence_output: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,23 +295,27 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         next_sentence_label: torch.Tensor | None = None,
         mlm_normalizer: torch.Tensor | float | None = None,
         nsp_normalizer: torch.Tensor | float | None = None,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        sequence_starts: torch.Tensor | None = None,
     ) -> dict:
         """Pretraining losses and counts.
 
         labels: [B, T] with IGNORE_INDEX where not predicted. mlm_normalizer: masked tokens of the
         whole global batch (the MLM loss is sum / mlm_normalizer; default: this batch's count).
         nsp_normalizer: sequences of the global batch (NSP loss is sum / nsp_normalizer; default
-        this batch's size). Returns {loss, mlm_loss, nsp_loss (None without NSP), num_masked,
-        num_correct, nsp_correct, nsp_count}.
+        this batch's size). document_ids, position_ids [B, T]: document attention (a token sees
+        its own document only; :mod:`pretrain.model.document_attention`), which replaces
+        attention_mask; sequence_starts [S]: the unpadded form's sequence starts in its one row
+        (the NSP head reads each sequence's [CLS] there). Returns {loss, mlm_loss, nsp_loss (None
+        without NSP), num_masked, num_correct, nsp_correct, nsp_count}.
         """
         if labels is None:
             raise ValueError("labels are required: the model computes the MLM loss on masked rows")
-        out = self.bert(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            return_dict=True,
-        )
+        out = self._encode(input_ids, attention_mask, token_type_ids, document_ids, position_ids)
+        if sequence_starts is not None and out.pooler_output is not None:
+            cls_rows = out.last_hidden_state[0].index_select(0, sequence_starts)
+            out.pooler_output = self.bert.pooler(cls_rows[:, None])
         hidden, row_labels = self._masked_rows(out.last_hidden_state, labels)
         mlm = kernels.masked_lm_loss_rows(
             hidden,
@@ -338,14 +355,11 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         labels: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX (row-major order)."""
-        out = self.bert(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            return_dict=True,
-        )
+        out = self._encode(input_ids, attention_mask, token_type_ids, document_ids, position_ids)
         hidden, _ = self._masked_rows(out.last_hidden_state, labels)
         v = self.true_vocab_size
         return F.linear(

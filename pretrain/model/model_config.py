@@ -49,6 +49,12 @@ class ModelConfig:
         "cross-layer weight sharing (ALBERT): none | all (one set of layer weights for every "
         "layer) | groups:G (G groups of consecutive layers, one set each)",
     )
+    attention: str = opt(
+        "auto",
+        "document: in packed shards a token attends only within its own document (each [SEP] "
+        "closes one) and positions restart per document | full: across the whole sequence | "
+        "auto: document for modernbert, full for bert (pretrain.model.document_attention)",
+    )
     local_attention: int = opt(
         128, "modernbert: tokens a sliding-window (local) attention layer sees, itself included"
     )

@@ -26,6 +26,7 @@ import kernels
 from bertforge.errors import UserError
 from kernels import IGNORE_INDEX
 from pretrain.model.bert import apply_activation_checkpointing
+from pretrain.model.document_attention import document_mask
 from pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 
 #: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
@@ -150,9 +151,20 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
         register_external_parameter(self, self.decoder.weight)
         register_external_parameter(self, self.decoder.bias)
 
-    def _masked_rows(self, input_ids, attention_mask, labels) -> tuple[torch.Tensor, torch.Tensor]:
+    def _masked_rows(
+        self, input_ids, attention_mask, labels, document_ids=None, position_ids=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major)."""
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if document_ids is not None:
+            # transformers' ModernBertModel takes one prepared 4D mask per layer type as is;
+            # the local layers keep their window (|q - k| <= sliding_window) inside the document.
+            attention_mask = {
+                "full_attention": document_mask(document_ids),
+                "sliding_attention": document_mask(document_ids, self.config.sliding_window),
+            }
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
         flat_labels = labels.reshape(-1)
         idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)
@@ -165,13 +177,19 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
         token_type_ids: torch.Tensor | None = None,  # the loader's; ModernBERT has no segments
         labels: torch.Tensor | None = None,
         mlm_normalizer: torch.Tensor | float | None = None,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
         **_: object,
     ) -> dict:
         """Pretraining loss and counts, as BertForPretrainingMasked.forward returns them
-        (nsp_loss None, NSP counts 0). mlm_normalizer: masked tokens of the global batch."""
+        (nsp_loss None, NSP counts 0). mlm_normalizer: masked tokens of the global batch.
+        document_ids, position_ids [B, T]: document attention (replaces attention_mask; rotary
+        positions from position_ids; :mod:`pretrain.model.document_attention`)."""
         if labels is None:
             raise ValueError("labels are required: the model computes the MLM loss on masked rows")
-        rows, row_labels = self._masked_rows(input_ids, attention_mask, labels)
+        rows, row_labels = self._masked_rows(
+            input_ids, attention_mask, labels, document_ids, position_ids
+        )
         mlm = kernels.masked_lm_loss_rows(
             rows,
             self.decoder.weight,
@@ -194,9 +212,17 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
         }
 
     @torch.no_grad()
-    def predict_masked(self, input_ids, attention_mask, token_type_ids, labels) -> torch.Tensor:
+    def predict_masked(
+        self,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        labels,
+        document_ids=None,
+        position_ids=None,
+    ) -> torch.Tensor:
         """MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX (row-major order)."""
-        rows, _ = self._masked_rows(input_ids, attention_mask, labels)
+        rows, _ = self._masked_rows(input_ids, attention_mask, labels, document_ids, position_ids)
         v = self.true_vocab_size
         return F.linear(rows, self.decoder.weight[:v], self.decoder.bias[:v])
 
