@@ -277,6 +277,18 @@ class BertForPretrainingMasked(BertPreTrainedModel):
             return_dict=True,
         )
 
+    def encode(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        document_ids=None,
+        position_ids=None,
+    ) -> torch.Tensor:
+        """The encoder's last hidden states [B, T, H] (document attention with document_ids)."""
+        out = self._encode(input_ids, attention_mask, token_type_ids, document_ids, position_ids)
+        return out.last_hidden_state
+
     def _masked_rows(
         self, sequence_output: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

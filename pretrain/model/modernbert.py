@@ -151,10 +151,16 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
         register_external_parameter(self, self.decoder.weight)
         register_external_parameter(self, self.decoder.bias)
 
-    def _masked_rows(
-        self, input_ids, attention_mask, labels, document_ids=None, position_ids=None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major)."""
+    def encode(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        document_ids=None,
+        position_ids=None,
+    ) -> torch.Tensor:
+        """The encoder's last hidden states [B, T, H] (after the final norm; document attention
+        with document_ids)."""
         if document_ids is not None:
             # transformers' ModernBertModel takes one prepared 4D mask per layer type as is;
             # the local layers keep their window (|q - k| <= sliding_window) inside the document.
@@ -162,9 +168,15 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
                 "full_attention": document_mask(document_ids),
                 "sliding_attention": document_mask(document_ids, self.config.sliding_window),
             }
-        hidden = self.model(
+        return self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
+
+    def _masked_rows(
+        self, input_ids, attention_mask, labels, document_ids=None, position_ids=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major)."""
+        hidden = self.encode(input_ids, attention_mask, None, document_ids, position_ids)
         flat_labels = labels.reshape(-1)
         idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)
