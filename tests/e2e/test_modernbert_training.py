@@ -48,6 +48,7 @@ def test_trains_and_exports_a_folder_transformers_loads(modernbert_run, english_
     config = json.loads((modernbert_run / "config.json").read_text())
     assert config["model_cfg"]["arch"] == "modernbert"
     assert config["model_cfg"]["name"] == "modernbert-tiny"
+    assert config["model_cfg"]["attention"] == "document"  # --attention auto for modernbert
     losses = [r["loss"] for r in read_metrics(modernbert_run / "metrics.jsonl", "train")]
     assert len(losses) == 3 and all(0 < x < 20 for x in losses)
 
