@@ -198,3 +198,14 @@ def test_the_dry_run_prints_the_attention(english_shards):
         str(english_shards), cfg, MaskingConfig(), DataConfig(), 1, micro_batch_size=2, stream=out
     )
     assert "attention document: a token sees its own document" in out.getvalue()
+
+
+def test_a_resume_under_the_other_mode_is_refused(tmp_path):
+    from pretrain.components.resume import CheckpointError, check_compatible
+
+    state = {"tokenizer_fingerprint": "f", "vocab_size": 10, "config": {"model_cfg": {}}}
+    state["config"]["model_cfg"]["attention"] = "full"
+    kw = {"vocab_size": 10, "tokenizer_fingerprint": "f", "path": tmp_path}
+    check_compatible(state, model_config={"attention": "full"}, **kw)
+    with pytest.raises(CheckpointError, match="model.attention = 'full'"):
+        check_compatible(state, model_config={"attention": "document"}, **kw)
