@@ -195,7 +195,14 @@ def test_the_dry_run_prints_the_attention(english_shards):
     out = io.StringIO()
     cfg = ModelConfig(attention="document", **TINY)
     run_dry_run(
-        str(english_shards), cfg, MaskingConfig(), DataConfig(), 1, micro_batch_size=2, stream=out
+        str(english_shards),
+        cfg,
+        MaskingConfig(),
+        DataConfig(),
+        1,
+        micro_batch_size=2,
+        stream=out,
+        show_masks=1,
     )
     assert "attention document: a token sees its own document" in out.getvalue()
 
