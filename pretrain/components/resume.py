@@ -176,7 +176,9 @@ def check_compatible(
         problems.append(
             f"vocab size {state.get('vocab_size')} (checkpoint) != {vocab_size} (--data)"
         )
-    saved = state.get("config", {}).get("model_cfg", {})
+    saved = dict(state.get("config", {}).get("model_cfg", {}))
+    if saved and "attention" not in saved:  # written before --attention: every token saw all
+        saved["attention"] = "full"
     for k, v in model_config.items():
         if k in saved and saved[k] != v and k not in _FREE_MODEL_FIELDS:
             problems.append(f"model.{k} = {saved[k]!r} (checkpoint) != {v!r} (this run)")

@@ -216,3 +216,19 @@ def test_a_resume_under_the_other_mode_is_refused(tmp_path):
     check_compatible(state, model_config={"attention": "full"}, **kw)
     with pytest.raises(CheckpointError, match="model.attention = 'full'"):
         check_compatible(state, model_config={"attention": "document"}, **kw)
+
+
+def test_a_checkpoint_from_before_the_flag_counts_as_full_attention(tmp_path):
+    """A run saved before --attention existed had every token see the whole sequence: its
+    resume under document attention (modernbert's auto) is refused, under full it goes on."""
+    from pretrain.components.resume import CheckpointError, check_compatible
+
+    state = {
+        "tokenizer_fingerprint": "f",
+        "vocab_size": 10,
+        "config": {"model_cfg": {"arch": "modernbert"}},
+    }
+    kw = {"vocab_size": 10, "tokenizer_fingerprint": "f", "path": tmp_path}
+    check_compatible(state, model_config={"arch": "modernbert", "attention": "full"}, **kw)
+    with pytest.raises(CheckpointError, match="model.attention = 'full'"):
+        check_compatible(state, model_config={"arch": "modernbert", "attention": "document"}, **kw)
