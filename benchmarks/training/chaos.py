@@ -46,6 +46,7 @@ MOMENTS = ("step", "save", "validation", "startup")
 SIGNALS = ("kill", "term")
 LOCK_NAME = ".lock"  # pretrain/build.py: FolderLock(run / ".lock")
 POLL_S = 0.05
+UNSURVIVED = ("hung", "unreachable", "missed", "ended_first")  # what makes a kill not count
 
 
 @dataclass
@@ -305,6 +306,15 @@ def send(proc: subprocess.Popen, kill: dict) -> bool:
     return False
 
 
+def fired(kill: dict, log: str) -> bool:
+    """Whether the trainer fired its planned fault, from the launcher's log: a rank's exit by
+    SIGKILL (DeepSpeed's launcher names the last rank it started, whichever died), or the
+    launcher itself receiving the group's SIGTERM."""
+    if kill["signal"] == "term":
+        return "Main process received SIGTERM" in log
+    return "exits with return code = -9" in log
+
+
 def run_launch(
     index: int, s: Settings, args: list[str], logs: Path, run: Path, kill: dict | None
 ) -> Launch:
@@ -320,7 +330,7 @@ def run_launch(
     proc = start(cmd, log, kill.get("faults") if kill else None)
     shown = " ".join(cmd).replace(str(run.parent), "OUT").replace(str(REPO), ".")
     launch = Launch(index, expected, None, expected, None, port, log.name, shown, kill)
-    fired_at, ranks = None, []
+    fired_at, ranks, sent = None, [], False
     try:
         while proc.poll() is None and time.monotonic() - t0 < s.launch_timeout_s:
             seen = watch.poll()
@@ -335,11 +345,11 @@ def run_launch(
                     if seen:  # too late for start-up: kill at once and say so
                         kill["missed"] = "the first step came before the start-up delay"
                     if (seen or time.monotonic() - t0 >= kill["delay_s"]) and send(proc, kill):
-                        fired_at = time.monotonic()
+                        fired_at, sent = time.monotonic(), True
                 elif len(seen) >= kill["after_records"]:
                     nth = sorted(seen.values())[kill["after_records"] - 1]
                     if time.monotonic() - nth >= kill["delay_s"] and send(proc, kill):
-                        fired_at = time.monotonic()
+                        fired_at, sent = time.monotonic(), True
                         kill["fired_after_step"] = max(seen)
             time.sleep(POLL_S)
         if proc.poll() is None and fired_at is None:
@@ -360,7 +370,10 @@ def run_launch(
     watch.poll()
     launch.records = watch.records()
     launch.reached = max([expected, *watch.seen])
-    found = re.search(r"resumed from \S+ at step (\d+)", log.read_text(errors="replace"))
+    text = log.read_text(errors="replace")
+    if kill is not None:
+        kill["fired"] = fired(kill, text) if "faults" in kill else sent
+    found = re.search(r"resumed from \S+ at step (\d+)", text)
     launch.resumed_at = int(found.group(1)) if found else (0 if launch.startup_s else None)
     return launch
 
@@ -414,8 +427,10 @@ def chaos(s: Settings, shards: Path, out: Path) -> dict:
         finished = launch.exit_code == 0 and newest_verified(run) == s.steps
         if kill is not None:
             pending.pop(0)
-            if finished:
+            if finished and not kill["fired"]:
                 kill["unreachable"] = "the run reached its last step before this kill's moment"
+            elif not kill["fired"]:
+                kill["ended_first"] = f"the launch ended by itself (exit {launch.exit_code})"
         if finished or kill is None or kill.get("hung") or len(launches) > s.kills + 3:
             break
     chaos_wall = time.monotonic() - t_chaos
@@ -454,7 +469,7 @@ def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> d
         if la.kill is None:
             continue
         nxt = launches[i + 1] if i + 1 < len(launches) else None
-        for key in ("hung", "unreachable", "missed"):
+        for key in UNSURVIVED:
             if key in la.kill:
                 problems.append(f"kill {len(kills) + 1} ({la.kill['moment']}): {la.kill[key]}")
         redone = la.reached - nxt.resume_expected if nxt else 0
@@ -478,7 +493,7 @@ def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> d
         )
     if launches and launches[-1].exit_code != 0:
         problems.append(f"the last launch exited {launches[-1].exit_code}")
-    survived = [k for k in kills if not any(x in k for x in ("hung", "unreachable", "missed"))]
+    survived = [k for k in kills if not any(x in k for x in UNSURVIVED)]
     if pending or len(survived) < s.kills:
         problems.append(f"{len(survived)} of {s.kills} kills survived")
     by_kind: dict[str, int] = {}
