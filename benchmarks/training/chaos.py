@@ -424,6 +424,8 @@ def chaos(s: Settings, shards: Path, out: Path) -> dict:
         kill = plan_kill(rng, pending[0], s, resume, ref["startup_s"]) if pending else None
         launch = run_launch(len(launches), s, args, out / "chaos_logs", run, kill)
         launches.append(launch)
+        with open(out / "chaos_progress.jsonl", "a") as f:  # what a run cut short had reached
+            f.write(json.dumps({k: v for k, v in asdict(launch).items() if k != "records"}) + "\n")
         finished = launch.exit_code == 0 and newest_verified(run) == s.steps
         if kill is not None:
             pending.pop(0)
@@ -473,10 +475,10 @@ def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> d
             if key in la.kill:
                 problems.append(f"kill {len(kills) + 1} ({la.kill['moment']}): {la.kill[key]}")
         redone = la.reached - nxt.resume_expected if nxt else 0
-        # Lost: the killed start-up itself, the wait for the job to end, the next start-up.
-        relaunch = (la.exit_s or 0) + ((nxt.startup_s or 0) if nxt else 0)
-        if la.kill["moment"] == "startup" and la.startup_s is None:
-            relaunch += la.kill.get("delay_s", 0)
+        # Lost: the wait for the job to end, the next start-up (up to its kill when it was
+        # killed in start-up) and the steps redone.
+        started = (nxt.startup_s or (nxt.kill or {}).get("delay_s") or 0) if nxt else 0
+        relaunch = (la.exit_s or 0) + started
         kills.append(
             {
                 **{k: v for k, v in la.kill.items() if k != "faults"},
@@ -522,6 +524,11 @@ def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> d
         "run": "chaos",
         "reference": "reference",
         "logs": [f"chaos_logs/{la.log}" for la in launches],
+        "launch_details": [
+            {k: getattr(la, k) for k in ("index", "resume_expected", "resumed_at", "reached")}
+            | {"exit_code": la.exit_code, "startup_s": la.startup_s, "exit_s": la.exit_s}
+            for la in launches
+        ],
     }
     (out / "chaos_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
