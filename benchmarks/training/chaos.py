@@ -442,6 +442,9 @@ def chaos(s: Settings, shards: Path, out: Path) -> dict:
 def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> dict:
     run, ref_run = out / "chaos", out / "reference"
     problems: list[str] = []
+    ref_steps = sorted(step for split, step in ref["losses"] if split == "train")
+    if ref["launch"].exit_code != 0 or ref_steps != list(range(1, s.steps + 1)):
+        problems.append(f"the uninterrupted run failed (exit {ref['launch'].exit_code})")
     mismatched = []
     for launch in launches:
         for r in launch.records:
@@ -469,6 +472,9 @@ def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> d
                 f"the newest verified checkpoint was {la.resume_expected}"
             )
         if la.kill is None:
+            continue
+        if "moment" not in la.kill:  # a launch with no kill planned that did not end
+            problems.append(f"launch {la.index}: {la.kill['hung']}")
             continue
         nxt = launches[i + 1] if i + 1 < len(launches) else None
         for key in UNSURVIVED:

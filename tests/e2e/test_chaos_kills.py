@@ -16,8 +16,6 @@ import pytest
 
 from benchmarks.training import chaos
 
-pytestmark = pytest.mark.slow
-
 KILLS, STEPS, SEED = 5, 30, 0
 
 
@@ -30,6 +28,7 @@ def test_the_plan_covers_every_moment_and_both_signals():
     assert sorted(eight) == sorted((m, s) for m in chaos.MOMENTS for s in chaos.SIGNALS)
 
 
+@pytest.mark.slow
 def test_five_kills_end_bit_identical_to_the_uninterrupted_run(english_shards, tmp_path):
     settings = chaos.Settings(steps=STEPS, kills=KILLS, seed=SEED, save_interval=5, eval_interval=7)
     summary = chaos.chaos(settings, english_shards, tmp_path)
@@ -40,3 +39,15 @@ def test_five_kills_end_bit_identical_to_the_uninterrupted_run(english_shards, t
     assert summary["steps_redone"] > 0, text  # the SIGKILL mid-steps made the run redo steps
     assert (tmp_path / "chaos_summary.json").is_file()
     assert str(tmp_path) not in (tmp_path / "chaos_summary.json").read_text()  # relative paths
+
+
+def test_records_count_only_once_the_launch_has_rewritten_the_metrics(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {i}, "loss": {i}.0}}\n' for i in range(1, 9)))
+    watch = chaos.MetricsWatch(path, resume_step=5)
+    assert watch.poll() == {} and watch.records() == []  # steps 6-8: the killed launch's
+    tmp = tmp_path / "new"
+    tmp.write_text("".join(f'{{"step": {i}, "loss": {i}.5}}\n' for i in range(1, 7)))
+    tmp.replace(path)  # the trainer's atomic rewrite, then its own step 6
+    assert list(watch.poll()) == [6]
+    assert watch.records() == [{"split": "train", "step": 6, "loss": 6.5}]
