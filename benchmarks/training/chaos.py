@@ -1,0 +1,596 @@
+"""The chaos test: a 2-rank run killed K times at seeded random moments, restarted each time with
+``--resume auto``, must end bit-identical to a run that was never interrupted.
+
+    python -m benchmarks.training.chaos --out /tmp/chaos --steps 300 --kills 30 --seed 0
+        [--ds_config ds_configs/cpu.json] [--save_interval 8] [--eval_interval 12]
+
+The job is launched as a user launches it (the DeepSpeed launcher, in its own session), tiny
+model with dropout, interval saves and validation passes. Each kill is drawn from four moments:
+``step`` (after a random number of new step records in metrics.jsonl plus a random delay),
+``save`` and ``validation`` (the planned faults ``kill_in_PHASE`` / ``term_in_PHASE`` of
+``BERTFORGE_FAULTS`` at a save or validation step still ahead of the run) and ``startup`` (a
+random delay after launch, before the first step), and from two signals: ``kill`` (SIGKILL to one
+rank process) or ``term`` (SIGTERM to the job's whole process group, as a scheduler preempts).
+After each kill every process of the job must end within ``--hang_timeout_s``; then the same
+command is started again with ``--resume auto`` until the run reaches ``--steps``.
+
+It passes when: every training loss (and validation loss) ever logged, the records of redone
+steps included, equals the uninterrupted run's at that step exactly, and the final history holds
+each step 1..N once; the final weights are bit-identical; each relaunch resumed from the newest
+complete checkpoint that verified; no job hung; no ``/dev/shm/deepspeed_*`` buffer of any of its
+ports, no run lock (``RUN/.lock``) and no checkpoint folder without its ``COMPLETE`` marker is
+left. A kill whose moment the run never reached (it ended first) is reported as unreachable and
+fails the run. ``OUT/chaos_summary.json`` holds the figures, with paths relative to ``OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env
+from pretrain.components.distributed import free_port
+from pretrain.config import command_line
+
+MOMENTS = ("step", "save", "validation", "startup")
+SIGNALS = ("kill", "term")
+LOCK_NAME = ".lock"  # pretrain/build.py: FolderLock(run / ".lock")
+POLL_S = 0.05
+UNSURVIVED = ("hung", "unreachable", "missed", "ended_first")  # what makes a kill not count
+
+
+@dataclass
+class Settings:
+    """One chaos run's sizes; the defaults are the CI form's."""
+
+    steps: int = 36
+    kills: int = 5
+    seed: int = 0
+    ds_config: str = str(CPU_DS_CONFIG)
+    save_interval: int = 6
+    eval_interval: int = 9
+    keep_last: int = 2
+    hang_timeout_s: float = 120.0
+    launch_timeout_s: float = 900.0
+    extra: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Launch:
+    """What one launch of the job did."""
+
+    index: int
+    resume_expected: int  # the newest verified checkpoint's step before it started (0: none)
+    resumed_at: int | None  # the step its log says it resumed from
+    reached: int  # the newest step it logged
+    exit_code: int | None
+    port: int
+    log: str
+    cmd: str = ""  # the command line, paths relative to the output folder
+    kill: dict | None = None  # the kill it suffered (None: it ran to the end)
+    startup_s: float | None = None  # launch -> its first new step record
+    exit_s: float | None = None  # the kill -> every process of the job gone
+    records: list[dict] = field(default_factory=list)  # train + validation records it logged
+
+
+# ---- the job ----------------------------------------------------------------------------------
+
+
+def train_args(s: Settings, shards: Path, run: Path) -> list[str]:
+    """The trainer's flags (launcher and --resume aside): tiny model with dropout, one thread."""
+    return command_line.flags(
+        {
+            "ds_config": s.ds_config,
+            "data": shards,
+            "output_dir": run,
+            "model": "tiny",
+            "num_workers": 0,
+            "progress": False,
+            "global_batch_size": 16,
+            "micro_batch_size": 4,
+            "lr": 1e-3,
+            "warmup_steps": 1,
+            "max_steps": s.steps,
+            "save_interval": s.save_interval,
+            "eval_interval": s.eval_interval,
+            "eval_batches": 2,
+            "keep_last": s.keep_last,
+            "dist_timeout_s": 60,
+        },
+        switches=False,
+    ) + list(s.extra)
+
+
+def start(cmd: list[str], log: Path, faults: str | None) -> subprocess.Popen:
+    """The launcher in its own session (a group SIGTERM reaches the job only)."""
+    env = one_thread_env(TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
+    env.pop("BERTFORGE_FAULTS", None)
+    if faults:
+        env["BERTFORGE_FAULTS"] = faults
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def job_processes(sid: int) -> list:
+    """Every live process of the job's session (launcher, its launch.py, the ranks)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def rank_process(sid: int, rank: int):
+    """The process of local rank ``rank`` (None before the launcher has started it)."""
+    import psutil
+
+    for p in job_processes(sid):
+        try:
+            if f"--local_rank={rank}" in p.cmdline():
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def wait_job_gone(proc: subprocess.Popen, deadline_s: float) -> tuple[int | None, float, bool]:
+    """Wait for the launcher and every process of its session; (exit code, seconds, hung)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        code = proc.poll()
+        if code is not None and not job_processes(proc.pid):
+            return code, time.monotonic() - t0, False
+        time.sleep(POLL_S)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # clean up what hung, then report it
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    return proc.returncode, time.monotonic() - t0, True
+
+
+class MetricsWatch:
+    """The step records a launch adds to RUN/metrics.jsonl. The trainer rewrites the file (a new
+    inode) when it starts, dropping records past its resume step: until then, records past it are
+    the previous launch's."""
+
+    def __init__(self, path: Path, resume_step: int):
+        self.path, self.resume_step = path, resume_step
+        self.signature = self._signature()
+        self.fresh = not any(r["step"] > resume_step for r in self._read("train"))
+        self.seen: dict[int, float] = {}  # step -> when first seen (monotonic)
+
+    def _signature(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_ctime_ns  # nobody writes the file until the trainer rewrites it
+
+    def _read(self, split: str) -> list[dict]:
+        from pretrain.components.metrics import read_metrics
+
+        try:
+            return read_metrics(self.path, split)
+        except FileNotFoundError:
+            return []
+
+    def poll(self) -> dict[int, float]:
+        """Steps this launch has logged so far, with when each was first seen."""
+        if not self.fresh:
+            self.fresh = self._signature() != self.signature
+        if self.fresh:
+            now = time.monotonic()
+            for r in self._read("train"):
+                if r["step"] > self.resume_step:
+                    self.seen.setdefault(r["step"], now)
+        return self.seen
+
+    def records(self) -> list[dict]:
+        """Train and validation records of this launch (steps past its resume step)."""
+        if not self.fresh:
+            return []
+        out = []
+        for split in ("train", "validation"):
+            for r in self._read(split):
+                if r["step"] > self.resume_step:
+                    loss = r["loss" if split == "train" else "val_loss"]
+                    out.append({"split": split, "step": r["step"], "loss": loss})
+        return out
+
+
+# ---- checkpoints and what a job leaves --------------------------------------------------------
+
+
+def newest_verified(run: Path) -> int:
+    from pretrain.components.resume import find_latest
+
+    latest = find_latest(run / "checkpoints", quiet=True)
+    return int(latest.name.split("_")[1]) if latest else 0
+
+
+def leftovers(run: Path, ports: list[int]) -> list[str]:
+    """What a finished run must not hold: shm buffers of its ports, its lock, partial folders."""
+    from pretrain.components.checkpoint_files import is_complete, verify
+    from pretrain.components.resume import TAG_RE
+    from pretrain.components.shm_buffers import buffers_of_port
+
+    found = [f"/dev/shm/{p.name}" for port in ports for p in buffers_of_port(port)]
+    if (run / LOCK_NAME).exists():
+        found.append(f"{run.name}/{LOCK_NAME}")
+    for p in sorted((run / "checkpoints").iterdir()) if (run / "checkpoints").is_dir() else []:
+        if p.is_dir() and (not TAG_RE.match(p.name) or not is_complete(p) or verify(p)):
+            found.append(f"{run.name}/checkpoints/{p.name} (no COMPLETE or does not verify)")
+    return found
+
+
+def same_weights(run: Path, ref: Path, step: int) -> list[str]:
+    """Names of the tensors of checkpoint ``step`` that differ between the runs (or the reason)."""
+    import torch
+
+    from pretrain.components.checkpoint_files import consolidated_state_dict
+    from pretrain.components.resume import tag_for
+
+    try:
+        a = consolidated_state_dict(run / "checkpoints" / tag_for(step))
+        b = consolidated_state_dict(ref / "checkpoints" / tag_for(step))
+    except Exception as e:  # a missing final checkpoint fails the run with its reason
+        return [f"cannot read the final checkpoints: {e}"]
+    if a.keys() != b.keys():
+        return [f"different tensors: {sorted(a.keys() ^ b.keys())}"]
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+# ---- one launch, and the kill planned for it ----------------------------------------------------
+
+
+def plan_kill(
+    rng: random.Random, kind: tuple[str, str], s: Settings, resume: int, startup_s: float
+):
+    """The kill of one launch: its moment, signal, rank and where/when it fires."""
+    (moment, sig), rank = kind, rng.randrange(2)
+    kill = {"moment": moment, "signal": sig, "rank": rank}
+    if moment in ("save", "validation"):
+        every = s.save_interval if moment == "save" else s.eval_interval
+        ahead = [t for t in range(every, s.steps, every) if t > resume]
+        if sig == "kill":  # a SIGTERM in the last save or validation only ends the run early
+            ahead.append(s.steps)
+        if ahead:
+            kill["at_step"] = rng.choice(ahead[:2])  # one of the next two: the run lasts K kills
+            kill["faults"] = f"{sig}_in_{moment}@{kill['at_step']}@{rank}"
+            return kill
+        kill["moment"] = moment = "step"
+        kill["note"] = "no save or validation step ahead of the run: a kill inside steps"
+    if moment == "step":
+        kill["after_records"] = rng.randint(1, s.save_interval + 1)
+        kill["delay_s"] = round(rng.uniform(0.0, 0.3), 3)
+    else:  # startup: well inside the start-up the reference run took
+        kill["delay_s"] = round(rng.uniform(0.1, 0.6) * startup_s, 3)
+    return kill
+
+
+def send(proc: subprocess.Popen, kill: dict) -> bool:
+    """The kill itself, for the moments the harness times (faults fire inside the trainer)."""
+    if kill["signal"] == "term":
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            return True
+        except ProcessLookupError:
+            return False
+    while proc.poll() is None:  # at start-up the rank may not exist yet
+        p = rank_process(proc.pid, kill["rank"])
+        if p is not None:
+            try:
+                p.send_signal(signal.SIGKILL)
+                return True
+            except Exception:
+                pass
+        time.sleep(POLL_S)
+    return False
+
+
+def fired(kill: dict, log: str) -> bool:
+    """Whether the trainer fired its planned fault, from the launcher's log: a rank's exit by
+    SIGKILL (DeepSpeed's launcher names the last rank it started, whichever died), or the
+    launcher itself receiving the group's SIGTERM."""
+    if kill["signal"] == "term":
+        return "Main process received SIGTERM" in log
+    return "exits with return code = -9" in log
+
+
+def run_launch(
+    index: int, s: Settings, args: list[str], logs: Path, run: Path, kill: dict | None
+) -> Launch:
+    """Start the job (``--resume auto`` after the first), fire its kill, wait until it is gone."""
+    port = free_port()
+    cmd = command_line.trainer(ranks=2, master_port=port, python=sys.executable) + args
+    if index > 0:
+        cmd += ["--resume", "auto"]
+    log = logs / f"launch_{index:02d}.log"
+    expected = newest_verified(run)
+    watch = MetricsWatch(run / "metrics.jsonl", expected)
+    t0 = time.monotonic()
+    proc = start(cmd, log, kill.get("faults") if kill else None)
+    shown = " ".join(cmd).replace(str(run.parent), "OUT").replace(str(REPO), ".")
+    launch = Launch(index, expected, None, expected, None, port, log.name, shown, kill)
+    fired_at, ranks, sent = None, [], False
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < s.launch_timeout_s:
+            seen = watch.poll()
+            if seen and launch.startup_s is None:
+                launch.startup_s = round(min(seen.values()) - t0, 2)
+            if len(ranks) < 2:
+                ranks = [p for r in (0, 1) if (p := rank_process(proc.pid, r)) is not None]
+            elif fired_at is None and not all(p.is_running() for p in ranks):
+                fired_at = time.monotonic()  # a planned fault (or the end): the first rank gone
+            if kill and fired_at is None and "faults" not in kill:
+                if kill["moment"] == "startup":
+                    if seen:  # too late for start-up: kill at once and say so
+                        kill["missed"] = "the first step came before the start-up delay"
+                    if (seen or time.monotonic() - t0 >= kill["delay_s"]) and send(proc, kill):
+                        fired_at, sent = time.monotonic(), True
+                elif len(seen) >= kill["after_records"]:
+                    nth = sorted(seen.values())[kill["after_records"] - 1]
+                    if time.monotonic() - nth >= kill["delay_s"] and send(proc, kill):
+                        fired_at, sent = time.monotonic(), True
+                        kill["fired_after_step"] = max(seen)
+            time.sleep(POLL_S)
+        if proc.poll() is None and fired_at is None:
+            kill = launch.kill = {**(kill or {}), "hung": "the launch ran past --launch_timeout_s"}
+            fired_at = time.monotonic()
+        if fired_at is None:  # the trainer fired its planned fault, or it ended by itself
+            fired_at = time.monotonic()
+        code, _, hung = wait_job_gone(proc, s.hang_timeout_s)
+        launch.exit_s = time.monotonic() - fired_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    launch.exit_code = code
+    launch.exit_s = round(launch.exit_s, 2)
+    if hung and kill is not None:
+        kill["hung"] = f"processes still alive {s.hang_timeout_s:.0f} s after the kill"
+    watch.poll()
+    launch.records = watch.records()
+    launch.reached = max([expected, *watch.seen])
+    text = log.read_text(errors="replace")
+    if kill is not None:
+        kill["fired"] = fired(kill, text) if "faults" in kill else sent
+    found = re.search(r"resumed from \S+ at step (\d+)", text)
+    launch.resumed_at = int(found.group(1)) if found else (0 if launch.startup_s else None)
+    return launch
+
+
+# ---- the whole test ---------------------------------------------------------------------------
+
+
+def kinds_for(seed: int, kills: int) -> list[tuple[str, str]]:
+    """The (moment, signal) of each of ``kills`` kills, a function of the seed alone: every
+    moment once in each round of four, the signals alternating over the rounds, each round
+    shuffled, so that K >= 4 covers every moment and K >= 8 every moment with both signals."""
+    rng = random.Random(f"kinds-{seed}")
+    kinds: list[tuple[str, str]] = []
+    first = rng.randrange(2)
+    while len(kinds) < kills:
+        round_ = [(m, SIGNALS[(first + i + len(kinds) // 4) % 2]) for i, m in enumerate(MOMENTS)]
+        rng.shuffle(round_)
+        kinds += round_
+    return kinds[:kills]
+
+
+def reference_run(s: Settings, shards: Path, out: Path) -> dict:
+    """The uninterrupted run: its losses, wall time, start-up and seconds per step."""
+    ref = out / "reference"
+    launch = run_launch(0, s, train_args(s, shards, ref), out / "reference_logs", ref, None)
+    seen_first = launch.startup_s or 0.0
+    losses = {(r["split"], r["step"]): r["loss"] for r in launch.records}
+    return {"launch": launch, "losses": losses, "startup_s": seen_first}
+
+
+def chaos(s: Settings, shards: Path, out: Path) -> dict:
+    """Run the reference, then the killed run; returns the summary (also written as JSON)."""
+    rng = random.Random(s.seed)
+    for logs in ("reference_logs", "chaos_logs"):
+        (out / logs).mkdir(parents=True, exist_ok=True)
+    t_ref = time.monotonic()
+    ref = reference_run(s, shards, out)
+    ref_wall = time.monotonic() - t_ref
+    ref_launch = ref["launch"]
+    step_s = (ref_wall - (ref_launch.startup_s or 0)) / max(1, s.steps)
+    run = out / "chaos"
+    args = train_args(s, shards, run)
+    pending = kinds_for(s.seed, s.kills)
+    launches: list[Launch] = []
+    t_chaos = time.monotonic()
+    while True:
+        resume = newest_verified(run)
+        kill = plan_kill(rng, pending[0], s, resume, ref["startup_s"]) if pending else None
+        launch = run_launch(len(launches), s, args, out / "chaos_logs", run, kill)
+        launches.append(launch)
+        with open(out / "chaos_progress.jsonl", "a") as f:  # what a run cut short had reached
+            f.write(json.dumps({k: v for k, v in asdict(launch).items() if k != "records"}) + "\n")
+        finished = launch.exit_code == 0 and newest_verified(run) == s.steps
+        if kill is not None:
+            pending.pop(0)
+            if finished and not kill["fired"]:
+                kill["unreachable"] = "the run reached its last step before this kill's moment"
+            elif not kill["fired"]:
+                kill["ended_first"] = f"the launch ended by itself (exit {launch.exit_code})"
+        if finished or kill is None or kill.get("hung") or len(launches) > s.kills + 3:
+            break
+    chaos_wall = time.monotonic() - t_chaos
+    return summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending)
+
+
+def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> dict:
+    run, ref_run = out / "chaos", out / "reference"
+    problems: list[str] = []
+    ref_steps = sorted(step for split, step in ref["losses"] if split == "train")
+    if ref["launch"].exit_code != 0 or ref_steps != list(range(1, s.steps + 1)):
+        problems.append(f"the uninterrupted run failed (exit {ref['launch'].exit_code})")
+    mismatched = []
+    for launch in launches:
+        for r in launch.records:
+            want = ref["losses"].get((r["split"], r["step"]))
+            if want is None or r["loss"] != want:
+                mismatched.append({"launch": launch.index, **r, "reference": want})
+    if mismatched:
+        problems.append(f"{len(mismatched)} logged losses differ from the reference")
+    from pretrain.components.metrics import read_metrics
+
+    final = [r["step"] for r in read_metrics(run / "metrics.jsonl")] if launches else []
+    if final != list(range(1, s.steps + 1)):
+        problems.append(f"the final history's steps are not 1..{s.steps} once each")
+    diff = same_weights(run, ref_run, s.steps)
+    if diff:
+        problems.append(f"final weights differ: {diff[:5]}")
+    ports = [ref["launch"].port] + [la.port for la in launches]
+    left = leftovers(run, ports) + leftovers(ref_run, [])
+    problems += [f"left behind: {x}" for x in left]
+    kills = []
+    for i, la in enumerate(launches):
+        if la.index > 0 and la.resumed_at not in (None, la.resume_expected):
+            problems.append(
+                f"launch {la.index} resumed at {la.resumed_at}, "
+                f"the newest verified checkpoint was {la.resume_expected}"
+            )
+        if la.kill is None:
+            continue
+        if "moment" not in la.kill:  # a launch with no kill planned that did not end
+            problems.append(f"launch {la.index}: {la.kill['hung']}")
+            continue
+        nxt = launches[i + 1] if i + 1 < len(launches) else None
+        for key in UNSURVIVED:
+            if key in la.kill:
+                problems.append(f"kill {len(kills) + 1} ({la.kill['moment']}): {la.kill[key]}")
+        redone = la.reached - nxt.resume_expected if nxt else 0
+        # Lost: the wait for the job to end, the next start-up (up to its kill when it was
+        # killed in start-up) and the steps redone.
+        started = (nxt.startup_s or (nxt.kill or {}).get("delay_s") or 0) if nxt else 0
+        relaunch = (la.exit_s or 0) + started
+        kills.append(
+            {
+                **{k: v for k, v in la.kill.items() if k != "faults"},
+                "planned_fault": la.kill.get("faults"),
+                "launch": la.index,
+                "reached_step": la.reached,
+                "exit_code": la.exit_code,
+                "resumed_at": nxt.resume_expected if nxt else None,
+                "steps_redone": redone,
+                "exit_s": la.exit_s,
+                "relaunch_s": round(relaunch, 2),
+                "lost_s": round(relaunch + redone * step_s, 2),
+            }
+        )
+    if launches and launches[-1].exit_code != 0:
+        problems.append(f"the last launch exited {launches[-1].exit_code}")
+    survived = [k for k in kills if not any(x in k for x in UNSURVIVED)]
+    if pending or len(survived) < s.kills:
+        problems.append(f"{len(survived)} of {s.kills} kills survived")
+    by_kind: dict[str, int] = {}
+    for k in survived:
+        name = f"{k['moment']}/{k['signal']}"
+        by_kind[name] = by_kind.get(name, 0) + 1
+    summary = {
+        "passed": not problems,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPU cores",
+        "problems": problems,
+        "settings": asdict(s),
+        "command": launches[0].cmd if launches else None,
+        "resume_command": launches[1].cmd if len(launches) > 1 else None,
+        "kills_planned": s.kills,
+        "kills_survived": len(survived),
+        "survived_by_kind": dict(sorted(by_kind.items())),
+        "steps_redone": sum(k["steps_redone"] for k in kills),
+        "lost_s_per_kill_mean": round(sum(k["lost_s"] for k in kills) / max(1, len(kills)), 2),
+        "reference_wall_s": round(ref_wall, 1),
+        "reference_step_s": round(step_s, 3),
+        "chaos_wall_s": round(chaos_wall, 1),
+        "launches": len(launches),
+        "kills": kills,
+        "mismatched_losses": mismatched[:20],
+        "run": "chaos",
+        "reference": "reference",
+        "logs": [f"chaos_logs/{la.log}" for la in launches],
+        "launch_details": [
+            {k: getattr(la, k) for k in ("index", "resume_expected", "resumed_at", "reached")}
+            | {"exit_code": la.exit_code, "startup_s": la.startup_s, "exit_s": la.exit_s}
+            for la in launches
+        ],
+    }
+    (out / "chaos_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def report(summary: dict) -> str:
+    """The summary as a few console lines."""
+    lines = [
+        f"chaos: {'PASS' if summary['passed'] else 'FAIL'}: {summary['kills_survived']} of "
+        f"{summary['kills_planned']} kills survived in {summary['launches']} launches",
+        "  by kind: " + ", ".join(f"{k} {n}" for k, n in summary["survived_by_kind"].items()),
+        f"  steps redone {summary['steps_redone']}; lost per kill "
+        f"{summary['lost_s_per_kill_mean']} s (relaunch + redone steps)",
+        f"  wall time {summary['chaos_wall_s']} s vs {summary['reference_wall_s']} s uninterrupted",
+    ]
+    for k in summary["kills"]:
+        lines.append(
+            f"  kill {k['launch'] + 1}: {k['moment']}/{k['signal']} rank {k['rank']} "
+            f"{k.get('planned_fault') or ''} reached {k['reached_step']} exit {k['exit_code']} "
+            f"-> resumed {k['resumed_at']}, redone {k['steps_redone']}, lost {k['lost_s']} s"
+        )
+    lines += [f"  problem: {p}" for p in summary["problems"]]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for both runs and the summary")
+    p.add_argument("--shards", type=Path, help="a finished shard build (default: build one)")
+    d = Settings()
+    for name in ("steps", "kills", "seed", "save_interval", "eval_interval", "keep_last"):
+        p.add_argument(f"--{name}", type=int, default=getattr(d, name))
+    p.add_argument("--ds_config", default=d.ds_config)
+    p.add_argument("--hang_timeout_s", type=float, default=d.hang_timeout_s)
+    p.add_argument("--launch_timeout_s", type=float, default=d.launch_timeout_s)
+    ns, extra = p.parse_known_args(argv)
+    fields = {k: v for k, v in vars(ns).items() if k not in ("out", "shards")}
+    return Settings(**fields, extra=extra), ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    s, ns = parse_args(argv)
+    out = ns.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shards = ns.shards
+    if shards is None:
+        from data_prep.sample_corpus import write_english_corpus
+
+        corpus = write_english_corpus(out / "corpus" / "pydoc_topics.txt")
+        shards = build_shards(
+            corpus, out / "shards", vocab_size=2000, max_seq_len=128, validation_fraction=0.05
+        )
+    summary = chaos(s, shards.resolve(), out)
+    print(report(summary))
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
