@@ -272,10 +272,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--corpus", type=Path, default=None, help="pretraining text instead")
     p.add_argument("--examples", type=int, default=2000, help="reviews and NER sentences")
     p.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per arm (K >= 5)")
+    p.add_argument(
+        "--lrs",
+        default=None,
+        help="fine-tuning lr grid, the same for every arm (default: the evaluator's)",
+    )
     p.add_argument("--curve", action="store_true", help="fine-tune every checkpoint too")
     p.add_argument("--quick", action="store_true", help="a tiny form for CI")
     args = p.parse_args(argv)
-    args.recipe = []
+    args.recipe = ["--lrs", args.lrs] if args.lrs else []
     if args.quick:  # shape, not numbers: seconds of everything
         args.steps, args.checkpoints, args.ranks, args.examples = 6, 2, 1, 60
         args.seeds, args.vocab_size, args.global_batch_size = 2, 2000, 8
