@@ -93,3 +93,26 @@ def write_results(path: str | os.PathLike, obj: Any, run: str | os.PathLike | No
     """A benchmark's result JSON, written atomically with its paths made :func:`portable`
     (relative to the repository, or to `run`: the benchmark's output folder)."""
     write_json_atomic(path, portable(obj, run), **kw)
+
+
+def random_bert_mlm(preset: str, vocab_size: int, seed: int = 0, **config: Any):
+    """transformers' ``BertForMaskedLM`` of one of our presets' shapes, randomly initialised by
+    transformers under ``torch.manual_seed(seed)`` (``config``: more ``BertConfig`` fields): the
+    HF baselines' model and the benchmarks' random-weights arm."""
+    import torch
+    import transformers
+
+    from pretrain.model.model_config import PRESETS
+
+    shape = PRESETS[preset]
+    conf = transformers.BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=shape.max_position_embeddings,
+        **config,
+    )
+    torch.manual_seed(seed)
+    return transformers.BertForMaskedLM(conf)

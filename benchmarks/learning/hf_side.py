@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import random_bert_mlm
 from bertforge.files import write_json_atomic
 
 
@@ -29,12 +30,10 @@ def hf_command(shards: Path, out: Path, args, launched: float) -> list[str]:
 def hf_worker(args) -> None:
     """One HF Trainer rank (under torchrun): train until the budget, snapshots by the callback."""
     import numpy as np
-    import torch
     import transformers
-    from transformers import BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling, Trainer
+    from transformers import DataCollatorForLanguageModeling, Trainer
 
     from data_prep.reader import ShardReader
-    from pretrain.model.bert import PRESETS
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))
@@ -42,18 +41,7 @@ def hf_worker(args) -> None:
         {"input_ids": np.asarray(reader[i].input_ids, dtype=np.int64).tolist()}
         for i in range(len(reader))
     ]
-    p = PRESETS[args.model]
-    conf = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=p.hidden_size,
-        num_hidden_layers=p.num_hidden_layers,
-        num_attention_heads=p.num_attention_heads,
-        intermediate_size=p.intermediate_size,
-        max_position_embeddings=p.max_position_embeddings,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    model = BertForMaskedLM(conf)
+    model = random_bert_mlm(args.model, len(tok), attn_implementation="sdpa")
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     targs = hf_training_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     clock = snapshot_clock(args)

@@ -14,27 +14,15 @@ def random_init_folder(tokenizer_dir: Path, preset: str, out: Path, seed: int = 
     """Write a random-init ``BertForMaskedLM`` of ``preset``'s shape with the tokenizer of
     ``tokenizer_dir`` (a folder transformers' ``AutoTokenizer`` reads) into ``out``; a finished
     folder is kept as it is."""
-    import torch
     import transformers
 
+    from benchmarks.common import random_bert_mlm
     from bertforge.files import publish_dir
-    from pretrain.model.model_config import PRESETS
 
     if (out / "config.json").is_file():
         return out
-    shape = PRESETS[preset]
     tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    conf = transformers.BertConfig(
-        vocab_size=len(tok),
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=shape.max_position_embeddings,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = transformers.BertForMaskedLM(conf)
+    model = random_bert_mlm(preset, len(tok), seed, pad_token_id=tok.pad_token_id)
     with publish_dir(out) as tmp:  # all or nothing: a killed benchmark leaves no half folder
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))

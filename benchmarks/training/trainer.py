@@ -21,7 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, vocab_size
+from benchmarks.common import (
+    CPU_DS_CONFIG,
+    REPO,
+    build_shards,
+    one_thread_env,
+    random_bert_mlm,
+    vocab_size,
+)
 from bertforge.files import write_json_atomic
 from data_prep.sample_corpus import write_english_corpus
 from pretrain.config import command_line
@@ -70,11 +77,8 @@ def run_ours(shards: Path, run: Path, args) -> dict:
 def hf_worker(args) -> None:
     """Body of one HF Trainer rank (run under torchrun)."""
     import numpy as np
-    import torch
     import transformers
     from transformers import (
-        BertConfig,
-        BertForMaskedLM,
         DataCollatorForLanguageModeling,
         Trainer,
         TrainerCallback,
@@ -82,7 +86,6 @@ def hf_worker(args) -> None:
     )
 
     from data_prep.reader import ShardReader
-    from pretrain.model.bert import PRESETS
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))
@@ -90,17 +93,7 @@ def hf_worker(args) -> None:
         {"input_ids": np.asarray(reader[i].input_ids, dtype=np.int64).tolist()}
         for i in range(len(reader))
     ]
-    p = PRESETS[args.model]
-    conf = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=p.hidden_size,
-        num_hidden_layers=p.num_hidden_layers,
-        num_attention_heads=p.num_attention_heads,
-        intermediate_size=p.intermediate_size,
-        max_position_embeddings=p.max_position_embeddings,
-    )
-    torch.manual_seed(0)
-    model = BertForMaskedLM(conf)
+    model = random_bert_mlm(args.model, len(tok))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     targs = TrainingArguments(
         output_dir=str(args.hf_out),
