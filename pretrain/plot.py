@@ -2,7 +2,9 @@
 
 Each panel is drawn against the optimizer step; loss_vs_time.png draws the training and
 validation loss against the run's wall-clock training time (``elapsed_s``, start-up included and
-added up over resumes), so that runs of different speed compare by time.
+added up over resumes), so that runs of different speed compare by time. The phases of a run
+(its step records' ``phase``: a ``--phases`` plan, or warmup/stable/decay...) are shaded and named
+in every panel drawn against the step.
 """
 
 from __future__ import annotations
@@ -51,6 +53,38 @@ def _time_series(records: list[dict], key: str, elapsed_by_step: dict[int, float
                 xs.append(float(t))
                 ys.append(float(v))
     return xs, ys
+
+
+def phase_spans(records: list[dict]) -> list[tuple[str, int, int]]:
+    """(phase, first step, last step) of each run of consecutive training records with the same
+    ``phase``; [] when no record names one (a run without phases)."""
+    spans: list[list] = []
+    for r in records:
+        name = r.get("phase")
+        if name is None:
+            continue
+        if spans and spans[-1][0] == name:
+            spans[-1][2] = r["step"]
+        else:
+            spans.append([name, r["step"], r["step"]])
+    return [tuple(span) for span in spans]
+
+
+def shade_phases(ax, spans: list[tuple[str, int, int]]) -> None:
+    """Alternate grey bands over the steps of each phase, the phase's name at the top."""
+    for i, (name, first, last) in enumerate(spans):
+        # A band covers its steps from half a step before the first to half after the last.
+        ax.axvspan(first - 0.5, last + 0.5, color="0.5", alpha=0.12 if i % 2 == 0 else 0.04, lw=0)
+        ax.text(
+            (first + last) / 2,
+            1.0,
+            name,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color="0.3",
+        )
 
 
 class PlotError(UserError, ValueError):
@@ -107,7 +141,7 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
         raise PlotError(f"{metrics_path}: no training records")
     out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, spans = [], phase_spans(data["train"])
     fig_all, axes = plt.subplots(2, 3, figsize=(15, 8))
     for (stem, title, keys), ax_all in zip(PANELS, axes.flat):
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -120,10 +154,11 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
                     a.plot(xs, ys, style, label=f"{split} {key}", markersize=3)
                 drawn = True
         for a in (ax, ax_all):
-            a.set_title(title)
+            a.set_title(title, pad=12 if spans else 6)
             a.set_xlabel("step")
             a.grid(alpha=0.3)
             if drawn:
+                shade_phases(a, spans)
                 a.legend()
         if stem in ("loss_scale",) and drawn:
             ax.set_yscale("log")
@@ -206,13 +241,15 @@ def plot_sources(
                 xs.append(r["step"])
                 shares.append(seen[n] / total)
         ax_share.plot(xs, shares, "-", label=n)
+    spans = phase_spans(train)
     for ax, title in (
         (ax_val, "validation loss per source"),
         (ax_share, "share of the training samples so far"),
     ):
-        ax.set_title(title)
+        ax.set_title(title, pad=12 if spans else 6)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        shade_phases(ax, spans)
         if ax.lines:
             ax.legend(fontsize=8)
     fig.tight_layout()
