@@ -32,6 +32,7 @@ from pretrain.components.budget import TimeBudget, TimeClockLR
 from pretrain.components.checkpoint import CheckpointManager
 from pretrain.components.distributed import init_distributed, sum_across_ranks
 from pretrain.components.downstream_jobs import DownstreamJobs
+from pretrain.components.ema import EMA
 from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
@@ -388,6 +389,7 @@ def build_training(
     ckpts = CheckpointManager(
         cfg.run.output_dir, cfg.checkpoint, place.rank, place.world, place.device
     )
+    ckpts.ema = EMA(cfg.optim.ema, place.rank) if cfg.optim.ema else None
     start_step, consumed = start_position(cfg, run, place.engine, ckpts, schedule)
     if place.rank == 0:
         write_run_files(cfg, run, place.world, init_report)

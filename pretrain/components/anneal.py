@@ -260,6 +260,8 @@ def start_anneal(plan: AnnealPlan, engine, ckpts, *, seed: int, rank: int) -> tu
     finally:
         if lease is not None:
             leases.release(lease)
+    if ckpts.ema is not None:  # --ema of the anneal averages the anneal's own steps
+        ckpts.ema.shadow = None
     scheduler = engine.lr_scheduler
     scheduler.last_epoch = 0  # the anneal counts its own steps
     ScheduleOverride(plan.schedule(), plan.peak_lr).apply(scheduler, state)

@@ -146,7 +146,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 def _check_anneal(cfg: TrainConfig, parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """--anneal_from's flag combinations (pretrain.components.anneal.check_flags)."""
     from pretrain.components.anneal import AnnealError, check_flags
+    from pretrain.components.ema import EMAError, check_decay
 
+    try:
+        check_decay(cfg.optim.ema)
+    except EMAError as e:
+        parser.error(str(e))
     explicit = any(a == "--max_steps" or a.startswith("--max_steps=") for a in argv)
     try:
         check_flags(cfg.run, explicit)

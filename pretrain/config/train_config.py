@@ -152,6 +152,11 @@ class OptimConfig:
     gradient_clipping: float | None = opt(
         None, "max global grad norm (0 = off)", default_text=_FROM_DS
     )
+    ema: float = opt(
+        0.0,
+        "keep an exponential moving average of the weights with this decay (0 < DECAY < 1) on "
+        "rank 0 in fp32, saved with each checkpoint (export it with --ema); 0 = off",
+    )
     override_lr_schedule: bool = opt(
         False,
         "with --resume: the lr schedule (--schedule, --lr, warmup, --max_steps, decay) comes "

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.commands import train_cli
+from helpers.ema import check_ema_of_run
 
 from pretrain.components.anneal import (
     AnnealDecay,
@@ -75,6 +76,7 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     anneal = tmp_path / "anneal"
     flags = ["--anneal_from", f"{source}@2", "--anneal_tokens", str(tokens)]
     flags += ["--min_lr_ratio", "0.1", "--save_interval", "1", "--keep_last", "10"]
+    flags += ["--ema", "0.9"]  # the EMA is checked on this launch too (helpers.ema)
     proc = _train(english_shards, anneal, *flags)
     assert f"anneal from {source} step 2: 3 steps" in proc.stdout
 
@@ -109,6 +111,7 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     (again / "checkpoints" / "latest").write_text("step_00000002")
     _train(english_shards, again, *flags, "--resume", "auto")
     assert _same_weights(again / "checkpoints" / "step_00000003", ann_ckpts / "step_00000003")
+    check_ema_of_run(anneal, again, steps=3, decay=0.9, no_ema=source)
 
     # Before any rendezvous: another vocabulary, and a run folder that holds checkpoints.
     from pretrain.build import resolve_run
