@@ -61,7 +61,7 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 @pytest.mark.slow
 def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
-    english_shards, chinese_shards, tmp_path
+    english_shards, chinese_shards, tmp_path, capsys
 ):
     source = tmp_path / "source"
     _train(
@@ -112,6 +112,15 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     _train(english_shards, again, *flags, "--resume", "auto")
     assert _same_weights(again / "checkpoints" / "step_00000003", ann_ckpts / "step_00000003")
     check_ema_of_run(anneal, again, steps=3, decay=0.9, no_ema=source)
+
+    # The dry run prints the anneal: source, steps, lr start -> floor.
+    from pretrain import main as trainer_main
+
+    dry = ["--data", str(english_shards), "--output_dir", str(tmp_path / "dry"), *SIZES, *flags]
+    assert trainer_main.main([*dry, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert f"anneal from {source} step 2: 3 steps" in printed
+    assert f"lr {start:.4g} -> {floor:.4g} (1-sqrt)" in printed
 
     # Before any rendezvous: another vocabulary, and a run folder that holds checkpoints.
     from pretrain.build import resolve_run
