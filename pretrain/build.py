@@ -148,7 +148,9 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
     described = describe_data(train_reader)
-    plan = anneal.resolve(cfg, train_reader, described, point, setup.batch.global_batch)
+    plan = anneal.resolve(
+        cfg, train_reader, described, point, setup.batch.global_batch, setup.config
+    )
     return Resolved(train_reader, val_readers, point, setup, accel, plan)
 
 

@@ -276,10 +276,13 @@ def start_anneal(plan: AnnealPlan, engine, ckpts, *, seed: int, rank: int) -> tu
     return 0, plan.start_samples
 
 
-def resolve(cfg, reader, described: list[dict[str, Any]], point, global_batch: int):
+def resolve(
+    cfg, reader, described: list[dict[str, Any]], point, global_batch: int, ds_config: dict
+):
     """The anneal plan of this launch (None without --anneal_from), before any rendezvous; sets
-    ``cfg.run.max_steps`` to its steps. A fresh anneal needs an --output_dir without
-    checkpoints; ``--resume auto`` of an anneal run continues the plan its checkpoint records."""
+    ``cfg.run.max_steps`` to its steps and ``ds_config``'s optimizer lr to the source's. A
+    fresh anneal needs an --output_dir without checkpoints; ``--resume auto`` of an anneal run
+    continues the plan its checkpoint records."""
     if not cfg.run.anneal_from:
         return None
     out = Path(cfg.run.output_dir) / "checkpoints"
@@ -298,4 +301,12 @@ def resolve(cfg, reader, described: list[dict[str, Any]], point, global_batch: i
         )
     plan = plan_anneal(cfg, reader, described, global_batch, resumed)
     cfg.run.max_steps = plan.steps
+    params = ds_config["optimizer"]["params"]
+    if cfg.optim.lr is not None and not math.isclose(cfg.optim.lr, plan.peak_lr, rel_tol=1e-9):
+        log.warning(
+            f"--lr {cfg.optim.lr} is ignored with --anneal_from: the anneal starts at the "
+            f"source's lr {plan.source_lr:.4g} (its peak {plan.peak_lr:.4g})"
+        )
+    # The optimizer's base lr is the source's (peak x the guard's cut), as its checkpoint holds.
+    params["lr"] = plan.peak_lr * plan.guard_factor
     return plan

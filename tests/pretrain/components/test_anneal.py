@@ -109,7 +109,8 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     again = tmp_path / "again"
     shutil.copytree(anneal, again, ignore=shutil.ignore_patterns("step_00000003", ".lock"))
     (again / "checkpoints" / "latest").write_text("step_00000002")
-    _train(english_shards, again, *flags, "--resume", "auto")
+    resumed = _train(english_shards, again, *flags, "--resume", "auto")
+    assert "ignored" not in resumed.stdout, resumed.stdout  # no flag is ignored: same schedule
     assert _same_weights(again / "checkpoints" / "step_00000003", ann_ckpts / "step_00000003")
     check_ema_of_run(anneal, again, steps=3, decay=0.9, no_ema=source)
 
