@@ -27,11 +27,12 @@ import torch.distributed as dist
 from bertforge.files import publish_dir, write_json_atomic
 from bertforge.logs import get_logger, process_rank
 from data_prep.lock import FolderLock
-from pretrain.components import watchdog
+from pretrain.components import anneal, watchdog
 from pretrain.components.budget import TimeBudget, TimeClockLR
 from pretrain.components.checkpoint import CheckpointManager
 from pretrain.components.distributed import init_distributed, sum_across_ranks
 from pretrain.components.downstream_jobs import DownstreamJobs
+from pretrain.components.ema import EMA
 from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
@@ -116,6 +117,7 @@ class Resolved:
     point: ResumePoint | None  # the checkpoint to continue from, or None for a fresh start
     setup: DeepSpeedSetup  # final dict, batch plan, precision, checkpointing
     accel: str  # DeepSpeed's accelerator name ("cuda", "cpu", ...)
+    anneal: anneal.AnnealPlan | None = None  # --anneal_from's plan
 
 
 def resolve_run(cfg: TrainConfig) -> Resolved:
@@ -145,7 +147,11 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         check_resume_clock(cfg.optim, point.state)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
-    return Resolved(train_reader, val_readers, point, setup, accel)
+    described = describe_data(train_reader)
+    plan = anneal.resolve(
+        cfg, train_reader, described, point, setup.batch.global_batch, setup.config
+    )
+    return Resolved(train_reader, val_readers, point, setup, accel, plan)
 
 
 def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
@@ -204,12 +210,15 @@ def build_encoder(cfg: TrainConfig, reader, setup: DeepSpeedSetup, *, init_from:
     return model, report
 
 
-def build_engine(cfg: TrainConfig, model, ds_config: dict):
-    """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler).
-    A time-clock schedule is not given to DeepSpeed: the trainer's TimeClockLR applies it."""
+def build_engine(cfg: TrainConfig, model, ds_config: dict, plan: anneal.AnnealPlan | None = None):
+    """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler;
+    an anneal's own with --anneal_from). A time-clock schedule is not given to DeepSpeed: the
+    trainer's TimeClockLR applies it."""
     import deepspeed  # lazy: see the module docstring
 
     schedule = None if "scheduler" in ds_config else build_schedule(cfg.optim, cfg.run.max_steps)
+    if plan is not None:
+        schedule = plan.schedule()
     by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
     engine, _, _, _ = deepspeed.initialize(
@@ -236,9 +245,16 @@ def describe_data(reader) -> list[dict]:
     ]
 
 
-def run_state(cfg: TrainConfig, reader, setup: DeepSpeedSetup, init_report: dict | None) -> dict:
+def run_state(
+    cfg: TrainConfig,
+    reader,
+    setup: DeepSpeedSetup,
+    init_report: dict | None,
+    plan: anneal.AnnealPlan | None = None,
+) -> dict:
     """What every checkpoint of this run records besides the step and data position."""
     return {
+        **({"anneal_from": plan.to_dict()} if plan else {}),
         "config": cfg.to_dict(),
         "vocab_size": reader.vocab_size,
         "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
@@ -280,6 +296,8 @@ def start_position(
     cfg: TrainConfig, run: Resolved, engine, ckpts: CheckpointManager, schedule
 ) -> tuple[int, int]:
     """(step, consumed samples) to start from: the resume point restored into the engine, or 0."""
+    if run.point is None and run.anneal is not None:
+        return anneal.start_anneal(run.anneal, engine, ckpts, seed=cfg.run.seed, rank=ckpts.rank)
     if run.point is not None:
         start = ckpts.restore(
             engine,
@@ -332,6 +350,7 @@ def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: di
             "precision_note": setup.precision_note,
             "argv": list(sys.argv),  # the exact command (the model card quotes it)
             **({"init_from": init_report} if init_report else {}),
+            **({"anneal_from": run.anneal.to_dict()} if run.anneal else {}),
         },
         indent=2,
         sort_keys=True,
@@ -368,10 +387,11 @@ def build_training(
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
     model, init = build_encoder(cfg, run.train_reader, run.setup, init_from=init_from)
     init_report = announce_init(cfg, init, run.point)
-    place.engine, schedule = build_engine(cfg, model, run.setup.config)
+    place.engine, schedule = build_engine(cfg, model, run.setup.config, run.anneal)
     ckpts = CheckpointManager(
         cfg.run.output_dir, cfg.checkpoint, place.rank, place.world, place.device
     )
+    ckpts.ema = EMA(cfg.optim.ema, place.rank) if cfg.optim.ema else None
     start_step, consumed = start_position(cfg, run, place.engine, ckpts, schedule)
     if place.rank == 0:
         write_run_files(cfg, run, place.world, init_report)
@@ -389,7 +409,9 @@ def build_training(
         attention=resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch),
     )
     metrics = open_metrics(cfg, place, start_step, model, run)
-    outputs = RunOutputs(metrics, ckpts, run_state(cfg, run.train_reader, run.setup, init_report))
+    outputs = RunOutputs(
+        metrics, ckpts, run_state(cfg, run.train_reader, run.setup, init_report, run.anneal)
+    )
     clock = RunClock(budget, TimeClockLR.for_run(cfg.optim, schedule, run.setup.config, budget))
     guard_state = run.point.state.get("guard") if run.point else None
     trainer = Trainer(

@@ -304,6 +304,11 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
 
     if "scheduler" in run.setup.config:
         return None
+    if run.anneal is not None:  # --anneal_from: the source's lr decays to the floor
+        plan = run.anneal
+        out = lr_phases(plan.schedule(), plan.peak_lr * plan.guard_factor, "steps")
+        out["schedule"], out["note"] = "anneal", plan.summary()
+        return out
     peak = float(run.setup.config["optimizer"]["params"]["lr"])
     out = lr_phases(build_schedule(cfg.optim, cfg.run.max_steps), peak, cfg.optim.schedule_clock)
     if run.point is not None and cfg.optim.schedule_clock == "steps":

@@ -207,6 +207,8 @@ class Trainer:
                     scale = self.engine.optimizer.cur_scale
                     self.metrics.error(fp16_give_up_message(scale, step + 1))
                     return EXIT_MIN_LOSS_SCALE
+                if self.ckpts.ema is not None:  # --ema: after an applied update only
+                    self.ckpts.ema.after_step(self.engine, verdict)
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)

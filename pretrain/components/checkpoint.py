@@ -144,6 +144,7 @@ class CheckpointManager:
         self.last_saved_step: int | None = None
         self.faults = FaultPlan()  # BERTFORGE_FAULTS: planned failing saves (tests only)
         self.schedule_override: ScheduleOverride | None = None  # --override_lr_schedule's
+        self.ema = None  # --ema's average (pretrain.components.ema): saved and loaded here
 
     def _barrier(self) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -219,6 +220,8 @@ class CheckpointManager:
                 text = json.dumps(full_state, indent=2, default=str)
                 write_text_atomic(path / STATE_FILE, text)
                 written.append(path / STATE_FILE)
+            if error is None and self.ema is not None and (ema := self.ema.save(path)):
+                written.append(ema)  # in the COMPLETE manifest: a torn write is incomplete
             return written_sizes(path, written), error
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
             return {}, f"writing {path}: {explain_write_error(e, path)}"
@@ -355,6 +358,7 @@ class CheckpointManager:
         flags_schedule = copy.deepcopy(schedule)  # the load below restores the checkpoint's
         flags_peak = scheduler.base_lrs[0] if scheduler is not None else None  # not loaded yet
         self.load(engine, path)
+        self._load_ema(point.path)
         engine._config.load_universal_checkpoint = False
         if scheduler is not None and flags_schedule is not None:
             self.schedule_override = resume_schedule(
@@ -412,6 +416,7 @@ class CheckpointManager:
         load; each rank's RNG is then derived from ``seed`` and the step, as on such a resume
         (per-rank RNG states cannot carry over to another number of ranks)."""
         state = read_state(path)
+        self._load_ema(path)  # the original folder: a universal conversion holds no EMA
         if int(state["world_size"]) == self.world_size:
             return self.load(engine, path)
         universal = self.to_universal(path)
@@ -426,6 +431,11 @@ class CheckpointManager:
             f"conversion {universal} (now {self.world_size} ranks)"
         )
         return state
+
+    def _load_ema(self, path: Path) -> None:
+        """--ema's average as saved with checkpoint ``path`` (rank 0)."""
+        if self.ema is not None:
+            self.ema.load(path)
 
     def to_universal(self, path: Path) -> Path:
         """Convert ``path`` to a universal checkpoint (rank 0 converts, everyone waits).

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
+from pretrain.components.anneal import AnnealDecay
 from pretrain.components.wsd_schedule import (
     ScheduleError,
     WarmupStableDecay,
@@ -156,7 +157,7 @@ def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay | WarmupStab
     )
 
 
-SCHEDULE_CLASSES = (WarmupDecay, WarmupStableDecay)
+SCHEDULE_CLASSES = (WarmupDecay, WarmupStableDecay, AnnealDecay)
 
 
 def schedule_from_fields(fields: dict[str, Any]) -> WarmupDecay | WarmupStableDecay:

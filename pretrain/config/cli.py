@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +138,25 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
     parser, names = trainer_parser()
     cfg = config_from_args(parser.parse_args(argv), names, parser)
+    _check_anneal(cfg, parser, sys.argv[1:] if argv is None else argv)
     _check_paths(cfg, parser)
     return cfg
+
+
+def _check_anneal(cfg: TrainConfig, parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """--anneal_from's flag combinations (pretrain.components.anneal.check_flags)."""
+    from pretrain.components.anneal import AnnealError, check_flags
+    from pretrain.components.ema import EMAError, check_decay
+
+    try:
+        check_decay(cfg.optim.ema)
+    except EMAError as e:
+        parser.error(str(e))
+    explicit = any(a == "--max_steps" or a.startswith("--max_steps=") for a in argv)
+    try:
+        check_flags(cfg.run, explicit)
+    except AnnealError as e:
+        parser.error(str(e))
 
 
 def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:

@@ -65,6 +65,15 @@ class RunConfig:
         "initial weights only (fresh optimizer, schedule, step 0) from a HF BERT folder or "
         "one of our runs; the architecture comes from it; a checkpoint to resume wins",
     )
+    anneal_from: str = opt(
+        "",
+        "RUN@STEP or RUN@latest: a new run from that checkpoint's weights and optimizer state "
+        "whose lr decays from the source's lr at STEP to --min_lr_ratio x its peak over "
+        "--anneal_tokens (pretrain.components.anneal); the source folder is only read",
+    )
+    anneal_tokens: int = opt(
+        0, "with --anneal_from: tokens (sequences x max_seq_len) to anneal over"
+    )
     dist_timeout_s: float = opt(
         600.0, "how long ranks wait for each other at start-up and in collectives"
     )
@@ -142,6 +151,11 @@ class OptimConfig:
     )
     gradient_clipping: float | None = opt(
         None, "max global grad norm (0 = off)", default_text=_FROM_DS
+    )
+    ema: float = opt(
+        0.0,
+        "keep an exponential moving average of the weights with this decay (0 < DECAY < 1) on "
+        "rank 0 in fp32, saved with each checkpoint (export it with --ema); 0 = off",
     )
     override_lr_schedule: bool = opt(
         False,

@@ -34,6 +34,7 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
 from bertforge.logs import get_logger
 from pretrain.components.checkpoint_files import MARKER, consolidated_state_dict, is_complete
+from pretrain.components.ema import load_ema
 from pretrain.components.resume import CheckpointError, list_complete, read_state, resolve_resume
 from pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
 from pretrain.export.model_card import write_model_card
@@ -109,10 +110,12 @@ def export(
     language: list[str] | None = None,
     datasets: list[str] | None = None,
     average: str | None = None,
+    ema: bool = False,
 ) -> dict[str, Any]:
     """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``, or
     the mean of the checkpoints ``average`` names: ``last:K`` or steps ``100,200``), with a model
-    card (README.md; ``language`` and ``datasets`` go into its YAML header)."""
+    card (README.md; ``language`` and ``datasets`` go into its YAML header). ``ema``: the
+    checkpoint's EMA weights (``--ema`` of the trainer) instead of its weights."""
     import torch
     import transformers
 
@@ -121,6 +124,8 @@ def export(
     run = Path(run)
     if average and checkpoint:
         raise AverageError("--average and --checkpoint name the weights twice: give one")
+    if average and ema:
+        raise AverageError("--average and --ema name the weights twice: give one")
     if average:  # the newest averaged checkpoint's state describes the run (step, data, card)
         chosen = select_checkpoints(run, average)
         ckpt = chosen[-1][1]
@@ -128,8 +133,8 @@ def export(
         state = {**read_state(ckpt), "averaged_steps": [step for step, _ in chosen]}
     else:
         ckpt = find_checkpoint(run, checkpoint)
-        sd = consolidated_state_dict(ckpt)
-        state = read_state(ckpt)
+        sd = load_ema(ckpt) if ema else consolidated_state_dict(ckpt)
+        state = {**read_state(ckpt), **({"ema_weights": True} if ema else {})}
     model_cfg = ModelConfig(**state["config"]["model_cfg"])
     nsp = bool(state.get("nsp", False))
     model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
@@ -204,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         help="export the element-wise mean of the newest K complete checkpoints, or of those "
         "steps (one architecture and vocabulary); the model card lists the steps",
     )
+    p.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the checkpoint's EMA weights (a run trained with --ema DECAY)",
+    )
     p.add_argument("--no_verify", action="store_true", help="skip the transformers reload check")
     p.add_argument("--language", nargs="+", default=[], help="model card: language codes (en zh)")
     p.add_argument(
@@ -222,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             language=args.language,
             datasets=args.dataset,
             average=args.average,
+            ema=args.ema,
         )
     except UserError as e:
         log.error(str(e))

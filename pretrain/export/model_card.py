@@ -46,6 +46,7 @@ def card_facts(run: Path, state: dict[str, Any]) -> dict[str, Any]:
         "precision": config.get("precision_resolved") or state.get("precision"),
         "world_size": config.get("world_size") or state.get("world_size"),
         "averaged_steps": state.get("averaged_steps"),  # set by export --average
+        "anneal_from": state.get("anneal_from") or config.get("anneal_from"),
     }
 
 
@@ -164,6 +165,18 @@ def _command(argv: list[str] | None, world_size: int | None) -> str:
     return line
 
 
+def _anneal(plan: dict[str, Any] | None) -> list[str]:
+    """The card's line for an --anneal_from run (pretrain.components.anneal)."""
+    if not plan:
+        return []
+    return [
+        f"- annealed from `{plan['source_run']}` step {plan['source_step']:,} for "
+        f"{plan['tokens']:,} tokens on {', '.join(plan['data'])} ({plan['steps']:,} steps, lr "
+        f"{plan['source_lr']:.4g} -> {plan['min_lr_ratio'] * plan['peak_lr']:.4g}, "
+        f"{plan['shape']}; the source had seen {plan['consumed_samples']:,} sequences)"
+    ]
+
+
 def _sharing(model: dict[str, Any]) -> list[str]:
     """A line for a model trained with cross-layer sharing (the export repeats the weights)."""
     share = model.get("share_layers", "none")
@@ -222,6 +235,7 @@ def render_card(
         else "- sequences seen: (not recorded)",
         f"- tokens seen: {facts['tokens_seen']:,}",
         f"- precision: {facts['precision']}, ranks: {facts['world_size']}",
+        *_anneal(facts.get("anneal_from")),
         *(
             [f"- weights: the mean of the checkpoints of steps {facts['averaged_steps']}"]
             if facts.get("averaged_steps")
