@@ -386,6 +386,36 @@ class PhaseShape:
         return self.floor + (self.lr_from - self.floor) * decay_curve(self.shape, t)
 
 
+@dataclass
+class PhaseSchedule:
+    """The lr multiplier of a whole plan at a 0-based step, for :class:`ScheduleLR`
+    (pretrain.components.optim): a picklable callable whose field names differ from every other
+    schedule's, so a checkpoint's schedule is restored as this class."""
+
+    phase_shapes: list[str]
+    phase_ends: list[int]  # each phase's end step; the last is the run's max_steps
+    phase_floors: list[float]
+
+    @classmethod
+    def for_plan(cls, plan: list[ResolvedPhase]) -> PhaseSchedule:
+        return cls(
+            [ph.lr_shape for ph in plan],
+            [ph.end_step for ph in plan],
+            [ph.min_lr_ratio for ph in plan],
+        )
+
+    def __call__(self, step: int) -> float:
+        start, prev = 0, 1.0
+        for i, (shape, end, floor) in enumerate(
+            zip(self.phase_shapes, self.phase_ends, self.phase_floors)
+        ):
+            curve = PhaseShape(shape, start, end, prev, floor)
+            if step < end or i == len(self.phase_ends) - 1:
+                return curve(step)
+            start, prev = end, curve(end - 1)
+        raise ValueError("a PhaseSchedule without phases")
+
+
 def phase_at(plan: list[ResolvedPhase], step: int) -> ResolvedPhase:
     """The phase that trains 0-based ``step`` (the last phase's for a step past the plan)."""
     for ph in plan:

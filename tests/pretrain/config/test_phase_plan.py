@@ -177,3 +177,33 @@ def test_ramp_in_a_steps_phase_needs_ramp_tokens(tmp_path):
     doc["phases"][0] = {"tokens": 16 * SEQ, "batch": {"start": 8, "increment": 8}}
     plan = resolved(tmp_path, doc)  # the ramp over the whole phase: 16 samples
     assert plan[0].ramp["ramp_samples"] == 16 and plan[0].end_step == 2
+
+
+def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path):
+    import torch
+
+    from pretrain.components.optim import ScheduleLR
+    from pretrain.config.phase_plan import PhaseSchedule
+
+    plan = resolved(tmp_path)
+    schedule = PhaseSchedule.for_plan(plan)
+    assert [schedule(s) for s in range(9)] == pytest.approx(
+        [lr_multiplier(plan, s) for s in range(9)]
+    )
+
+    def scheduler(fn):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        return opt, ScheduleLR(opt, fn)
+
+    opt, sched = scheduler(schedule)
+    for _ in range(7):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+    opt2, sched2 = scheduler(lambda step: 1.0)  # the flags' schedule of a later launch
+    sched2.load_state_dict(state)
+    assert isinstance(sched2.lr_lambdas[0], PhaseSchedule)
+    assert sched2.last_epoch == 7 and sched2.lr_lambdas[0](7) == pytest.approx(0.55)
+    opt2.step()
+    sched2.step()  # step 8's lr, the decay's floor, from the restored plan
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.1)
