@@ -207,3 +207,30 @@ def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path)
     opt2.step()
     sched2.step()  # step 8's lr, the decay's floor, from the restored plan
     assert opt2.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_the_run_refuses_contradicting_flags_and_untrained_keys(tmp_path):
+    from types import SimpleNamespace
+
+    from pretrain.components.phases import PhaseTracker
+    from pretrain.config.batching import BatchPlan
+    from pretrain.config.train_config import TrainConfig
+
+    def tracker(doc, **optim):
+        cfg = TrainConfig()
+        cfg.run.phases = str(write(tmp_path, doc))
+        for k, v in optim.items():
+            setattr(cfg.optim if hasattr(cfg.optim, k) else cfg.run, k, v)
+        setup = SimpleNamespace(batch=BatchPlan(16, 4, 2, 2))
+        return cfg, PhaseTracker.for_run(cfg, setup, SEQ, "bert")
+
+    doc = {"phases": THREE["phases"][:2]}
+    cfg, t = tracker(doc)
+    assert cfg.run.max_steps == 7  # the plan's length replaces the default
+    assert [t.batch_plan(s, c).grad_accum for s, c in [(0, 0), (2, 16), (5, 80)]] == [1, 2, 2]
+    with pytest.raises(PhasePlanError, match="--schedule, --warmup_steps"):
+        tracker(doc, schedule="wsd", warmup_steps=3)
+    with pytest.raises(PhasePlanError, match="--max_steps 50 disagrees"):
+        tracker(doc, max_steps=50)
+    with pytest.raises(PhasePlanError, match=r"phase 3 \('decay'\), key 'data'"):
+        tracker(THREE)
