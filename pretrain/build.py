@@ -391,7 +391,7 @@ def build_training(
     loader = build_loader(
         run.train_reader,
         cfg.data_cfg,
-        cfg.masking,
+        run.phases.masking(start_step, cfg.masking) if run.phases else cfg.masking,
         rank=place.rank,
         world_size=place.world,
         micro_batch_size=run.setup.batch.micro_batch,

@@ -206,6 +206,8 @@ class Trainer:
                 if self.phases:  # this step's batch (the guard reads it from place.plan too)
                     self.plan = self.phases.apply(self.engine, self.plan, step, consumed)
                     self.place.plan = self.plan
+                    if self.phases.masking_changes_at(step, self.cfg.masking):  # a new mask rate
+                        batches = _iterate(self._train_loader(step, consumed))
                 try:
                     rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale
@@ -261,6 +263,20 @@ class Trainer:
         finally:
             if own:
                 preempt.restore()
+
+    def _train_loader(self, step: int, consumed: int):
+        """The training loader at ``consumed`` samples with the masking of ``step``'s phase."""
+        return build_loader(
+            self.data.loader.dataset.reader,
+            self.cfg.data_cfg,
+            self.phases.masking(step, self.cfg.masking),
+            rank=self.rank,
+            world_size=self.world,
+            micro_batch_size=self.plan.micro_batch,
+            consumed_samples=consumed,
+            train=True,
+            attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
+        )
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}

@@ -2,8 +2,11 @@
 the other flags before any rendezvous, and the :class:`PhaseTracker` that gives the trainer each
 step's batch plan (changing DeepSpeed's accumulation when the batch changes) and phase name.
 
-What the trainer does not do yet is refused here, naming the key: a phase's own ``data``,
-``mask_prob`` or ``rope_theta`` (the plan format and its checker accept them).
+A phase's ``mask_prob`` replaces the run's masking (constant, --mask_prob_end dropped) from its
+first step; the trainer builds a new loader there at the same consumed samples (masks depend on
+(seed, epoch, sample, position) only, so a resume inside the phase draws the same ones). What the
+trainer does not do yet is refused here, naming the key: a phase's own ``data`` or
+``rope_theta`` (the plan format and its checker accept them).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pretrain.config.phase_plan import (
 )
 
 log = get_logger(__name__)
-NOT_IN_TRAINING = ("data", "mask_prob", "rope_theta")  # accepted by the format, not trained yet
+NOT_IN_TRAINING = ("data", "rope_theta")  # accepted by the format, not trained yet
 
 
 def check_flags(cfg, total_steps: int) -> None:
@@ -71,7 +74,7 @@ class PhaseTracker:
                 if getattr(ph, key) is not None:
                     raise PhasePlanError(
                         f"{path}: phase {ph.index} ({ph.name!r}), key {key!r}: the trainer does "
-                        "not switch data, mask rate or rope theta at a phase yet; train that "
+                        "not switch data or rope theta at a phase yet; train that "
                         "phase as a separate run (--init_from) or drop the key"
                     )
         target = setup.batch
@@ -140,6 +143,20 @@ class PhaseTracker:
             if hasattr(engine.optimizer, "gradient_accumulation_steps"):  # ZeRO's offload reads it
                 engine.optimizer.gradient_accumulation_steps = new.grad_accum
         return new
+
+    def masking(self, step: int, base):
+        """The masking config of 0-based ``step``: ``base`` (the run's) with the phase's rate."""
+        ph = phase_at(self.plan, step)
+        if ph.mask_prob is None:
+            return base
+        return dataclasses.replace(base, mask_prob=ph.mask_prob, mask_prob_end=None)
+
+    def masking_changes_at(self, step: int, base) -> bool:
+        """True at the first step of a phase whose masking differs from the previous phase's."""
+        ph = phase_at(self.plan, step)
+        return 0 < step == ph.start_step and self.masking(step, base) != self.masking(
+            step - 1, base
+        )
 
     def phase_name(self, step: int) -> str:
         return phase_at(self.plan, step).name

@@ -34,7 +34,7 @@ def plan_doc(seq_len: int) -> dict:
                 "batch": {"start": 8, "increment": 8, "ramp_tokens": 16 * seq_len},
             },
             {"name": "stable", "steps": 3, "lr": "constant"},
-            {"name": "decay", "steps": 3, "lr": "linear", "min_lr_ratio": 0.1},
+            {"name": "decay", "steps": 3, "lr": "linear", "min_lr_ratio": 0.1, "mask_prob": 0.3},
         ]
     }
 
@@ -79,6 +79,8 @@ def test_records_plan_file_and_lr_follow_the_plan(phased):
     # Megatron's ramp: 8, 8 (consumed 8 < 16 per increment), then the target 16
     assert [r["samples"] for r in recs] == [8, 8] + [16] * 7
     assert [r["consumed_samples"] for r in recs][-1] == 8 + 8 + 16 * 7
+    # the decay phase masks at 0.3 (the rate of this step's masks, as the loader drew them)
+    assert [r["mask_mask_prob"] for r in recs] == pytest.approx([0.15] * 6 + [0.3] * 3)
     saved = json.loads((run / "phases.json").read_text())
     plan = resolve(
         load_phase_file(phased["plan"]),

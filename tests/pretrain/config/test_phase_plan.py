@@ -215,6 +215,7 @@ def test_the_run_refuses_contradicting_flags_and_untrained_keys(tmp_path):
     from pretrain.components.phases import PhaseTracker
     from pretrain.config.batching import BatchPlan
     from pretrain.config.train_config import TrainConfig
+    from pretrain.data.masking import MaskingConfig
 
     def tracker(doc, **optim):
         cfg = TrainConfig()
@@ -234,3 +235,7 @@ def test_the_run_refuses_contradicting_flags_and_untrained_keys(tmp_path):
         tracker(doc, max_steps=50)
     with pytest.raises(PhasePlanError, match=r"phase 3 \('decay'\), key 'data'"):
         tracker(THREE)
+    _, t = tracker({"phases": [*doc["phases"], {"steps": 2, "mask_prob": 0.3}]})
+    base = MaskingConfig()
+    assert t.masking(8, base).mask_prob == 0.3 and t.masking(6, base) is base
+    assert [s for s in range(9) if t.masking_changes_at(s, base)] == [7]
