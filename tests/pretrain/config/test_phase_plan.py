@@ -239,3 +239,24 @@ def test_the_run_refuses_contradicting_flags_and_untrained_keys(tmp_path):
     base = MaskingConfig()
     assert t.masking(8, base).mask_prob == 0.3 and t.masking(6, base) is base
     assert [s for s in range(9) if t.masking_changes_at(s, base)] == [7]
+
+
+def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):
+    from types import SimpleNamespace
+
+    from pretrain.components.phases import PhaseTracker
+    from pretrain.config.batching import BatchPlan
+    from pretrain.config.train_config import TrainConfig
+
+    def tracker(doc):
+        cfg = TrainConfig()
+        cfg.run.phases = str(write(tmp_path, doc))
+        return PhaseTracker.for_run(cfg, SimpleNamespace(batch=BatchPlan(16, 4, 2, 2)), SEQ, "bert")
+
+    doc = {"phases": THREE["phases"][:2]}
+    point = SimpleNamespace(state={"phases": tracker(doc).as_dict(), "step": 2})
+    tracker(doc).check_resume(point, override=False)  # the same plan: fine
+    doc["phases"][1] = {**doc["phases"][1], "steps": 5}
+    with pytest.raises(PhasePlanError, match=r"stable: end_step 7 -> 9"):
+        tracker(doc).check_resume(point, override=False)
+    tracker(doc).check_resume(point, override=True)  # warned, the new plan applies
