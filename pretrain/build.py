@@ -36,6 +36,7 @@ from pretrain.components.ema import EMA
 from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
+from pretrain.components.phases import PhaseTracker, tracker_for_run
 from pretrain.components.preemption import PreemptionHandler
 from pretrain.components.resume import ResumePoint, find_resume
 from pretrain.components.schedule_override import check_resume_clock
@@ -118,6 +119,7 @@ class Resolved:
     setup: DeepSpeedSetup  # final dict, batch plan, precision, checkpointing
     accel: str  # DeepSpeed's accelerator name ("cuda", "cpu", ...)
     anneal: anneal.AnnealPlan | None = None  # --anneal_from's plan
+    phases: PhaseTracker | None = None  # --phases: the resolved plan
 
 
 def resolve_run(cfg: TrainConfig) -> Resolved:
@@ -147,11 +149,15 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         check_resume_clock(cfg.optim, point.state)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
+    phases = tracker_for_run(cfg, setup, train_reader.max_seq_len)
+    if phases is not None:
+        phases.check_resume(point, cfg.optim.override_lr_schedule)
+        setup = phases.first_setup(setup, point)  # DeepSpeed checks the first step's batch
     described = describe_data(train_reader)
     plan = anneal.resolve(
         cfg, train_reader, described, point, setup.batch.global_batch, setup.config
     )
-    return Resolved(train_reader, val_readers, point, setup, accel, plan)
+    return Resolved(train_reader, val_readers, point, setup, accel, plan, phases)
 
 
 def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
@@ -210,15 +216,23 @@ def build_encoder(cfg: TrainConfig, reader, setup: DeepSpeedSetup, *, init_from:
     return model, report
 
 
-def build_engine(cfg: TrainConfig, model, ds_config: dict, plan: anneal.AnnealPlan | None = None):
+def build_engine(
+    cfg: TrainConfig,
+    model,
+    ds_config: dict,
+    plan: anneal.AnnealPlan | None = None,
+    phases: PhaseTracker | None = None,
+):
     """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler;
-    an anneal's own with --anneal_from). A time-clock schedule is not given to DeepSpeed: the
-    trainer's TimeClockLR applies it."""
+    an anneal's own with --anneal_from; the plan's with --phases). A time-clock schedule is not
+    given to DeepSpeed: the trainer's TimeClockLR applies it."""
     import deepspeed  # lazy: see the module docstring
 
     schedule = None if "scheduler" in ds_config else build_schedule(cfg.optim, cfg.run.max_steps)
     if plan is not None:
         schedule = plan.schedule()
+    if phases is not None and schedule is not None:
+        schedule = phases.schedule()
     by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
     engine, _, _, _ = deepspeed.initialize(
@@ -351,10 +365,13 @@ def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: di
             "argv": list(sys.argv),  # the exact command (the model card quotes it)
             **({"init_from": init_report} if init_report else {}),
             **({"anneal_from": run.anneal.to_dict()} if run.anneal else {}),
+            **({"phases": run.phases.as_dict()} if run.phases else {}),
         },
         indent=2,
         sort_keys=True,
     )
+    if run.phases:
+        write_json_atomic(folder / "phases.json", run.phases.as_dict(), indent=2)
 
 
 @dataclass
@@ -387,7 +404,7 @@ def build_training(
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
     model, init = build_encoder(cfg, run.train_reader, run.setup, init_from=init_from)
     init_report = announce_init(cfg, init, run.point)
-    place.engine, schedule = build_engine(cfg, model, run.setup.config, run.anneal)
+    place.engine, schedule = build_engine(cfg, model, run.setup.config, run.anneal, run.phases)
     ckpts = CheckpointManager(
         cfg.run.output_dir, cfg.checkpoint, place.rank, place.world, place.device
     )
@@ -400,7 +417,7 @@ def build_training(
     loader = build_loader(
         run.train_reader,
         cfg.data_cfg,
-        cfg.masking,
+        run.phases.masking(start_step, cfg.masking) if run.phases else cfg.masking,
         rank=place.rank,
         world_size=place.world,
         micro_batch_size=run.setup.batch.micro_batch,
@@ -412,6 +429,8 @@ def build_training(
     outputs = RunOutputs(
         metrics, ckpts, run_state(cfg, run.train_reader, run.setup, init_report, run.anneal)
     )
+    if run.phases:  # every checkpoint records the plan it was trained under
+        outputs.base_state["phases"] = run.phases.as_dict()
     clock = RunClock(budget, TimeClockLR.for_run(cfg.optim, schedule, run.setup.config, budget))
     guard_state = run.point.state.get("guard") if run.point else None
     trainer = Trainer(
@@ -423,6 +442,7 @@ def build_training(
         downstream=DownstreamJobs.for_run(cfg, place.rank, metrics),
         guard=GuardedStep.for_run(cfg.guard, place, outputs, clock, guard_state),
         preempt=preempt,
+        phases=run.phases,
     )
     return Training(trainer, start_step, consumed)
 

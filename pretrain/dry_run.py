@@ -310,6 +310,8 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
         out["schedule"], out["note"] = "anneal", plan.summary()
         return out
     peak = float(run.setup.config["optimizer"]["params"]["lr"])
+    if run.phases is not None:
+        return phase_plan_report(run.phases.plan, peak)
     out = lr_phases(build_schedule(cfg.optim, cfg.run.max_steps), peak, cfg.optim.schedule_clock)
     if run.point is not None and cfg.optim.schedule_clock == "steps":
         out["note"] = f"resuming {run.point.path}: " + (
@@ -318,6 +320,31 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
             else "the checkpoint's schedule continues (--override_lr_schedule applies this one)"
         )
     return out
+
+
+def phase_plan_report(plan, peak_lr: float) -> dict[str, Any]:
+    """--phases: the plan's phases in :func:`lr_phases`' form (lr at each boundary), with the
+    table of steps, tokens, lr, batch, data and mask rate as the note, and the resolved plan."""
+    from pretrain.config.phase_plan import plan_dict, plan_table
+
+    return {
+        "schedule": "phases",
+        "decay_shape": "per phase",
+        "unit": "steps",
+        "peak_lr": peak_lr,
+        "phases": [
+            {
+                "phase": ph.name,
+                "start": ph.start_step,
+                "end": ph.end_step,
+                "lr_start": peak_lr * ph.lr_start,
+                "lr_end": peak_lr * ph.lr_end,
+            }
+            for ph in plan
+        ],
+        "note": plan_table(plan).replace("\n", "\n        "),
+        "plan": plan_dict(plan),
+    }
 
 
 def _import_deepspeed_quietly() -> None:

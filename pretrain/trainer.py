@@ -30,6 +30,7 @@ from pretrain.components.guard import EXIT_GAVE_UP, Verdict
 from pretrain.components.guarded_step import GuardedStep
 from pretrain.components.metrics import MetricsWriter, StepTimer
 from pretrain.components.optim import current_lr
+from pretrain.components.phases import PhaseTracker
 from pretrain.components.preemption import PreemptionHandler
 from pretrain.config.batching import BatchPlan
 from pretrain.config.train_config import TrainConfig
@@ -164,6 +165,7 @@ class Trainer:
         downstream: DownstreamJobs | None = None,
         guard: GuardedStep | None = None,
         preempt: PreemptionHandler | None = None,
+        phases: PhaseTracker | None = None,
     ):
         self.cfg, self.place, self.data, self.outputs = cfg, place, data, outputs
         # main's handler, installed before the rendezvous (pretrain.components.preemption); None:
@@ -171,6 +173,8 @@ class Trainer:
         self.preempt = preempt
         self.clock = clock or RunClock(TimeBudget(cfg.run.max_time_hours))
         self.downstream, self.guard = downstream, guard
+        self.phases = phases  # --phases: each step's batch plan and phase name
+        self.eval_plan = phases.target if phases else place.plan  # validation: one fixed size
         # Shorthands the step and the loop use on every line.
         self.engine, self.plan, self.device = place.engine, place.plan, place.device
         self.rank, self.world = place.rank, place.world
@@ -199,6 +203,11 @@ class Trainer:
             timer, batches = StepTimer(), _iterate(self.data.loader)
             while step < max_steps:
                 timer.restart()
+                if self.phases:  # this step's batch (the guard reads it from place.plan too)
+                    self.plan = self.phases.apply(self.engine, self.plan, step, consumed)
+                    self.place.plan = self.plan
+                    if self.phases.masking_changes_at(step, self.cfg.masking):  # a new mask rate
+                        batches = _iterate(self._train_loader(step, consumed))
                 try:
                     rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale
@@ -211,6 +220,8 @@ class Trainer:
                     self.ckpts.ema.after_step(self.engine, verdict)
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
+                if self.phases:
+                    rec["phase"] = self.phases.phase_name(step - 1)
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
                 if self.guard:
                     action, step = self.guard.judge(verdict, rec, step, consumed)
@@ -254,6 +265,20 @@ class Trainer:
         finally:
             if own:
                 preempt.restore()
+
+    def _train_loader(self, step: int, consumed: int):
+        """The training loader at ``consumed`` samples with the masking of ``step``'s phase."""
+        return build_loader(
+            self.data.loader.dataset.reader,
+            self.cfg.data_cfg,
+            self.phases.masking(step, self.cfg.masking),
+            rank=self.rank,
+            world_size=self.world,
+            micro_batch_size=self.plan.micro_batch,
+            consumed_samples=consumed,
+            train=True,
+            attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
+        )
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -362,15 +387,19 @@ class Trainer:
                 self.cfg.masking,
                 rank=rank,
                 world_size=world,
-                micro_batch_size=self.plan.micro_batch,
+                micro_batch_size=self.eval_plan.micro_batch,
                 consumed_samples=0,
                 train=False,
                 attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
             )
 
         mine = loader(self.rank, self.world)
-        block = self.plan.micro_batch * self.world  # sequences of one micro-batch of every rank
-        rounds = min(self.cfg.log.eval_batches * self.plan.grad_accum, -(-len(reader) // block))
+        block = (
+            self.eval_plan.micro_batch * self.world
+        )  # sequences of one micro-batch of every rank
+        rounds = min(
+            self.cfg.log.eval_batches * self.eval_plan.grad_accum, -(-len(reader) // block)
+        )
         batches = _iterate(mine)
         # The split's last block may leave this rank fewer (or no) sequences than the others; it
         # still runs each forward (ZeRO-3 gathers weights collectively) on a stand-in batch whose

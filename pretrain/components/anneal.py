@@ -191,6 +191,11 @@ def check_flags(run_cfg, explicit_max_steps: bool) -> None:
             "--anneal_from loads weights and optimizer state from its checkpoint; drop "
             "--init_from (weights only, fresh optimizer)"
         )
+    if getattr(run_cfg, "phases", ""):
+        raise AnnealError(
+            "--anneal_from decays the lr over --anneal_tokens in one phase; drop --phases, or "
+            "write the decay as the last phase of a --phases plan"
+        )
     if explicit_max_steps:
         raise AnnealError(
             "--anneal_from: the run's length is --anneal_tokens (steps = ceil(tokens / (global "

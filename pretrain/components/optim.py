@@ -25,6 +25,7 @@ from pretrain.components.wsd_schedule import (
     build_wsd,
     check_schedule_flags,
 )
+from pretrain.config.phase_plan import PhaseSchedule
 from pretrain.config.train_config import OptimConfig
 
 _NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
@@ -157,10 +158,12 @@ def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay | WarmupStab
     )
 
 
-SCHEDULE_CLASSES = (WarmupDecay, WarmupStableDecay, AnnealDecay)
+SCHEDULE_CLASSES = (WarmupDecay, WarmupStableDecay, AnnealDecay, PhaseSchedule)
 
 
-def schedule_from_fields(fields: dict[str, Any]) -> WarmupDecay | WarmupStableDecay:
+def schedule_from_fields(
+    fields: dict[str, Any],
+) -> WarmupDecay | WarmupStableDecay | PhaseSchedule:
     """The schedule object a checkpoint saved (``LambdaLR`` keeps only its ``__dict__``): the
     class whose field names are exactly those keys."""
     for cls in SCHEDULE_CLASSES:

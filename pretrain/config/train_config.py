@@ -56,6 +56,11 @@ class RunConfig:
         "also end the run after this many hours of training time, added up over its launches "
         "(final validation and checkpoint at the budget); 0 = no time limit",
     )
+    phases: str = opt(
+        "",
+        "a phase plan (JSON): the length, lr shape and global batch of each phase; the run's "
+        "length is the plan's (docs/training.md)",
+    )
     seed: int = opt(1234, "seed for model init, dropout and data order")
     resume: str = opt(
         "none", '"auto" (newest complete checkpoint in output_dir), "none", or a checkpoint path'

@@ -1,0 +1,502 @@
+"""A phase plan (issue 25): a JSON file of training phases, parsed, checked and resolved to steps.
+
+A phase has a length (``steps``, or nominal ``tokens`` = samples x the phase data's sequence
+length) and any of: an lr shape, a global batch (fixed, or Megatron's ``--rampup-batch-size``
+ramp), its data (``--data`` syntax), a mask rate and (``--arch modernbert``) a rope theta.
+:func:`load_phase_file` parses and checks a file; :func:`resolve` turns the phases into step
+boundaries by simulating consumed samples, and :func:`batch_at` gives the global batch of a step
+as a pure function of (plan, step, consumed samples), so a resume anywhere is exact.
+
+JSON only: PyYAML is not a dependency of the project. Pure Python (no torch, no DeepSpeed), so
+the check runs before any rendezvous and as ``python -m pretrain.config.phase_plan FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bertforge.errors import USER_ERROR_EXIT, UserError
+from pretrain.components.wsd_schedule import decay_curve
+
+LR_SHAPES = ("warmup", "constant", "linear", "cosine", "1-sqrt")
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+PHASE_KEYS = (
+    "name",
+    "tokens",
+    "steps",
+    "lr",
+    "batch",
+    "min_lr_ratio",
+    "data",
+    "mask_prob",
+    "rope_theta",
+)
+RAMP_KEYS = ("start", "increment", "ramp_tokens")
+
+
+class PhasePlanError(UserError, ValueError):
+    """A phase file that cannot be parsed or run; the message names file, phase and key."""
+
+
+@dataclass(frozen=True)
+class Ramp:
+    """Megatron's batch-size ramp: ``start``, +``increment`` every ramp/(n increments) samples,
+    up to the run's global batch; ``ramp_tokens`` None: over the whole phase."""
+
+    start: int
+    increment: int
+    ramp_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase as the file gives it (unset values None: inherited when resolved)."""
+
+    name: str
+    index: int  # 1-based, as error messages name it
+    steps: int | None = None
+    tokens: int | None = None
+    lr: str = "constant"
+    batch: int | Ramp | None = None
+    min_lr_ratio: float | None = None
+    data: list[str] | None = None
+    mask_prob: float | None = None
+    rope_theta: float | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedPhase:
+    """A phase in steps and samples: [start_step, end_step), [start_consumed, end_consumed)."""
+
+    name: str
+    start_step: int
+    end_step: int
+    start_consumed: int
+    end_consumed: int
+    tokens: int  # nominal: samples x the phase data's sequence length
+    seq_len: int
+    lr_shape: str
+    lr_start: float  # lr multiplier (x --lr) of the phase's first step
+    lr_end: float  # ... and of its last step
+    min_lr_ratio: float
+    batch_start: int
+    batch_end: int
+    batch_fixed: int | None  # the phase's global batch, or None for a ramp
+    ramp: dict | None  # start, increment, ramp_samples (within the phase)
+    data: list[str] | None  # None: the run's --data
+    own_data: bool  # the phase names its own data (its loader starts at its own beginning)
+    mask_prob: float | None  # None: the run's --mask_prob
+    rope_theta: float | None
+
+
+def _where(path: str, phase: Phase | int | None, key: str | None = None) -> str:
+    text = f"{path}"
+    if isinstance(phase, Phase):
+        text += f": phase {phase.index} ({phase.name!r})"
+    elif isinstance(phase, int):
+        text += f": phase {phase}"
+    if key is not None:
+        text += f", key {key!r}"
+    return text
+
+
+def _int(value: Any, where: str, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PhasePlanError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _ratio(value: Any, where: str, *, positive: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not ok or not (0.0 < value if positive else 0.0 <= value) or value > 1.0:
+        bound = "in (0, 1]" if positive else "in [0, 1]"
+        raise PhasePlanError(f"{where}: expected a number {bound}, got {value!r}")
+    return float(value)
+
+
+def _batch(value: Any, where: str) -> int | Ramp:
+    if not isinstance(value, dict):
+        return _int(value, where)
+    unknown = sorted(set(value) - set(RAMP_KEYS))
+    if unknown:
+        raise PhasePlanError(f"{where}: unknown key {unknown[0]!r}; a ramp has {list(RAMP_KEYS)}")
+    for key in ("start", "increment"):
+        if key not in value:
+            raise PhasePlanError(f"{where}.{key}: missing (a ramp needs start and increment)")
+    tokens = value.get("ramp_tokens")
+    return Ramp(
+        start=_int(value["start"], f"{where}.start"),
+        increment=_int(value["increment"], f"{where}.increment"),
+        ramp_tokens=None if tokens is None else _int(tokens, f"{where}.ramp_tokens"),
+    )
+
+
+def _data(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise PhasePlanError(
+            f"{where}: expected a shard folder or a list in --data syntax "
+            f'(["general=0.3", "domain=0.7"]), got {value!r}'
+        )
+    return list(value)
+
+
+def parse_phases(doc: Any, path: str) -> list[Phase]:
+    """The phases of a parsed file (``{"phases": [...]}``), every value checked."""
+    if not isinstance(doc, dict) or set(doc) != {"phases"}:
+        raise PhasePlanError(f'{path}: expected an object with one key "phases" (a list)')
+    items = doc["phases"]
+    if not isinstance(items, list) or not items:
+        raise PhasePlanError(f"{_where(path, None, 'phases')}: expected a non-empty list")
+    phases, names = [], set()
+    for i, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise PhasePlanError(f"{_where(path, i)}: expected an object, got {item!r}")
+        name = item.get("name", f"phase{i}")
+        if not isinstance(name, str) or not name:
+            raise PhasePlanError(f"{_where(path, i, 'name')}: expected a non-empty string")
+        label = Phase(name=name, index=i)
+        unknown = [k for k in item if k not in PHASE_KEYS]
+        if unknown:
+            raise PhasePlanError(
+                f"{_where(path, label, unknown[0])}: unknown key; a phase has {list(PHASE_KEYS)}"
+            )
+        if name in names:
+            raise PhasePlanError(f"{_where(path, label, 'name')}: {name!r} is used twice")
+        names.add(name)
+        if ("steps" in item) == ("tokens" in item):
+            raise PhasePlanError(
+                f"{_where(path, label, 'steps')}: give exactly one of `steps` or `tokens`"
+            )
+
+        def at(key: str) -> str:
+            return _where(path, label, key)  # noqa: B023 - used within this iteration only
+
+        lr = item.get("lr", "constant")
+        if lr not in LR_SHAPES:
+            raise PhasePlanError(f"{at('lr')}: expected one of {list(LR_SHAPES)}, got {lr!r}")
+        if lr in DECAY_SHAPES and i == 1:
+            raise PhasePlanError(
+                f"{at('lr')}: a {lr!r} decay in the first phase has no lr to decay from; "
+                'start with "warmup" or "constant"'
+            )
+        if "min_lr_ratio" in item and lr not in DECAY_SHAPES:
+            raise PhasePlanError(f"{at('min_lr_ratio')}: only a decay phase has a floor")
+        theta = item.get("rope_theta")
+        if theta is not None and (
+            isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0
+        ):
+            raise PhasePlanError(f"{at('rope_theta')}: expected a positive number, got {theta!r}")
+        phases.append(
+            Phase(
+                name=name,
+                index=i,
+                steps=_int(item["steps"], at("steps")) if "steps" in item else None,
+                tokens=_int(item["tokens"], at("tokens")) if "tokens" in item else None,
+                lr=lr,
+                batch=_batch(item["batch"], at("batch")) if "batch" in item else None,
+                min_lr_ratio=(
+                    _ratio(item["min_lr_ratio"], at("min_lr_ratio"))
+                    if "min_lr_ratio" in item
+                    else None
+                ),
+                data=_data(item["data"], at("data")) if "data" in item else None,
+                mask_prob=(
+                    _ratio(item["mask_prob"], at("mask_prob"), positive=True)
+                    if "mask_prob" in item
+                    else None
+                ),
+                rope_theta=None if theta is None else float(theta),
+            )
+        )
+    return phases
+
+
+def load_phase_file(path: str | Path) -> list[Phase]:
+    """Parse and check a phase file (JSON; a YAML file is refused: PyYAML is no dependency)."""
+    path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        raise PhasePlanError(
+            f"{path}: phase files are JSON (PyYAML is not a dependency of bertforge); write the "
+            'same structure as JSON: {"phases": [{"name": ..., "steps": ...}, ...]}'
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PhasePlanError(f"--phases {path}: cannot read it ({e.strerror})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PhasePlanError(
+            f"{path}: line {e.lineno}, column {e.colno}: not valid JSON ({e.msg})"
+        ) from None
+    return parse_phases(doc, str(path))
+
+
+def ramp_batch(ramp: dict, global_batch: int, consumed_in_phase: int) -> int:
+    """Megatron's RampupBatchsizeNumMicroBatches: ``start + increment x floor(consumed /
+    samples_per_increment)`` while consumed <= ramp_samples, then the target ``global_batch``."""
+    start, inc, samples = ramp["start"], ramp["increment"], ramp["ramp_samples"]
+    if consumed_in_phase > samples:
+        return global_batch
+    n_increments = (global_batch - start) // inc
+    if n_increments == 0:
+        return global_batch
+    per_increment = samples / n_increments
+    return min(global_batch, start + inc * int(consumed_in_phase / per_increment))
+
+
+def _check_divisible(value: int, block: int, where: str) -> None:
+    if value % block:
+        raise PhasePlanError(
+            f"{where}: {value} is not divisible by micro batch x world size = {block}; every "
+            "global batch of the plan must be (the micro-batch stays fixed)"
+        )
+
+
+def resolve(
+    phases: list[Phase],
+    *,
+    path: str,
+    global_batch: int,
+    micro_batch: int,
+    world_size: int,
+    seq_len: Callable[[list[str] | None], int],
+    min_lr_ratio: float = 0.0,
+    arch: str = "bert",
+) -> list[ResolvedPhase]:
+    """The phases in steps and samples. ``global_batch``: the run's (a ramp's target and the
+    default of a phase); ``seq_len(data)``: the sequence length of a phase's data (None: the
+    run's --data). Boundaries depend on the world size only through the divisibility checks."""
+    block = micro_batch * world_size
+    _check_divisible(global_batch, block, f"{path}: the run's global batch")
+    out: list[ResolvedPhase] = []
+    step = consumed = 0
+    data: list[str] | None = None
+    mask: float | None = None
+    theta: float | None = None
+    lr_prev = 1.0
+    for ph in phases:
+        if ph.rope_theta is not None and arch != "modernbert":
+            raise PhasePlanError(
+                f"{_where(path, ph, 'rope_theta')}: only --arch modernbert has a rope theta "
+                f"(this run is --arch {arch})"
+            )
+        own = ph.data is not None
+        data = ph.data if own else data
+        mask = ph.mask_prob if ph.mask_prob is not None else mask
+        theta = ph.rope_theta if ph.rope_theta is not None else theta
+        length = seq_len(data)
+        ramp = None
+        if isinstance(ph.batch, Ramp):
+            r = ph.batch
+            for key, value in (("start", r.start), ("increment", r.increment)):
+                _check_divisible(value, block, _where(path, ph, f"batch.{key}"))
+            if r.start >= global_batch or (global_batch - r.start) % r.increment:
+                raise PhasePlanError(
+                    f"{_where(path, ph, 'batch.start')}: a ramp goes from start {r.start} by "
+                    f"increments of {r.increment} to the run's global batch {global_batch}; "
+                    "start must be below it and the difference a multiple of the increment"
+                )
+            fixed = None
+        else:
+            fixed = global_batch if ph.batch is None else ph.batch
+            _check_divisible(fixed, block, _where(path, ph, "batch"))
+        target = None if ph.tokens is None else -(-ph.tokens // length)  # samples
+        if isinstance(ph.batch, Ramp):
+            if ph.batch.ramp_tokens is not None:
+                ramp_samples = ph.batch.ramp_tokens // length
+            elif target is not None:
+                ramp_samples = target
+            else:  # "the whole phase" is not known in samples before the ramp is
+                raise PhasePlanError(
+                    f"{_where(path, ph, 'batch.ramp_tokens')}: a ramp in a phase measured in "
+                    "`steps` needs ramp_tokens (or give the phase's length in `tokens`)"
+                )
+            ramp = {"start": ph.batch.start, "increment": ph.batch.increment}
+            ramp["ramp_samples"] = ramp_samples
+        start_step, start_consumed, n = step, consumed, 0
+        batches = []
+        while (ph.steps is not None and n < ph.steps) or (
+            target is not None and consumed - start_consumed < target
+        ):
+            b = fixed if ramp is None else ramp_batch(ramp, global_batch, consumed - start_consumed)
+            batches.append(b)
+            consumed, n = consumed + b, n + 1
+            if ramp is None and ph.tokens is not None:  # a fixed batch: the rest directly
+                rest = -(-(target - (consumed - start_consumed)) // b)
+                batches += [b] * max(rest, 0)
+                consumed, n = consumed + b * max(rest, 0), n + max(rest, 0)
+        step = start_step + n
+        floor = ph.min_lr_ratio if ph.min_lr_ratio is not None else min_lr_ratio
+        shape = PhaseShape(ph.lr, start_step, step, lr_prev, floor)
+        out.append(
+            ResolvedPhase(
+                name=ph.name,
+                start_step=start_step,
+                end_step=step,
+                start_consumed=start_consumed,
+                end_consumed=consumed,
+                tokens=(consumed - start_consumed) * length,
+                seq_len=length,
+                lr_shape=ph.lr,
+                lr_start=shape(start_step),
+                lr_end=shape(step - 1),
+                min_lr_ratio=floor,
+                batch_start=batches[0],
+                batch_end=batches[-1],
+                batch_fixed=fixed,
+                ramp=ramp,
+                data=data,
+                own_data=own,
+                mask_prob=mask,
+                rope_theta=theta,
+            )
+        )
+        lr_prev = shape(step - 1)
+    return out
+
+
+@dataclass(frozen=True)
+class PhaseShape:
+    """The lr multiplier of one phase at a (0-based) step in [start, end): warmup reaches the
+    peak at the phase's last step, a decay goes from ``lr_from`` (the previous phase's last) to
+    the floor, which the phase's last step trains at."""
+
+    shape: str
+    start: int
+    end: int
+    lr_from: float
+    floor: float
+
+    def __call__(self, step: int) -> float:
+        n = max(1, self.end - self.start)
+        t = min(1.0, max(0.0, (step - self.start + 1) / n))
+        if self.shape == "warmup":
+            return t
+        if self.shape == "constant":
+            return 1.0
+        return self.floor + (self.lr_from - self.floor) * decay_curve(self.shape, t)
+
+
+@dataclass
+class PhaseSchedule:
+    """The lr multiplier of a whole plan at a 0-based step, for :class:`ScheduleLR`
+    (pretrain.components.optim): a picklable callable whose field names differ from every other
+    schedule's, so a checkpoint's schedule is restored as this class."""
+
+    phase_shapes: list[str]
+    phase_ends: list[int]  # each phase's end step; the last is the run's max_steps
+    phase_floors: list[float]
+
+    @classmethod
+    def for_plan(cls, plan: list[ResolvedPhase]) -> PhaseSchedule:
+        return cls(
+            [ph.lr_shape for ph in plan],
+            [ph.end_step for ph in plan],
+            [ph.min_lr_ratio for ph in plan],
+        )
+
+    def __call__(self, step: int) -> float:
+        start, prev = 0, 1.0
+        for i, (shape, end, floor) in enumerate(
+            zip(self.phase_shapes, self.phase_ends, self.phase_floors)
+        ):
+            curve = PhaseShape(shape, start, end, prev, floor)
+            if step < end or i == len(self.phase_ends) - 1:
+                return curve(step)
+            start, prev = end, curve(end - 1)
+        raise ValueError("a PhaseSchedule without phases")
+
+
+def phase_at(plan: list[ResolvedPhase], step: int) -> ResolvedPhase:
+    """The phase that trains 0-based ``step`` (the last phase's for a step past the plan)."""
+    for ph in plan:
+        if step < ph.end_step:
+            return ph
+    return plan[-1]
+
+
+def batch_at(plan: list[ResolvedPhase], step: int, consumed: int, global_batch: int) -> int:
+    """The global batch of 0-based ``step`` that starts at ``consumed`` samples: a pure function
+    of the plan and the position, so a resume anywhere takes the same batch."""
+    ph = phase_at(plan, step)
+    if ph.ramp is None:
+        return ph.batch_fixed
+    return ramp_batch(ph.ramp, global_batch, consumed - ph.start_consumed)
+
+
+def lr_multiplier(plan: list[ResolvedPhase], step: int) -> float:
+    """The lr multiplier (x --lr) of 0-based ``step``."""
+    ph = phase_at(plan, step)
+    prev = plan[plan.index(ph) - 1].lr_end if plan.index(ph) else 1.0
+    return PhaseShape(ph.lr_shape, ph.start_step, ph.end_step, prev, ph.min_lr_ratio)(step)
+
+
+def plan_table(plan: list[ResolvedPhase]) -> str:
+    """The plan as the dry run prints it: one row per phase."""
+    head = ("phase", "steps", "tokens", "lr (x peak)", "batch", "data", "mask")
+    rows = [head]
+    for ph in plan:
+        rows.append(
+            (
+                ph.name,
+                f"[{ph.start_step}, {ph.end_step})",
+                f"{ph.tokens:,}",
+                f"{ph.lr_start:.4g} -> {ph.lr_end:.4g}",
+                f"{ph.batch_start} -> {ph.batch_end}",
+                " ".join(ph.data) if ph.data else "--data",
+                "--mask_prob" if ph.mask_prob is None else f"{ph.mask_prob:g}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def plan_dict(plan: list[ResolvedPhase]) -> dict[str, Any]:
+    """The resolved plan as JSON (what a run folder's phases.json holds)."""
+    return {"total_steps": plan[-1].end_step, "phases": [asdict(ph) for ph in plan]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pretrain.config.phase_plan FILE ...``: check a phase file and print its plan."""
+    p = argparse.ArgumentParser(
+        prog="python -m pretrain.config.phase_plan",
+        description="Check a phase file and print its resolved plan (steps, tokens, lr, batch).",
+    )
+    p.add_argument("file", help="the phase file (JSON)")
+    p.add_argument("--global_batch_size", type=int, required=True, help="the run's global batch")
+    p.add_argument("--micro_batch_size", type=int, required=True, help="per rank")
+    p.add_argument("--world_size", type=int, default=1, help="data-parallel ranks")
+    p.add_argument("--seq_len", type=int, required=True, help="sequence length of the shards")
+    p.add_argument("--min_lr_ratio", type=float, default=0.0, help="a decay's floor, x --lr")
+    p.add_argument("--arch", default="bert", help='"bert" or "modernbert"')
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = p.parse_args(argv)
+    try:
+        plan = resolve(
+            load_phase_file(args.file),
+            path=args.file,
+            global_batch=args.global_batch_size,
+            micro_batch=args.micro_batch_size,
+            world_size=args.world_size,
+            seq_len=lambda data: args.seq_len,
+            min_lr_ratio=args.min_lr_ratio,
+            arch=args.arch,
+        )
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    print(json.dumps(plan_dict(plan), indent=2) if args.json else plan_table(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
