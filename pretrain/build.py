@@ -133,7 +133,6 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         cfg.model_cfg,
         nsp=train_reader.format == "nsp",
         init_from=cfg.run.init_from,
-        downstream_eval=cfg.log.downstream_eval,
     )
     if cfg.run.init_from:  # the architecture is the checkpoint's
         cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)

@@ -8,6 +8,12 @@ maps); a Hugging Face folder is used as it is. ``ModelSource.build`` then makes 
 (``AutoModelForSequenceClassification`` / ``AutoModelForTokenClassification``) whose encoder holds
 the source's weights and whose head is new. An encoder weight that does not load is an error, never
 a silently random layer.
+
+A ModernBERT folder (``model_type`` "modernbert", ours as ``pretrain.export`` writes it or one
+written by transformers) gives ``ModernBertForSequenceClassification`` /
+``ModernBertForTokenClassification``: they put transformers' ``ModernBertPredictionHead`` (dense,
+activation, norm) between the encoder and the classifier, the same module as the masked-LM head's,
+so its pretrained weights are loaded as ``from_pretrained`` loads them; only the classifier is new.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from bertforge.errors import UserError
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
 _LABEL_RE = re.compile(r"^(?P<label>[\w.+-]+)=(?P<rest>.+)$")  # LABEL=PATH; a label has no "/"
 _HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # new in every task model
+# Outside the encoder, shared by the pretraining and the task models: ModernBERT's prediction head
+_SHARED_HEAD_PREFIXES = ("head.",)
 
 
 class ModelError(UserError, ValueError):
@@ -143,10 +151,12 @@ def _task_config(config, labels: list[str]):
 
 
 def _load_encoder(model: torch.nn.Module, state_dict: dict[str, Any], where: str) -> None:
-    """Copy the encoder weights of a pretraining state dict; every encoder weight must load."""
+    """Copy the encoder weights of a pretraining state dict (and ModernBERT's prediction head
+    when the state dict has it); every encoder weight must load."""
     own = model.state_dict()
     prefix = model.base_model_prefix + "."
-    take = {k: v for k, v in state_dict.items() if k in own and k.startswith(prefix)}
+    shared = (prefix, *_SHARED_HEAD_PREFIXES)
+    take = {k: v for k, v in state_dict.items() if k in own and k.startswith(shared)}
     missing = [
         k
         for k in own
@@ -186,10 +196,15 @@ class ModelSource:
         transformers.logging.disable_progress_bar()
         # the bare encoder; weights the folder lacks (e.g. the pooler of an MLM-only model) were
         # initialised at random here and are dropped, so the task model initialises them by seed
-        model, info = transformers.AutoModel.from_pretrained(str(path), output_loading_info=True)
+        if config.model_type == "modernbert":  # the encoder and its prediction head: the MLM's
+            auto, prefix = transformers.AutoModelForMaskedLM, ""
+        else:
+            auto, prefix = transformers.AutoModel, None
+        model, info = auto.from_pretrained(str(path), output_loading_info=True)
         absent = set(info.get("missing_keys", []))
-        prefix = getattr(model, "base_model_prefix", "bert")
-        sd = {f"{prefix}.{k}": v for k, v in model.state_dict().items() if k not in absent}
+        if prefix is None:
+            prefix = getattr(model, "base_model_prefix", "bert") + "."
+        sd = {f"{prefix}{k}": v for k, v in model.state_dict().items() if k not in absent}
         tok = transformers.AutoTokenizer.from_pretrained(str(path))
         return cls(config, sd, tok, str(path))
 

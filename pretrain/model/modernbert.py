@@ -37,9 +37,7 @@ class ArchError(UserError, ValueError):
     """A flag or input the chosen --arch does not support; the message names the flag."""
 
 
-def check_supported(
-    cfg: ModelConfig, *, nsp: bool = False, init_from: str = "", downstream_eval: str = ""
-) -> None:
+def check_supported(cfg: ModelConfig, *, nsp: bool = False, init_from: str = "") -> None:
     """Refuse what only the BERT arch implements, naming the flag (nothing to do for bert)."""
     if cfg.arch != "modernbert":
         return
@@ -55,8 +53,6 @@ def check_supported(
         )
     if init_from:
         refused.append(f"--init_from {init_from}: it loads BERT checkpoints and runs only")
-    if downstream_eval:
-        refused.append(f"--downstream_eval {downstream_eval}: pretrain.evaluate loads BERT only")
     if refused:
         raise ArchError(
             "--arch modernbert does not support yet: "

@@ -93,7 +93,6 @@ def test_sliding_window_changes_what_local_layers_see():
         ({"config_json": "bert_config.json"}, "--config_json"),
         ({"nsp": True}, "NSP shards"),
         ({"init_from": "runs/bert"}, "--init_from runs/bert"),
-        ({"downstream_eval": "tasks.json"}, "--downstream_eval"),
     ],
 )
 def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
