@@ -1,0 +1,47 @@
+"""benchmarks.training.schedules: the quick form prints one row per arm of every comparison,
+reports an arm whose trainer flag is missing as refused (naming the flag), and writes a summary
+with no absolute path of this machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers.commands import run_cli
+
+from benchmarks.training.schedules import SCHEDULE_ARMS, missing_flag
+
+pytestmark = pytest.mark.slow
+
+
+def _rows(table: str, title: str) -> dict[str, str]:
+    """{arm: its row} of the markdown table under `title`."""
+    block = table.split(f"**{title}**", 1)[1].split("**", 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("| ")][1:]
+    return {r.split(" | ")[0][2:]: r for r in rows}
+
+
+def test_quick_reports_every_arm_and_writes_portable_json(tmp_path):
+    out = tmp_path / "sched"
+    table = run_cli("-m", "benchmarks.training.schedules", "--out", str(out), "--quick").stdout
+    arms = _rows(table, "(a)-(d): validation loss at the last step")
+    assert list(arms) == list(SCHEDULE_ARMS)
+    for arm, row in arms.items():
+        if (flag := missing_flag(arm)) is not None:
+            assert f"refused: needs {flag}" in row
+        else:
+            assert "refused" not in row and ("(reference)" in row) == (arm == "wsd")
+    assert list(_rows(table, "(e): averaged checkpoints vs the last (one evaluator)")) == [
+        "wsd_last",
+        "wsd_avg_last2",
+    ]
+    for src in ("domain", "general"):
+        assert list(_rows(table, f"annealing, {src} validation")) == ["anneal", "rewarm"]
+
+    text = (out / "summary.json").read_text(encoding="utf-8")
+    summary = json.loads(text)
+    assert str(tmp_path) not in text and "/work/" not in text and '"/' not in text
+    assert summary["plan"]["steps"] == 8 and summary["plan"]["seeds"] == [1]
+    # the evaluator of (e) scores the last checkpoint as the run's own validation did
+    assert abs(summary["averaging"]["evaluator_minus_run_val_loss"][0]) < 1e-3
+    assert (out / "schedules.png").stat().st_size > 0
