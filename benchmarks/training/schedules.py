@@ -25,8 +25,7 @@ one thread, ``--num_workers 0``), tiny model, the same seeds for every arm:
 
 (a)-(d): validation loss at the last step (the runs' own ``split: validation`` records). Per
 comparison: median [min, max] over seeds, the mean paired difference (same seed) to the
-reference with a bootstrap 95% interval, and training seconds. Arms whose trainer flag does not
-exist yet (``--phases``, ``--anneal_from``) are reported as refused, naming the flag. Every run
+reference with a bootstrap 95% interval, and training seconds. Every run
 resumes (``--resume auto``) and every finished stage is skipped, so a killed benchmark continues
 where it stopped. Writes OUT/summary.json, OUT/summary.md, OUT/schedules.png, and with
 ``--results``/``--plot`` copies for docs/bench. Wall times depend on what else the machine runs.
@@ -36,13 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from functools import cache
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, write_results
@@ -60,31 +57,6 @@ SCHEDULE_ARMS = ("linear", "constant", "wsd", "wsd_batch_warmup")
 REFERENCE, ANNEAL_REFERENCE = "wsd", "rewarm"
 DECAY_FRACTION = 0.2
 MAX_SEQ_LEN = 128
-NEEDS = {"wsd_batch_warmup": "--phases", "anneal": "--anneal_from"}  # flags not on main yet
-
-
-@cache
-def trainer_help() -> str:
-    """``python pretrain/main.py --help``: which flags this checkout's trainer knows."""
-    cmd = [sys.executable, str(REPO / "pretrain" / "main.py"), "--help"]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=one_thread_env())
-    return done.stdout
-
-
-def missing_flag(arm: str) -> str | None:
-    """The trainer flag `arm` needs that this trainer does not have, or None."""
-    flag = NEEDS.get(arm)
-    return flag if flag and not re.search(re.escape(flag) + r"\b", trainer_help()) else None
-
-
-def refused(arm: str, flag: str) -> dict:
-    """The record of an arm that cannot run on this trainer."""
-    msg = (
-        f"refused: needs {flag}, which this trainer does not have "
-        "(python pretrain/main.py --help); rerun after it merges"
-    )
-    log.warning(f"{arm}: {msg}")
-    return {"refused": msg}
 
 
 def phase_plan(a: argparse.Namespace) -> dict:
@@ -163,7 +135,7 @@ class Bench:
             max_steps=steps,
             resume="auto",
             global_batch_size=a.global_batch_size,
-            micro_batch_size=a.global_batch_size,
+            micro_batch_size=flags.pop("micro_batch_size", a.global_batch_size),
             lr=a.lr,
             eval_interval=a.eval_interval,
             eval_batches=1000,  # the whole validation split every time
@@ -227,13 +199,10 @@ def curve(run: Path) -> list[tuple[int, float]]:
 
 def compare(values: dict[str, list[float] | None], reference: str, extra: dict) -> dict:
     """Per arm: median [min, max], values, the paired difference to `reference` (same seeds)
-    and `extra[arm]` (seconds, tokens, ...); refused arms keep only their reason."""
+    and `extra[arm]` (seconds, tokens, ...)."""
     ref = values.get(reference)
     rows = {}
     for arm, v in values.items():
-        if v is None:
-            rows[arm] = extra[arm]
-            continue
         rows[arm] = {"median": statistics.median(v), "min": min(v), "max": max(v), "values": v}
         if arm != reference and ref is not None:
             rows[arm]["vs_" + reference] = paired_difference(v, ref)
@@ -242,7 +211,7 @@ def compare(values: dict[str, list[float] | None], reference: str, extra: dict) 
 
 
 def markdown(title: str, table: dict) -> str:
-    """One comparison of :func:`compare` as a markdown table (refused arms say why)."""
+    """One comparison of :func:`compare` as a markdown table."""
     ref = table["reference"]
     lines = [
         f"**{title}**",
@@ -251,9 +220,6 @@ def markdown(title: str, table: dict) -> str:
     ]
     lines.append("|---|---|---|---|---|")
     for arm, r in table["arms"].items():
-        if "refused" in r:
-            lines.append(f"| {arm} | {r['refused']} | | | |")
-            continue
         d = r.get("vs_" + ref)
         diff = f"{d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]" if d else "(reference)"
         tokens = f"{statistics.median(r['tokens']):,.0f}" if "tokens" in r else "-"
@@ -299,15 +265,16 @@ def schedule_arms(b: Bench, gs: Path) -> tuple[dict, dict, dict]:
     }
     values, extra, curves = {}, {}, {}
     for arm in SCHEDULE_ARMS:
-        if (flag := missing_flag(arm)) is not None:
-            values[arm], extra[arm] = None, refused(arm, flag)
-            continue
         losses, recs, arm_curves = [], [], []
         for seed in a.seed_list:
             if arm == "wsd_batch_warmup":
                 plan = b.out / "phases.json"
                 write_json_atomic(plan, phase_plan(a), indent=2)
-                run = b.train(f"{arm}_s{seed}", gs, None, phases=plan, seed=seed)
+                # the ramp's first batch is a quarter: the micro-batch (fixed in a plan) divides it
+                micro = max(1, a.global_batch_size // 4)
+                run = b.train(
+                    f"{arm}_s{seed}", gs, None, phases=plan, micro_batch_size=micro, seed=seed
+                )
             else:
                 run = b.train(f"{arm}_s{seed}", gs, a.steps, seed=seed, **common, **flags[arm])
             last = last_validation(run)
@@ -346,14 +313,7 @@ def annealing(b: Bench, gs: Path, ds: Path) -> dict:
     mixture = [f"general={gs}:1", f"domain={ds}:1"]
     per_source: dict[str, dict[str, list[float] | None]] = {"domain": {}, "general": {}}
     extra: dict[str, dict] = {}
-    # a pair or nothing: (g) alone answers nothing, and costs a third of the anneal's time
-    flag = missing_flag("anneal")
     for arm in ("anneal", ANNEAL_REFERENCE):
-        if flag is not None:
-            for src in per_source:
-                per_source[src][arm] = None
-            extra[arm] = refused(arm, flag)
-            continue
         recs = []
         for seed in a.seed_list:
             base = b.out / "runs" / f"constant_s{seed}"
@@ -381,7 +341,7 @@ def annealing(b: Bench, gs: Path, ds: Path) -> dict:
                     seed=seed,
                 )
             for src in per_source:
-                per_source[src].setdefault(arm).append(last_validation(run, src)["val_loss"])
+                per_source[src].setdefault(arm, []).append(last_validation(run, src)["val_loss"])
             recs.append(pretraining_record(run))
         extra[arm] = {
             "tokens": [r["tokens"] for r in recs],
@@ -468,18 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         "schedules": compare(values, REFERENCE, extra),
     }
     tables = [markdown("(a)-(d): validation loss at the last step", summary["schedules"])]
-    if values.get(REFERENCE) is not None:
-        avg, check = averaging(b, gs)
-        summary["averaging"] = compare(avg, "wsd_last", {}) | check
-        tables.append(
-            markdown("(e): averaged checkpoints vs the last (one evaluator)", summary["averaging"])
-        )
-        gaps = check["evaluator_minus_run_val_loss"]
-        tables[-1] += f"\nevaluator minus the run's own val_loss, last checkpoint: {gaps}\n"
-    if values.get("constant") is not None:
-        summary["annealing"] = annealing(b, gs, ds)
-        for src in ("domain", "general"):
-            tables.append(markdown(f"annealing, {src} validation", summary["annealing"][src]))
+    avg, check = averaging(b, gs)
+    summary["averaging"] = compare(avg, "wsd_last", {}) | check
+    tables.append(
+        markdown("(e): averaged checkpoints vs the last (one evaluator)", summary["averaging"])
+    )
+    gaps = check["evaluator_minus_run_val_loss"]
+    tables[-1] += f"\nevaluator minus the run's own val_loss, last checkpoint: {gaps}\n"
+    summary["annealing"] = annealing(b, gs, ds)
+    for src in ("domain", "general"):
+        tables.append(markdown(f"annealing, {src} validation", summary["annealing"][src]))
     summary["seconds"] = round(time.monotonic() - start, 1)  # this launch (done stages skipped)
     summary["command"] = " ".join(
         ["python -m benchmarks.training.schedules", *(argv if argv is not None else sys.argv[1:])]
