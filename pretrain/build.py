@@ -45,7 +45,7 @@ from pretrain.config.train_config import TrainConfig
 from pretrain.data.loader import build_loader
 from pretrain.data.mixture import open_training, parse_mixture, validation_readers
 from pretrain.data.shard_check import verify_once
-from pretrain.model.bert import build_model
+from pretrain.model.bert import build_model, resolve_config
 from pretrain.model.document_attention import resolve_attention
 from pretrain.model.init_from import load_initial_weights
 from pretrain.model.init_source import init_architecture
@@ -93,13 +93,18 @@ def open_shards(cfg: TrainConfig):
     return open_training(sources, verify=verify), validation_readers(sources, verify=verify)
 
 
-def verify_shards_once(cfg: TrainConfig, rank: int, world: int, device) -> None:
+def verify_shards_once(
+    cfg: TrainConfig, rank: int, world: int, device, phases: PhaseTracker | None = None
+) -> None:
     """With verify "size" (the default), every shard file's sha256 is checked once per shard
     folder and run folder, split across the ranks after the rendezvous (pretrain.data.shard_check);
-    "full" checks them at every launch on every rank, "none" not at all."""
+    "full" checks them at every launch on every rank, "none" not at all. The folders are --data's
+    and those of every phase's own data."""
     if cfg.data_cfg.verify != "size":
         return
     folders = [s.path for s in parse_mixture(cfg.run.data_sources)]
+    if phases is not None:
+        folders += [s.path for s in phases.phase_sources() if s.path not in folders]
     verify_once(
         folders,
         Path(cfg.run.output_dir),
@@ -148,8 +153,10 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         check_resume_clock(cfg.optim, point.state)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
-    phases = tracker_for_run(cfg, setup, train_reader.max_seq_len)
+    phases = tracker_for_run(cfg, setup, train_reader)
     if phases is not None:
+        val_readers = phases.validation(val_readers, cfg.data_cfg.verify)
+        phases.check_positions(resolve_config(cfg.model_cfg, train_reader.vocab_size))
         phases.check_resume(point, cfg.optim.override_lr_schedule)
         setup = phases.first_setup(setup, point)  # DeepSpeed checks the first step's batch
     described = describe_data(train_reader)
@@ -188,17 +195,27 @@ def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
     return out
 
 
-def build_encoder(cfg: TrainConfig, reader, setup: DeepSpeedSetup, *, init_from: str | None = None):
+def build_encoder(
+    cfg: TrainConfig,
+    reader,
+    setup: DeepSpeedSetup,
+    *,
+    init_from: str | None = None,
+    max_seq_len: int | None = None,
+):
     """(model, --init_from report or None): the model, identical on every rank (seeded or
-    loaded from ``init_from`` before DeepSpeed partitions it), ready for deepspeed.initialize."""
+    loaded from ``init_from`` before DeepSpeed partitions it), ready for deepspeed.initialize.
+    ``max_seq_len``: the longest sequence it must take (default the reader's; a phase plan's
+    longest phase)."""
     import deepspeed  # lazy: see the module docstring
 
+    max_seq_len = max_seq_len or reader.max_seq_len
     torch.manual_seed(cfg.run.seed)
     model = build_model(
         cfg.model_cfg,
         vocab_size=reader.vocab_size,
         nsp=reader.format == "nsp",
-        max_seq_len=reader.max_seq_len,
+        max_seq_len=max_seq_len,
     )
     report = None
     if init_from:
@@ -206,7 +223,7 @@ def build_encoder(cfg: TrainConfig, reader, setup: DeepSpeedSetup, *, init_from:
             model,
             init_from,
             tokenizer_dir_of_shards=reader.tokenizer_path,
-            max_seq_len=reader.max_seq_len,
+            max_seq_len=max_seq_len,
         )
     model.register_zero3_external_parameters()
     if setup.activation_checkpointing == "deepspeed":
@@ -399,9 +416,12 @@ def build_training(
     place = join_ranks(cfg, run)
     if run.setup.precision_note:
         log.warning(run.setup.precision_note)
-    verify_shards_once(cfg, place.rank, place.world, place.device)
+    verify_shards_once(cfg, place.rank, place.world, place.device, run.phases)
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
-    model, init = build_encoder(cfg, run.train_reader, run.setup, init_from=init_from)
+    longest = run.phases.max_seq_len if run.phases else None
+    model, init = build_encoder(
+        cfg, run.train_reader, run.setup, init_from=init_from, max_seq_len=longest
+    )
     init_report = announce_init(cfg, init, run.point)
     place.engine, schedule = build_engine(cfg, model, run.setup.config, run.anneal, run.phases)
     ckpts = CheckpointManager(
@@ -413,14 +433,15 @@ def build_training(
         write_run_files(cfg, run, place.world, init_report)
     elapsed = run.point.state.get("elapsed_s", 0.0) if run.point else 0.0
     budget = TimeBudget(cfg.run.max_time_hours, elapsed, start=launched)
+    reader, stream_start = run.phases.reader_at(start_step) if run.phases else (run.train_reader, 0)
     loader = build_loader(
-        run.train_reader,
+        reader,
         cfg.data_cfg,
         run.phases.masking(start_step, cfg.masking) if run.phases else cfg.masking,
         rank=place.rank,
         world_size=place.world,
         micro_batch_size=run.setup.batch.micro_batch,
-        consumed_samples=consumed,
+        consumed_samples=consumed - stream_start,
         train=True,
         attention=resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch),
     )

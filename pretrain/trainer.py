@@ -107,6 +107,12 @@ def validation_record(step: int, loss_sum: float, correct: float, masked: float)
     }
 
 
+def _source_names(reader) -> list[str]:
+    """A mixture's source names in id order (a step's per-source shares); [] for one folder."""
+    sources = getattr(reader, "sources", None)
+    return [src.name for src in sources] if sources else []
+
+
 def _iterate(loader):
     """``iter(loader)`` without touching the global RNG (DataLoader draws a base seed from it,
     which would shift dropout after a resume relative to the uninterrupted run)."""
@@ -179,8 +185,7 @@ class Trainer:
         self.engine, self.plan, self.device = place.engine, place.plan, place.device
         self.rank, self.world = place.rank, place.world
         self.metrics, self.ckpts, self.budget = outputs.metrics, outputs.ckpts, self.clock.budget
-        sources = getattr(data.loader.dataset.reader, "sources", None)  # a mixture's, in id order
-        self.source_names = [src.name for src in sources] if sources else []
+        self.source_names = _source_names(data.loader.dataset.reader)
         self.faults = self.ckpts.faults  # one plan per launch: the save faults fire in the manager
         if self.faults:
             self.metrics.warning(self.faults.describe())
@@ -206,7 +211,7 @@ class Trainer:
                 if self.phases:  # this step's batch (the guard reads it from place.plan too)
                     self.plan = self.phases.apply(self.engine, self.plan, step, consumed)
                     self.place.plan = self.plan
-                    if self.phases.masking_changes_at(step, self.cfg.masking):  # a new mask rate
+                    if self.phases.loader_changes_at(step, self.cfg.masking):  # data or masking
                         batches = _iterate(self._train_loader(step, consumed))
                 try:
                     rec, verdict = self.train_step(batches, timer)
@@ -267,18 +272,22 @@ class Trainer:
                 preempt.restore()
 
     def _train_loader(self, step: int, consumed: int):
-        """The training loader at ``consumed`` samples with the masking of ``step``'s phase."""
-        return build_loader(
-            self.data.loader.dataset.reader,
+        """The training loader of ``step``'s phase (its data, at ``consumed`` less the samples
+        before that data's stream began, and its masking)."""
+        reader, stream_start = self.phases.reader_at(step)
+        self.data.loader = build_loader(
+            reader,
             self.cfg.data_cfg,
             self.phases.masking(step, self.cfg.masking),
             rank=self.rank,
             world_size=self.world,
             micro_batch_size=self.plan.micro_batch,
-            consumed_samples=consumed,
+            consumed_samples=consumed - stream_start,
             train=True,
             attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
         )
+        self.source_names = _source_names(reader)  # a step's per-source shares name these
+        return self.data.loader
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}

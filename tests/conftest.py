@@ -79,3 +79,25 @@ def one_rank_group(monkeypatch):
             "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
         )
     deepspeed.init_distributed(dist_backend="gloo")
+
+
+@pytest.fixture(scope="session")
+def english_second_source(tmp_path_factory, english_shards) -> Path:
+    """A second build (the last 30 pydoc pages) sharing english_shards' tokenizer: a second
+    source of a mixture, or a phase's new data."""
+    folder = tmp_path_factory.mktemp("second_source")
+    text = folder / "pages.txt"
+    text.write_text(
+        "".join(
+            "\n".join(line for line in d.splitlines() if line.strip()) + "\n\n"
+            for d in pydoc_documents()[-30:]
+        ),
+        encoding="utf-8",
+    )
+    return build_shards(
+        text,
+        folder / "shards",
+        tokenizer=str(english_shards / "tokenizer"),
+        validation_fraction=0.1,
+        workers=1,
+    )

@@ -4,15 +4,22 @@ step's batch plan (changing DeepSpeed's accumulation when the batch changes) and
 
 A phase's ``mask_prob`` replaces the run's masking (constant, --mask_prob_end dropped) from its
 first step; the trainer builds a new loader there at the same consumed samples (masks depend on
-(seed, epoch, sample, position) only, so a resume inside the phase draws the same ones). What the
-trainer does not do yet is refused here, naming the key: a phase's own ``data`` or
-``rope_theta`` (the plan format and its checker accept them).
+(seed, epoch, sample, position) only, so a resume inside the phase draws the same ones).
+
+A phase's ``data`` (``--data`` syntax: one shard folder or ``name=DIR:weight`` sources) is opened
+and checked before any rendezvous, like --data: the same tokenizer and format as the run's data
+(a longer sequence length is fine: the model is built for the longest of any phase). The phase's
+loader starts at the beginning of its data, at position consumed - the phase's first consumed
+samples; a later phase without ``data`` continues that stream. Validation covers every distinct
+source of the run and of its phases (records per source name), so the forgetting of the general
+text in a domain phase shows. ``rope_theta`` is refused by the trainer (the format accepts it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bertforge.logs import get_logger
@@ -27,9 +34,16 @@ from pretrain.config.phase_plan import (
     plan_dict,
     resolve,
 )
+from pretrain.data.mixture import (
+    MixtureError,
+    Source,
+    open_training,
+    parse_mixture,
+    validation_readers,
+)
 
 log = get_logger(__name__)
-NOT_IN_TRAINING = ("data", "rope_theta")  # accepted by the format, not trained yet
+NOT_IN_TRAINING = ("rope_theta",)  # accepted by the format, not trained yet
 
 
 def check_flags(cfg, total_steps: int) -> None:
@@ -56,17 +70,48 @@ def check_flags(cfg, total_steps: int) -> None:
         )
 
 
+def _signature(reader) -> dict[str, Any]:
+    return {"tokenizer": reader.manifest["tokenizer"]["fingerprint"], "format": reader.format}
+
+
+def open_phase_data(phases, path: str, run_reader, verify: str) -> dict[tuple[str, ...], Any]:
+    """{the phase's data values: its training reader} for every phase that names ``data``,
+    each checked against the run's data (tokenizer fingerprint, format); errors name the phase."""
+    readers: dict[tuple[str, ...], Any] = {}
+    for ph in phases:
+        if ph.data is None or tuple(ph.data) in readers:
+            continue
+        where = f"{path}: phase {ph.index} ({ph.name!r}), key 'data'"
+        try:
+            reader = open_training(parse_mixture(ph.data), verify=verify)
+        except (MixtureError, OSError, ValueError) as e:
+            raise PhasePlanError(f"{where}: {e}") from None
+        if run_reader is not None and _signature(reader) != _signature(run_reader):
+            raise PhasePlanError(
+                f"{where}: {' '.join(ph.data)} was built with another tokenizer or format "
+                f"({_signature(reader)}) than --data ({_signature(run_reader)}); rebuild it "
+                "with `python -m data_prep build --tokenizer RUN_DATA/tokenizer ...`"
+            )
+        readers[tuple(ph.data)] = reader
+    return readers
+
+
 @dataclass
 class PhaseTracker:
-    """The run's resolved plan, its target batch plan (the run's global batch) and the batch
-    plan of the step being trained."""
+    """The run's resolved plan, its target batch plan (the run's global batch), the training
+    readers of the phases' own data, and the batch plan of the step being trained."""
 
     plan: list[ResolvedPhase]
     target: BatchPlan
+    readers: dict[tuple[str, ...], Any] = dataclasses.field(default_factory=dict)
+    run_reader: Any = None  # --data's training reader (phases without data of their own)
+    path: str = ""  # the phase file, for messages
 
     @classmethod
-    def for_run(cls, cfg, setup, seq_len: int, arch: str) -> PhaseTracker:
-        """Load, check and resolve ``cfg.run.phases`` for this launch's batch plan ``setup``."""
+    def for_run(cls, cfg, setup, seq_len: int, arch: str, run_reader=None) -> PhaseTracker:
+        """Load, check and resolve ``cfg.run.phases`` for this launch's batch plan ``setup``;
+        ``seq_len``: --data's, ``run_reader``: its training reader (phases' data is checked
+        against it)."""
         path = cfg.run.phases
         phases = load_phase_file(path)
         for ph in phases:
@@ -74,9 +119,11 @@ class PhaseTracker:
                 if getattr(ph, key) is not None:
                     raise PhasePlanError(
                         f"{path}: phase {ph.index} ({ph.name!r}), key {key!r}: the trainer does "
-                        "not switch data or rope theta at a phase yet; train that "
-                        "phase as a separate run (--init_from) or drop the key"
+                        "not change the rope theta at a phase yet; train that phase as a "
+                        "separate run (--init_from) or drop the key"
                     )
+        verify = cfg.data_cfg.verify if cfg.data_cfg is not None else "size"  # a bare TrainConfig
+        readers = open_phase_data(phases, path, run_reader, verify)
         target = setup.batch
         plan = resolve(
             phases,
@@ -84,13 +131,65 @@ class PhaseTracker:
             global_batch=target.global_batch,
             micro_batch=target.micro_batch,
             world_size=target.world_size,
-            seq_len=lambda data: seq_len,
+            seq_len=lambda data: seq_len if data is None else readers[tuple(data)].max_seq_len,
             min_lr_ratio=cfg.optim.min_lr_ratio,
             arch=arch,
         )
         check_flags(cfg, plan[-1].end_step)
         cfg.run.max_steps = plan[-1].end_step
-        return cls(plan, target)
+        return cls(plan, target, readers, run_reader, path)
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence of any phase (the model's positions and memory are sized by it)."""
+        return max(ph.seq_len for ph in self.plan)
+
+    def check_positions(self, model_cfg) -> None:
+        """Refuse a phase whose sequences are longer than the model's position table."""
+        limit = model_cfg.max_position_embeddings
+        for ph in self.plan:
+            if ph.seq_len > limit:
+                raise PhasePlanError(
+                    f"{self.path}: phase {ph.name!r}, key 'data': sequences of {ph.seq_len} "
+                    f"tokens exceed the model's max_position_embeddings {limit}; build that "
+                    "data with a shorter --max_seq_len or choose a model with more positions"
+                )
+
+    def phase_sources(self) -> list[Source]:
+        """Every source the phases' own data names, in plan order (one per distinct data)."""
+        seen: list[Source] = []
+        for data in self.readers:
+            seen += [s for s in parse_mixture(list(data)) if s not in seen]
+        return seen
+
+    def reader_at(self, step: int) -> tuple[Any, int]:
+        """(training reader, consumed samples where its stream began) of 0-based ``step``."""
+        ph = phase_at(self.plan, step)
+        if ph.data is None:
+            return self.run_reader, 0
+        return self.readers[tuple(ph.data)], ph.data_start
+
+    def validation(self, run_val: list, verify: str) -> list:
+        """``run_val`` ([(name, reader)] of --data) and the validation readers of every phase
+        source not among them; a name that two sources with different folders share is refused."""
+        out, paths = list(run_val), {}
+        for name, reader in run_val:
+            paths[name] = Path(reader.sources[0].path).resolve()
+        extra = []
+        for src in self.phase_sources():
+            where = Path(src.path).resolve()
+            if src.name in paths and paths[src.name] != where:
+                raise PhasePlanError(
+                    f"{self.path}: source name {src.name!r} stands for {paths[src.name]} "
+                    f"and {where}; give the phases' sources distinct names"
+                )
+            if where in paths.values():  # validated already (under this or another name)
+                continue
+            paths[src.name] = where
+            extra.append(src)
+        if extra:
+            out += validation_readers(extra, verify=verify)
+        return out
 
     def batch_plan(self, step: int, consumed: int) -> BatchPlan:
         """The batch plan of 0-based ``step`` starting at ``consumed`` samples."""
@@ -151,19 +250,21 @@ class PhaseTracker:
             return base
         return dataclasses.replace(base, mask_prob=ph.mask_prob, mask_prob_end=None)
 
-    def masking_changes_at(self, step: int, base) -> bool:
-        """True at the first step of a phase whose masking differs from the previous phase's."""
+    def loader_changes_at(self, step: int, base) -> bool:
+        """True at the first step of a phase with data of its own or whose masking differs from
+        the previous phase's: the trainer builds a new loader there."""
         ph = phase_at(self.plan, step)
-        return 0 < step == ph.start_step and self.masking(step, base) != self.masking(
-            step - 1, base
-        )
+        if not 0 < step == ph.start_step:
+            return False
+        return ph.own_data or self.masking(step, base) != self.masking(step - 1, base)
 
     def phase_name(self, step: int) -> str:
         return phase_at(self.plan, step).name
 
 
-def tracker_for_run(cfg, setup, seq_len: int) -> PhaseTracker | None:
+def tracker_for_run(cfg, setup, run_reader) -> PhaseTracker | None:
     """The run's tracker, or None without --phases; a bad plan raises a UserError."""
     if not cfg.run.phases:
         return None
-    return PhaseTracker.for_run(cfg, setup, seq_len, cfg.model_cfg.arch)
+    arch = cfg.model_cfg.arch
+    return PhaseTracker.for_run(cfg, setup, run_reader.max_seq_len, arch, run_reader)

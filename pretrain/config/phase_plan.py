@@ -91,6 +91,7 @@ class ResolvedPhase:
     ramp: dict | None  # start, increment, ramp_samples (within the phase)
     data: list[str] | None  # None: the run's --data
     own_data: bool  # the phase names its own data (its loader starts at its own beginning)
+    data_start: int  # consumed samples where this phase's data stream began (0: the run's start)
     mask_prob: float | None  # None: the run's --mask_prob
     rope_theta: float | None
 
@@ -280,6 +281,7 @@ def resolve(
     out: list[ResolvedPhase] = []
     step = consumed = 0
     data: list[str] | None = None
+    data_start = 0
     mask: float | None = None
     theta: float | None = None
     lr_prev = 1.0
@@ -291,6 +293,7 @@ def resolve(
             )
         own = ph.data is not None
         data = ph.data if own else data
+        data_start = consumed if own else data_start
         mask = ph.mask_prob if ph.mask_prob is not None else mask
         theta = ph.rope_theta if ph.rope_theta is not None else theta
         length = seq_len(data)
@@ -356,6 +359,7 @@ def resolve(
                 ramp=ramp,
                 data=data,
                 own_data=own,
+                data_start=data_start,
                 mask_prob=mask,
                 rope_theta=theta,
             )

@@ -18,41 +18,6 @@ from pretrain.components.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def second_source(tmp_path_factory, english_shards) -> Path:
-    """A second build (the last 30 pydoc pages) sharing the first build's tokenizer."""
-    from data_prep.sample_corpus import pydoc_documents
-
-    folder = tmp_path_factory.mktemp("second_source")
-    text = folder / "pages.txt"
-    text.write_text(
-        "".join(
-            "\n".join(line for line in d.splitlines() if line.strip()) + "\n\n"
-            for d in pydoc_documents()[-30:]
-        ),
-        encoding="utf-8",
-    )
-    out = folder / "shards"
-    run_cli(
-        "-m",
-        "data_prep",
-        "build",
-        "--input",
-        str(text),
-        "--output",
-        str(out),
-        "--tokenizer",
-        str(english_shards / "tokenizer"),
-        "--max_seq_len",
-        "128",
-        "--validation_fraction",
-        "0.1",
-        "--workers",
-        "1",
-    )
-    return out
-
-
 def _train(run: Path, *args: str, check: bool = True):
     return train_cli(
         run,
@@ -68,14 +33,14 @@ def _train(run: Path, *args: str, check: bool = True):
 
 
 def test_mixture_trains_with_per_source_validation_and_shares(
-    english_shards, second_source, tmp_path
+    english_shards, english_second_source, tmp_path
 ):
     run = tmp_path / "run"
     _train(
         run,
         "--data",
         f"en={english_shards}:0.7",
-        f"docs={second_source}:0.3:0.25",
+        f"docs={english_second_source}:0.3:0.25",
         "--max_steps",
         "4",
         "--eval_interval",
@@ -121,29 +86,38 @@ def test_mixture_of_other_tokenizers_is_refused(english_shards, chinese_shards, 
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_resume_under_another_mixture_warns(english_shards, second_source, tmp_path):
+def test_resume_under_another_mixture_warns(english_shards, english_second_source, tmp_path):
     """The data position is one sample count: under other weights it points into another
     stream, so a resume that changes the mixture says so (and goes on)."""
     run = tmp_path / "run"
     _train(
-        run, "--data", f"en={english_shards}:0.7", f"docs={second_source}:0.3", "--max_steps", "2"
+        run,
+        "--data",
+        f"en={english_shards}:0.7",
+        f"docs={english_second_source}:0.3",
+        "--max_steps",
+        "2",
     )
     proc = _train(
-        run, "--data", f"en={english_shards}:0.5", f"docs={second_source}:0.5",
+        run, "--data", f"en={english_shards}:0.5", f"docs={english_second_source}:0.5",
         "--max_steps", "3", "--resume", "auto",
     )  # fmt: skip
     assert "--data differs from the checkpoint's" in proc.stdout
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_doctor_checks_every_source_of_a_mixture(english_shards, second_source, tmp_path):
+def test_doctor_checks_every_source_of_a_mixture(english_shards, english_second_source, tmp_path):
     missing = tmp_path / "absent"
     proc = run_cli(
         "-m", "pretrain.doctor", "--json", "--ds_config", str(REPO / "ds_configs" / "cpu.json"),
-        "--data", f"en={english_shards}:0.5", f"docs={second_source}:0.3",
+        "--data", f"en={english_shards}:0.5", f"docs={english_second_source}:0.3",
         f"gone={missing}:0.2", "--output_dir", str(tmp_path / "run"), check=False,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     rows = [r for r in json.loads(proc.stdout) if r["check"] == "data"]
     by_folder = {r["detail"].split(":")[0]: r["status"] for r in rows}
-    assert by_folder == {str(english_shards): "ok", str(second_source): "ok", str(missing): "FAIL"}
+    assert by_folder == {
+        str(english_shards): "ok",
+        str(english_second_source): "ok",
+        str(missing): "FAIL",
+    }
