@@ -16,6 +16,9 @@ runs out of time leaves the others' numbers; the whole run stays inside --budget
                  SDPA, fused AdamW, one process, on the BERT-base seq-128 batch
   resume         resume the BERT-base seq-128 bf16 run from its checkpoint; the losses after it
                  must equal the uninterrupted run's
+  phases         a --phases plan (batch ramp at seq 128, then a decay on the seq-512 shards),
+                 BERT-base bf16: tokens/s and peak memory per phase, and the doctor's memory
+                 estimate for the same launch line (sized by the longest phase) beside the peak
 Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per part, and the targets), OUT/logs/
 (one log per part) and each part's own files. Exit status 1 when a part failed or timed out.
 --dry-run runs every part on the CPU with a tiny model, tiny shapes and a few steps (CI runs it).
@@ -47,6 +50,7 @@ from benchmarks.gpu_check.parts import (
     part_kernel_sweep,
     part_kernel_tests,
 )
+from benchmarks.gpu_check.phases import part_phases
 from benchmarks.gpu_check.report import markdown, write_report
 from benchmarks.gpu_check.train import part_hf_baseline, part_resume, part_train
 
@@ -58,6 +62,7 @@ PART_FUNCS = {
     "train": part_train,
     "hf_baseline": part_hf_baseline,
     "resume": part_resume,
+    "phases": part_phases,
 }
 
 

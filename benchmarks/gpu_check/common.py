@@ -14,7 +14,16 @@ from typing import Any
 
 from benchmarks.common import REPO, write_results
 
-PARTS = ("data", "kernel_tests", "kernel_sweep", "head", "train", "hf_baseline", "resume")
+PARTS = (
+    "data",
+    "kernel_tests",
+    "kernel_sweep",
+    "head",
+    "train",
+    "hf_baseline",
+    "resume",
+    "phases",
+)
 
 
 VOCAB = 30522  # BERT's WordPiece vocabulary: the decoder size every throughput number assumes
@@ -63,6 +72,7 @@ GPU_PLAN = Plan(
         "train": (270, 60),
         "hf_baseline": (50, 30),
         "resume": (45, 30),
+        "phases": (60, 30),
     },
     kernel_test_args=(
         "tests/kernels/test_masked_lm_loss.py",
@@ -78,9 +88,9 @@ GPU_PLAN = Plan(
 
 DRY_PLAN = Plan(
     dry_run=True,
-    seq_lens=(64,),
+    seq_lens=(64, 128),  # 128: the phase part's long phase
     train_matrix=(("tiny", 64, "bf16"),),
-    micro_batch={64: 8},
+    micro_batch={64: 8, 128: 4},
     warmup_steps=2,
     measured_steps=3,
     resume_steps=2,
@@ -94,6 +104,7 @@ DRY_PLAN = Plan(
         "train": (90, 30),
         "hf_baseline": (60, 20),
         "resume": (60, 20),
+        "phases": (60, 20),
     },
     kernel_test_args=("tests/kernels/test_masked_lm_loss.py", "-k", "one_valid_row or auto_picks"),
     bench_args=(

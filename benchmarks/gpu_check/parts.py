@@ -58,6 +58,7 @@ def part_data(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
             corpus, shards_dir(out, seq), max_seq_len=seq, validation_fraction=0.02, **vocab
         )
         manifest = shards_manifest(shards)
+        tokenizer = tokenizer or str(shards / "tokenizer")  # one vocabulary: a plan mixes builds
         res.rows.append(
             {
                 "shards": str(shards),

@@ -48,6 +48,7 @@ from pretrain.doctor.checks import (
     version_rows,
 )
 from pretrain.doctor.memory_estimate import model_shape
+from pretrain.doctor.phase_rows import plan_view
 
 log = get_logger(__name__)
 
@@ -225,11 +226,17 @@ def host_rows(opts: argparse.Namespace) -> tuple[dict[str, int] | None, list[Row
 
 
 def probe_rows(
-    cfg: TrainConfig, opts: argparse.Namespace, hosts: dict[str, int], cwd: Path
+    cfg: TrainConfig,
+    opts: argparse.Namespace,
+    hosts: dict[str, int],
+    cwd: Path,
+    extra_folders: list[str] = (),
 ) -> tuple[dict[str, dict], list[Row]]:
-    """Run the probe on every host at once; (answers by host, ssh/probe rows)."""
+    """Run the probe on every host at once; (answers by host, ssh/probe rows). The probe looks
+    at --data's folders and ``extra_folders`` (a phase plan's)."""
     exports = remote_exports(dict(os.environ), cwd)
     folders = [str(s.path) for s in parse_mixture(cfg.run.data_sources)]
+    folders += [f for f in extra_folders if f not in folders]
     command = probe_command(
         opts.python, cwd, exports, {"data": folders, "output_dir": cfg.run.output_dir}
     )
@@ -307,22 +314,25 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
         return rows
     rows += check_deepspeed_env(env_files(cwd))
     rows += shm_rows(shm_buffers.stale_buffers())
-    probes, found = probe_rows(cfg, opts, hosts, cwd)
+    plan, batch_found = batch_rows(cfg, ds, sum(hosts.values()))
+    phases = plan_view(cfg, plan, sources[0].path)  # --phases: its folders, longest sequences
+    probes, found = probe_rows(cfg, opts, hosts, cwd, phases.folders)
     rows += found
     if probes:
         rows += version_rows(probes)
         rows += constraint_rows(probes)
         rows += device_rows(probes, hosts, ds)
-        for folder in (str(s.path) for s in sources):  # every source of a mixture
+        folders = [str(s.path) for s in sources]  # every source of a mixture, and of the phases
+        for folder in folders + [f for f in phases.folders if f not in folders]:
             local_manifest = Path(folder) / "manifest.json"
             local_sha = doctor_probe._sha256(local_manifest) if local_manifest.is_file() else None
             views = {h: {**pr, "data": pr["data_sources"][folder]} for h, pr in probes.items()}
             rows += data_rows(views, folder, local_sha)
-    plan, found = batch_rows(cfg, ds, sum(hosts.values()))
-    rows += found
+    rows += batch_found + phases.rows
     if probes:
         checkpointing = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
-        shape = model_shape(cfg.model_cfg, sources[0].path, opts.seq_len, checkpointing != "none")
+        sized_by = phases.longest_folder or sources[0].path
+        shape = model_shape(cfg.model_cfg, sized_by, opts.seq_len, checkpointing != "none")
         # Without a valid plan, estimate with the micro batch the user asked for.
         micro = (
             plan.micro_batch
@@ -345,7 +355,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         "--seq_len",
         type=int,
         default=None,
-        help="sequence length for the memory estimate (default: the shards' max_seq_len)",
+        help="sequence length for the memory estimate (by default the shards' max_seq_len; "
+        "with --phases the longest of any phase's data)",
     )
     g.add_argument(
         "--ssh_args",

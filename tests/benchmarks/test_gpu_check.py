@@ -51,6 +51,12 @@ def test_dry_run_runs_every_part(dry_run):
     assert resume["log_says_resumed"] and resume["first_step_bit_identical"]
     targets = {t["target"]: t for t in report["targets"]}
     assert targets["save + resume: later losses equal the uninterrupted run's"]["met"] is True
+    # the phase plan: a ramp on the short shards, the decay on the long ones, the doctor's view
+    phases = parts["phases"]
+    assert [r["phase"] for r in phases["rows"]] == ["seq64", "seq128"]
+    assert phases["rows"][0]["global batch"] == "4 -> 8" and phases["rows"][1]["tokens/s"] > 0
+    assert "longest sequences 128 tokens in phase 'seq128'" in phases["details"]["doctor"]
+    assert phases["details"]["estimate GiB"] > 0
     md = (out / "gpu_check.md").read_text()
     for name in gpu_check.PARTS:
         assert f"## {name}: ok" in md
