@@ -213,6 +213,9 @@ class Trainer:
                     self.place.plan = self.plan
                     if self.phases.loader_changes_at(step, self.cfg.masking):  # data or masking
                         batches = _iterate(self._train_loader(step, consumed))
+                    default = self.cfg.model_cfg.global_rope_theta  # a phase's rope_theta
+                    if theta := self.phases.set_rope_theta(self.engine.module, step, default):
+                        self.metrics.info(f"step {step + 1}: global rope theta {theta:g}")
                 try:
                     rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale

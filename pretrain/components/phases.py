@@ -12,7 +12,11 @@ and checked before any rendezvous, like --data: the same tokenizer and format as
 loader starts at the beginning of its data, at position consumed - the phase's first consumed
 samples; a later phase without ``data`` continues that stream. Validation covers every distinct
 source of the run and of its phases (records per source name), so the forgetting of the general
-text in a domain phase shows. ``rope_theta`` is refused by the trainer (the format accepts it).
+text in a domain phase shows.
+
+A phase's ``rope_theta`` (``--arch modernbert``) is the global layers' rotary base from its first
+step on (the local layers keep --local_rope_theta), as ModernBERT raised it for its 8k context
+extension; later phases inherit it, and a resume sets the theta of the phase it starts in.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ from pretrain.data.mixture import (
 )
 
 log = get_logger(__name__)
-NOT_IN_TRAINING = ("rope_theta",)  # accepted by the format, not trained yet
 
 
 def check_flags(cfg, total_steps: int) -> None:
@@ -114,14 +117,6 @@ class PhaseTracker:
         against it)."""
         path = cfg.run.phases
         phases = load_phase_file(path)
-        for ph in phases:
-            for key in NOT_IN_TRAINING:
-                if getattr(ph, key) is not None:
-                    raise PhasePlanError(
-                        f"{path}: phase {ph.index} ({ph.name!r}), key {key!r}: the trainer does "
-                        "not change the rope theta at a phase yet; train that phase as a "
-                        "separate run (--init_from) or drop the key"
-                    )
         verify = cfg.data_cfg.verify if cfg.data_cfg is not None else "size"  # a bare TrainConfig
         readers = open_phase_data(phases, path, run_reader, verify)
         target = setup.batch
@@ -257,6 +252,23 @@ class PhaseTracker:
         if not 0 < step == ph.start_step:
             return False
         return ph.own_data or self.masking(step, base) != self.masking(step - 1, base)
+
+    def rope_theta_at(self, step: int, default: float) -> float:
+        """The global rope theta of 0-based ``step`` (``default``: the model's, --global_rope_theta,
+        until a phase sets one)."""
+        theta = phase_at(self.plan, step).rope_theta
+        return default if theta is None else theta
+
+    def set_rope_theta(self, model, step: int, default: float) -> float | None:
+        """Give ``model`` (a ModernBERT) the theta of ``step``'s phase when it differs from the
+        model's; returns the new theta, or None when nothing changed (or the arch has none)."""
+        if not hasattr(model, "set_global_rope_theta"):
+            return None
+        theta = self.rope_theta_at(step, default)
+        if theta == model.global_rope_theta():
+            return None
+        model.set_global_rope_theta(theta)
+        return theta
 
     def phase_name(self, step: int) -> str:
         return phase_at(self.plan, step).name

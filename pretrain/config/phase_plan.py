@@ -446,20 +446,22 @@ def lr_multiplier(plan: list[ResolvedPhase], step: int) -> float:
 
 def plan_table(plan: list[ResolvedPhase]) -> str:
     """The plan as the dry run prints it: one row per phase."""
+    rope = any(ph.rope_theta is not None for ph in plan)  # a column only when a phase sets it
     head = ("phase", "steps", "tokens", "lr (x peak)", "batch", "data", "mask")
+    head += ("global rope theta",) if rope else ()
     rows = [head]
     for ph in plan:
-        rows.append(
-            (
-                ph.name,
-                f"[{ph.start_step}, {ph.end_step})",
-                f"{ph.tokens:,}",
-                f"{ph.lr_start:.4g} -> {ph.lr_end:.4g}",
-                f"{ph.batch_start} -> {ph.batch_end}",
-                " ".join(ph.data) if ph.data else "--data",
-                "--mask_prob" if ph.mask_prob is None else f"{ph.mask_prob:g}",
-            )
+        row = (
+            ph.name,
+            f"[{ph.start_step}, {ph.end_step})",
+            f"{ph.tokens:,}",
+            f"{ph.lr_start:.4g} -> {ph.lr_end:.4g}",
+            f"{ph.batch_start} -> {ph.batch_end}",
+            " ".join(ph.data) if ph.data else "--data",
+            "--mask_prob" if ph.mask_prob is None else f"{ph.mask_prob:g}",
         )
+        theta = "--global_rope_theta" if ph.rope_theta is None else f"{ph.rope_theta:g}"
+        rows.append(row + ((theta,) if rope else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -101,6 +101,17 @@ def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[s
     return {"architecture": type(model).__name__, "fill_mask": preds}
 
 
+def trained_rope_theta(state: dict[str, Any]) -> float | None:
+    """The global rope theta a checkpoint's last step trained with when its run's phase plan set
+    one (``rope_theta`` of that step's phase), else None (the model config's)."""
+    plan = (state.get("phases") or {}).get("phases") or []
+    step = int(state.get("step", 0)) - 1
+    for ph in plan:
+        if ph["start_step"] <= step < ph["end_step"] or ph is plan[-1]:
+            return ph.get("rope_theta")
+    return None
+
+
 def export(
     run: str | os.PathLike,
     output: str | os.PathLike,
@@ -146,6 +157,9 @@ def export(
             f"checkpoint {ckpt} does not match the model it was trained with: "
             f"missing {missing}, unexpected {unexpected}"
         )
+    theta = trained_rope_theta(state)
+    if theta is not None:  # a phase plan's rope_theta: the one the checkpoint's weights ended at
+        model.set_global_rope_theta(theta)
     hf_cls = getattr(transformers, model.hf_architecture)
     conf = model.hf_config(unpad_vocab=True)
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))

@@ -139,6 +139,20 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
         self.loss_impl = loss_impl
         self.checkpointing = "none"
 
+    def set_global_rope_theta(self, theta: float) -> None:
+        """Re-base the global layers' rotary frequencies on ``theta`` (a phase plan's
+        ``rope_theta``: ModernBERT's context extension raises it); the config follows, so an
+        export and a later phase see it. The local layers keep their theta."""
+        self.config.rope_parameters["full_attention"]["rope_theta"] = float(theta)
+        rot = self.model.rotary_emb
+        inv, _ = rot.compute_default_rope_parameters(self.config, layer_type="full_attention")
+        with torch.no_grad():
+            rot.full_attention_inv_freq.copy_(inv)
+            rot.full_attention_original_inv_freq.copy_(inv)
+
+    def global_rope_theta(self) -> float:
+        return float(self.config.rope_parameters["full_attention"]["rope_theta"])
+
     def register_zero3_external_parameters(self) -> None:
         """ZeRO-3 must gather the decoder weight (the embedding's) and bias for the loss, which
         uses them outside the decoder module's own forward; harmless without ZeRO-3."""

@@ -93,3 +93,48 @@ def test_a_bert_launch_refuses_the_modernbert_run(modernbert_run, english_shards
     resume = ["--output_dir", str(modernbert_run), "--resume", "auto"]
     assert main([*data, *resume]) == USER_ERROR_EXIT
     assert "model.arch = 'modernbert' (checkpoint) != 'bert'" in capsys.readouterr().err
+
+
+def test_a_phase_raises_the_global_rope_theta_and_resumes_exactly(english_shards, tmp_path):
+    """--phases with rope_theta (ModernBERT's context extension: global theta 10k -> 160k):
+    applied from the phase's first step, set again by a resume inside the phase (losses
+    bit-identical), and the export's config carries the theta the weights were trained at."""
+    from helpers.launch import losses
+
+    from pretrain.components.resume import list_complete
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "phases": [
+                    {"name": "short", "steps": 2, "lr": "constant"},
+                    {"name": "extend", "steps": 3, "lr": "linear", "rope_theta": 160000},
+                ]
+            }
+        )
+    )
+    flags = [
+        "--data", str(english_shards), "--arch", "modernbert", "--local_attention", "32",
+        "--global_rope_theta", "10000", "--phases", str(plan), "--global_batch_size", "4",
+        "--micro_batch_size", "2", "--save_interval", "1", "--keep_last", "10",
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    proc = train_cli(run, *flags)
+    assert "step 3: global rope theta 160000" in proc.stdout + proc.stderr
+    full = losses(run)
+    for step, folder in list_complete(run / "checkpoints"):
+        if step > 3:
+            import shutil
+
+            shutil.rmtree(folder)
+    (run / "checkpoints" / "latest").unlink(missing_ok=True)
+    (run / "metrics.jsonl").unlink()
+    train_cli(run, *flags, "--resume", "auto")
+    again = losses(run)
+    assert sorted(again) == [4, 5] and all(again[s] == full[s] for s in again), (again, full)
+    out = tmp_path / "hf"
+    export(run, out, verify=False)
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["rope_parameters"]["full_attention"]["rope_theta"] == 160000
+    assert conf["rope_parameters"]["sliding_attention"]["rope_theta"] == 10000

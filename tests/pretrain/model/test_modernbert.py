@@ -86,6 +86,22 @@ def test_sliding_window_changes_what_local_layers_see():
     assert (states[0] - states[1]).abs().max() > 1e-2
 
 
+def test_raising_the_global_rope_theta_equals_a_model_built_with_it():
+    """A phase's rope_theta re-bases the global layers only: the re-based model's hidden states
+    equal those of transformers' ModernBertModel built with that theta and the same weights."""
+    batch = masked_batch(seed=5)
+    ours = tiny(global_rope_theta=10000.0)
+    before = ours.model(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    ours.set_global_rope_theta(160000.0)
+    got = ours.model(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    ref = hf_twin(tiny(global_rope_theta=160000.0))  # built at 160k ...
+    ref.load_state_dict(hf_twin(ours).state_dict())  # ... holding the same weights
+    want = ref.model(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert (got - before).abs().max() > 1e-4  # the global layers see 40 positions differently
+    assert ours.hf_config().rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+
+
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
