@@ -26,6 +26,7 @@ fails the run. ``OUT/chaos_summary.json`` holds the figures, with paths relative
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -236,6 +237,33 @@ def run_launch(
     return launch
 
 
+PORT_TAKEN = "could not open the rendezvous store on port"  # the trainer's EADDRINUSE message
+PORT_ATTEMPTS = 3
+
+
+def launch_on_a_free_port(
+    index: int, s: Settings, args: list[str], logs: Path, run: Path, kill: dict | None
+) -> Launch:
+    """:func:`run_launch`, started again on a new port when another process took the port
+    between ``free_port`` and the rendezvous (a race with concurrent jobs, not a fault of the
+    run: the launch never got past its rendezvous). The kill is planned afresh for the retry;
+    ``kill`` ends as the last attempt's (the caller reads it)."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        planned = copy.deepcopy(kill)
+        launch = run_launch(index, s, args, logs, run, planned)
+        log_file = logs / launch.log
+        taken = PORT_TAKEN in log_file.read_text(errors="replace")
+        if not taken or launch.reached != launch.resume_expected or attempt == PORT_ATTEMPTS:
+            break
+        log_file.rename(log_file.with_suffix(f".port_taken_{attempt}.log"))
+        print(f"chaos: launch {index}: port {launch.port} was taken; again on another port")
+    if kill is not None:
+        kill.clear()
+        kill.update(launch.kill or planned)
+        launch.kill = kill
+    return launch
+
+
 # ---- the whole test ---------------------------------------------------------------------------
 
 
@@ -256,7 +284,8 @@ def kinds_for(seed: int, kills: int) -> list[tuple[str, str]]:
 def reference_run(s: Settings, shards: Path, out: Path) -> dict:
     """The uninterrupted run: its losses, wall time, start-up and seconds per step."""
     ref = out / "reference"
-    launch = run_launch(0, s, train_args(s, shards, ref), out / "reference_logs", ref, None)
+    args = train_args(s, shards, ref)
+    launch = launch_on_a_free_port(0, s, args, out / "reference_logs", ref, None)
     seen_first = launch.startup_s or 0.0
     losses = {(r["split"], r["step"]): r["loss"] for r in launch.records}
     return {"launch": launch, "losses": losses, "startup_s": seen_first}
@@ -280,7 +309,7 @@ def chaos(s: Settings, shards: Path, out: Path) -> dict:
     while True:
         resume = newest_verified(run)
         kill = plan_kill(rng, pending[0], s, resume, ref["startup_s"]) if pending else None
-        launch = run_launch(len(launches), s, args, out / "chaos_logs", run, kill)
+        launch = launch_on_a_free_port(len(launches), s, args, out / "chaos_logs", run, kill)
         launches.append(launch)
         with open(out / "chaos_progress.jsonl", "a") as f:  # what a run cut short had reached
             f.write(json.dumps({k: v for k, v in asdict(launch).items() if k != "records"}) + "\n")

@@ -51,3 +51,26 @@ def test_records_count_only_once_the_launch_has_rewritten_the_metrics(tmp_path):
     tmp.replace(path)  # the trainer's atomic rewrite, then its own step 6
     assert list(watch.poll()) == [6]
     assert watch.records() == [{"split": "train", "step": 6, "loss": 6.5}]
+
+
+def test_a_launch_whose_port_was_taken_is_started_again(tmp_path, monkeypatch):
+    """Another job taking the rendezvous port between free_port and the rendezvous (a race of
+    concurrent jobs) costs a retry on a new port, not a failed chaos run; the kill the caller
+    holds is the retry's."""
+    attempts = []
+
+    def fake_launch(index, s, args, logs, run, kill):
+        attempts.append(kill)
+        taken = len(attempts) == 1
+        (logs / "launch_00.log").write_text(chaos.PORT_TAKEN + " 1234" if taken else "ok")
+        kill["fired"] = not taken
+        return chaos.Launch(
+            index, 0, None, 0 if taken else 5, 1 if taken else 0, 1234, "launch_00.log", kill=kill
+        )
+
+    monkeypatch.setattr(chaos, "run_launch", fake_launch)
+    kill = {"moment": "step"}
+    launch = chaos.launch_on_a_free_port(0, None, [], tmp_path, tmp_path, kill)
+    assert len(attempts) == 2 and launch.exit_code == 0 and launch.reached == 5
+    assert kill == {"moment": "step", "fired": True} and launch.kill is kill
+    assert (tmp_path / "launch_00.port_taken_1.log").is_file()
