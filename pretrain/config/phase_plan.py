@@ -7,7 +7,7 @@ ramp), its data (``--data`` syntax), a mask rate and (``--arch modernbert``) a r
 boundaries by simulating consumed samples, and :func:`batch_at` gives the global batch of a step
 as a pure function of (plan, step, consumed samples), so a resume anywhere is exact.
 
-JSON only: PyYAML is not a dependency of the project. Pure Python (no torch, no DeepSpeed), so
+YAML or JSON (by the file's suffix). Pure Python (no torch, no DeepSpeed), so
 the check runs before any rendezvous and as ``python -m pretrain.config.phase_plan FILE``.
 """
 
@@ -221,17 +221,24 @@ def parse_phases(doc: Any, path: str) -> list[Phase]:
 
 
 def load_phase_file(path: str | Path) -> list[Phase]:
-    """Parse and check a phase file (JSON; a YAML file is refused: PyYAML is no dependency)."""
+    """Parse and check a phase file: YAML (``.yaml``/``.yml``, safe_load) or JSON (any other
+    name); a syntax error names the line and column."""
     path = Path(path)
-    if path.suffix.lower() in (".yaml", ".yml"):
-        raise PhasePlanError(
-            f"{path}: phase files are JSON (PyYAML is not a dependency of bertforge); write the "
-            'same structure as JSON: {"phases": [{"name": ..., "steps": ...}, ...]}'
-        )
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PhasePlanError(f"--phases {path}: cannot read it ({e.strerror})") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml  # lazy: only YAML plans need it
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(e, "problem", None) or str(e)
+            raise PhasePlanError(f"{path}: {at}not valid YAML ({problem})") from None
+        return parse_phases(doc, str(path))
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -477,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pretrain.config.phase_plan",
         description="Check a phase file and print its resolved plan (steps, tokens, lr, batch).",
     )
-    p.add_argument("file", help="the phase file (JSON)")
+    p.add_argument("file", help="the phase file (YAML or JSON)")
     p.add_argument("--global_batch_size", type=int, required=True, help="the run's global batch")
     p.add_argument("--micro_batch_size", type=int, required=True, help="per rank")
     p.add_argument("--world_size", type=int, default=1, help="data-parallel ranks")

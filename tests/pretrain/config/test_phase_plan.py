@@ -135,9 +135,16 @@ def test_bad_json_names_the_line(tmp_path):
         load_phase_file(path)
 
 
-def test_yaml_is_refused_with_what_to_do(tmp_path):
-    with pytest.raises(PhasePlanError, match="JSON"):
-        load_phase_file(write(tmp_path, "phases: []", name="plan.yaml"))
+def test_a_yaml_plan_equals_its_json_and_bad_yaml_names_the_line(tmp_path):
+    import yaml
+
+    as_yaml = write(tmp_path, yaml.safe_dump(THREE, sort_keys=False), name="plan.yaml")
+    assert load_phase_file(as_yaml) == load_phase_file(write(tmp_path, THREE))
+    bad = write(tmp_path, "phases:\n  - steps: 2\n    lr: [warmup\n", name="bad.yml")
+    with pytest.raises(PhasePlanError, match=r"bad.yml: line \d+, column \d+: not valid YAML"):
+        load_phase_file(bad)
+    with pytest.raises(PhasePlanError, match=r"phase 1 \('phase1'\), key 'lr'"):
+        load_phase_file(write(tmp_path, "phases:\n  - {steps: 2, lr: flat}\n", name="k.yaml"))
 
 
 def test_duplicate_names_refused(tmp_path):
