@@ -48,7 +48,7 @@ from pretrain.data.shard_check import verify_once
 from pretrain.model.bert import build_model, resolve_config
 from pretrain.model.document_attention import resolve_attention
 from pretrain.model.init_from import load_initial_weights
-from pretrain.model.init_source import init_architecture
+from pretrain.model.init_source import extend_context, init_architecture
 from pretrain.model.modernbert import check_supported
 from pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
@@ -134,11 +134,8 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
 
     world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_readers = open_shards(cfg)
-    check_supported(  # what --arch modernbert cannot do yet, before any rendezvous
-        cfg.model_cfg,
-        nsp=train_reader.format == "nsp",
-        init_from=cfg.run.init_from,
-    )
+    # what --arch modernbert cannot do yet, before any rendezvous
+    check_supported(cfg.model_cfg, nsp=train_reader.format == "nsp")
     if cfg.run.init_from:  # the architecture is the checkpoint's
         cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
@@ -155,6 +152,8 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
     phases = tracker_for_run(cfg, setup, train_reader)
     if phases is not None:
+        if cfg.run.init_from and point is None:  # ModernBERT: the longest phase's context
+            cfg.model_cfg = extend_context(cfg.model_cfg, phases.max_seq_len)
         val_readers = phases.validation(val_readers, cfg.data_cfg.verify)
         phases.check_positions(resolve_config(cfg.model_cfg, train_reader.vocab_size))
         phases.check_resume(point, cfg.optim.override_lr_schedule)

@@ -290,7 +290,10 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     if cfg.log.downstream_eval and not os.path.isfile(cfg.log.downstream_eval):
         parser.error(f"--downstream_eval {cfg.log.downstream_eval}: no such tasks file")
     if cfg.run.init_from and not os.path.exists(cfg.run.init_from):
-        parser.error(f"--init_from {cfg.run.init_from}: no such folder (a HF BERT folder or a run)")
+        parser.error(
+            f"--init_from {cfg.run.init_from}: no such folder "
+            "(a HF BERT or ModernBERT folder, or a run)"
+        )
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")

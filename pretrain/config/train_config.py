@@ -67,8 +67,8 @@ class RunConfig:
     )
     init_from: str = opt(
         "",
-        "initial weights only (fresh optimizer, schedule, step 0) from a HF BERT folder or "
-        "one of our runs; the architecture comes from it; a checkpoint to resume wins",
+        "initial weights only (fresh optimizer, schedule, step 0) from a HF BERT or ModernBERT "
+        "folder or one of our runs; the architecture comes from it; a checkpoint to resume wins",
     )
     anneal_from: str = opt(
         "",

@@ -1,4 +1,5 @@
-"""`--init_from PATH`: initial weights (only) from a Hugging Face BERT folder or one of our runs.
+"""`--init_from PATH`: initial weights (only) from a Hugging Face BERT or ModernBERT folder or one
+of our runs.
 
 Where PATH points, its architecture and its tensors are :mod:`pretrain.model.init_source`; this
 module plans the vocabulary and loads the weights (a run's ZeRO-2 or ZeRO-3 shards are
@@ -11,7 +12,9 @@ The contract:
   ZeRO-3 simply partition already-loaded weights), copying every tensor of matching shape and
   reporting keys loaded, newly initialised (left as the model initialised them) and ignored;
   any other shape mismatch is an error, and so are position embeddings shorter than the shards'
-  sequences;
+  sequences (BERT; ModernBERT's rotary positions have no table: a longer run is a context
+  extension, said in the report with the rope thetas that differ from the checkpoint's);
+- the names loaded specially (word embeddings, MLM bias, tied copies) are per arch (`KEYS`);
 - vocabulary: the shards' tokenizer must be the checkpoint's, or an extension of it in which
   every old token keeps its id and new tokens fill `[unused*]` slots or are appended (what
   `python -m data_prep extend-tokenizer` writes). Old rows are copied bit for bit; each new row
@@ -35,21 +38,43 @@ from bertforge.logs import get_logger
 from data_prep.tokenizer import plain_encoding
 from pretrain.components.checkpoint_files import consolidated_state_dict
 from pretrain.model.init_source import (
+    ARCH_NAMES,
     InitError,
     InitSource,
     canonical_keys,
+    check_arch,
     check_positions,
     locate,
     read_hf_weights,
 )
+from pretrain.model.modernbert import VOCAB_KEYS as _MB_VOCAB
 
 log = get_logger(__name__)
 
-WORD_EMB = "bert.embeddings.word_embeddings.weight"
-POS_EMB = "bert.embeddings.position_embeddings.weight"
-MLM_BIAS = "cls.predictions.bias"
-# Keys tied to another parameter in our model (and in transformers' BERT): never loaded alone.
-TIED = {"cls.predictions.decoder.weight": WORD_EMB, "cls.predictions.decoder.bias": MLM_BIAS}
+
+@dataclass(frozen=True)
+class ArchKeys:
+    """An arch's state-dict names that the load treats specially."""
+
+    word_emb: str  # word embeddings: vocabulary rows (the decoder's weight is tied to them)
+    mlm_bias: str  # the MLM output bias: vocabulary rows
+    tied: dict[str, str]  # key tied to another in our model -> that key: never loaded alone
+    pos_emb: str | None  # the learned position table; None for rotary positions
+
+
+_BERT_EMB, _BERT_BIAS = "bert.embeddings.word_embeddings.weight", "cls.predictions.bias"
+_MB_EMB, _MB_DECODER, _MB_BIAS = _MB_VOCAB
+
+#: Per arch (ModelConfig.arch), the names of transformers' BertFor* / ModernBertForMaskedLM.
+KEYS = {
+    "bert": ArchKeys(
+        _BERT_EMB,
+        _BERT_BIAS,
+        {"cls.predictions.decoder.weight": _BERT_EMB, "cls.predictions.decoder.bias": _BERT_BIAS},
+        "bert.embeddings.position_embeddings.weight",
+    ),
+    "modernbert": ArchKeys(_MB_EMB, _MB_BIAS, {_MB_DECODER: _MB_EMB}, None),
+}
 
 
 _UNUSED_RE = re.compile(r"^\[unused\d+\]$")
@@ -203,7 +228,7 @@ def _source_state_dict(src: InitSource) -> tuple[dict[str, torch.Tensor], Path]:
         sd, file = read_hf_weights(src.checkpoint)
     else:
         sd, file = consolidated_state_dict(src.checkpoint), src.checkpoint
-    return canonical_keys(sd, src.path), file
+    return canonical_keys(sd, src.path, src.model_fields["arch"]), file
 
 
 def _dropped_parts(src: InitSource, ignored: list[str]) -> list[str]:
@@ -235,24 +260,47 @@ def _gathered(model: torch.nn.Module):
     return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
-def _mlm_bias(sd: dict[str, torch.Tensor], report: InitReport) -> None:
-    """HF BertForPreTraining files sometimes hold the MLM bias only as the decoder's bias
-    (transformers #14630); our model ties the two."""
-    alt = sd.pop("cls.predictions.decoder.bias", None)
-    if MLM_BIAS not in sd and alt is not None:
-        sd[MLM_BIAS] = alt
-        report.notes.append(f"{MLM_BIAS} taken from cls.predictions.decoder.bias")
-    elif alt is not None and not torch.equal(alt, sd[MLM_BIAS]):
-        report.notes.append(
-            f"cls.predictions.decoder.bias differs from {MLM_BIAS} in the "
-            f"checkpoint; this model ties them and uses {MLM_BIAS}"
+def _untie(sd: dict[str, torch.Tensor], keys: ArchKeys, report: InitReport) -> None:
+    """Drop the tied copies: our model ties them to another key. A file holding only the copy
+    gives that key its value (HF BertForPreTraining files sometimes hold the MLM bias only as
+    the decoder's bias, transformers #14630); a copy that differs is noted."""
+    for tied, target in keys.tied.items():
+        value = sd.pop(tied, None)
+        if value is None:
+            continue
+        if target not in sd:
+            sd[target] = value
+            report.notes.append(f"{target} taken from {tied}")
+        elif not torch.equal(value, sd[target]):
+            report.notes.append(
+                f"{tied} differs from {target} in the checkpoint; this model ties them and "
+                f"uses {target}"
+            )
+
+
+def _context_notes(src: InitSource, config) -> list[str]:
+    """ModernBERT: a run with more positions than the checkpoint's (a context extension), and
+    rope thetas the flags set other than the checkpoint's, said in the report."""
+    f = src.model_fields
+    if f["arch"] != "modernbert":
+        return []
+    notes = []
+    if config.max_position_embeddings > f["max_position_embeddings"]:
+        notes.append(
+            f"context extension: the checkpoint's max_position_embeddings is "
+            f"{f['max_position_embeddings']}, this run's {config.max_position_embeddings} "
+            "(rotary positions: no table to grow; positions past the checkpoint's are new to it)"
         )
-    dec_w = sd.pop("cls.predictions.decoder.weight", None)
-    if dec_w is not None and WORD_EMB in sd and not torch.equal(dec_w, sd[WORD_EMB]):
-        report.notes.append(
-            f"cls.predictions.decoder.weight differs from {WORD_EMB} in the "
-            "checkpoint; this model ties them and uses the word embeddings"
-        )
+    for layer, key in (
+        ("full_attention", "global_rope_theta"),
+        ("sliding_attention", "local_rope_theta"),
+    ):
+        theta = float(config.rope_parameters[layer]["rope_theta"])
+        if theta != f[key]:
+            notes.append(
+                f"{key} {theta:g} (this run's flags) instead of the checkpoint's {f[key]:g}"
+            )
+    return notes
 
 
 def _copy_vocab_rows(
@@ -301,13 +349,16 @@ def load_initial_weights(
     max_seq_len: int | None = None,
     base_tokenizer_dir: str | Path | None = None,
 ) -> InitReport:
-    """Fill `model` (pretrain.model.bert.BertForPretrainingMasked, before deepspeed.initialize) from
-    --init_from `path`; returns what was loaded, newly initialised and ignored.
+    """Fill `model` (pretrain.model.bert.BertForPretrainingMasked or the ModernBERT one, before
+    deepspeed.initialize) from --init_from `path`; returns what was loaded, newly initialised
+    and ignored. A source of another arch than the model's is an InitError.
 
     tokenizer_dir_of_shards: the shard folder's tokenizer/. max_seq_len: the shards'.
     base_tokenizer_dir: the checkpoint's tokenizer when its folder has none.
     """
     src = locate(path)
+    check_arch(src, model.arch)
+    keys = KEYS[model.arch]
     base_dir = Path(base_tokenizer_dir) if base_tokenizer_dir else src.tokenizer_dir
     if base_dir is None:
         raise InitError(
@@ -319,28 +370,28 @@ def load_initial_weights(
     plan = plan_vocabulary(base_dir, shards_dir)
     sd, file = _source_state_dict(src)
     report = InitReport(str(path), src.kind, str(file))
-    if WORD_EMB not in sd:
+    if keys.word_emb not in sd:
         raise InitError(
-            f"--init_from {path}: {file} has no {WORD_EMB} (nor embeddings.* "
-            "without prefix); not a BERT checkpoint."
+            f"--init_from {path}: {file} has no {keys.word_emb} (nor embeddings.* "
+            f"without prefix); not a {ARCH_NAMES[model.arch]} checkpoint."
         )
-    if POS_EMB in sd:
-        check_positions(int(sd[POS_EMB].shape[0]), max_seq_len, Path(path))
-    _mlm_bias(sd, report)
-    disagree = model.shared_copies_disagree(sd)
+    if keys.pos_emb is not None and keys.pos_emb in sd:
+        check_positions(int(sd[keys.pos_emb].shape[0]), max_seq_len, Path(path))
+    _untie(sd, keys, report)
+    disagree = model.shared_copies_disagree(sd) if model.shares_layers else None
     if disagree:  # --share_layers: copying layer by layer would keep the last layer's weights
         raise InitError(f"--init_from {path}: {disagree}")
     used: set[str] = set()
     mismatched = []
     with torch.no_grad(), _gathered(model):
         for key, dst in model.state_dict().items():
-            if key in TIED:
+            if key in keys.tied:
                 continue
             if key not in sd:
                 report.newly_initialised.append(key)
                 continue
             used.add(key)
-            if key in (WORD_EMB, MLM_BIAS):
+            if key in (keys.word_emb, keys.mlm_bias):
                 _copy_vocab_rows(dst, sd[key], plan, key, Path(path))
             elif sd[key].shape != dst.shape:
                 mismatched.append(
@@ -356,7 +407,7 @@ def load_initial_weights(
             "config:\n  " + "\n  ".join(mismatched)
         )
     report.ignored = sorted(set(sd) - used)
-    report.notes += _dropped_parts(src, report.ignored)
+    report.notes += _dropped_parts(src, report.ignored) + _context_notes(src, model.config)
     base_tok = _tokenizer(base_dir, quiet=True)  # plan_vocabulary loaded and warned already
     report.vocabulary = _vocab_report(plan, base_dir, shards_dir, base_tok)
     unk = base_tok.token_to_id("[UNK]")

@@ -1,18 +1,23 @@
-"""Where `--init_from PATH` points and what it holds: a Hugging Face BERT folder or one of our
-runs, its architecture (checked against the flags) and its tensors under our names.
+"""Where `--init_from PATH` points and what it holds: a Hugging Face BERT or ModernBERT folder or
+one of our runs, its architecture (checked against the flags) and its tensors under our names.
 
 PATH is a transformers folder (`BertForMaskedLM`, `BertForPreTraining` or a bare `BertModel`,
 also as a sentence-transformers model publishes it: `modules.json`, `1_Pooling/`, the encoder's
 folder at the top or in a module folder;
 `model.safetensors`, `pytorch_model.bin` or their sharded `*.index.json` forms; keys with or
 without the `bert.`, `model.` or `module.` prefixes, `LayerNorm.gamma/beta` as old TF-converted
-files spell them) or a pretrain run: its folder, its `checkpoints/` folder or one `step_N` folder.
+files spell them), a transformers ModernBERT folder (`ModernBertForMaskedLM` or a bare
+`ModernBertModel`; legacy `global_rope_theta` keys or `rope_parameters`) or a pretrain run of
+either arch: its folder, its `checkpoints/` folder or one `step_N` folder.
 
 - `locate` identifies the source (errors say what was expected);
 - the architecture comes from the checkpoint (`read_init_config`, `init_model_config`,
   `init_architecture`); fields the user gave explicitly that disagree are listed by
   `architecture_conflicts`;
-- `read_hf_weights` and `canonical_keys` read a transformers folder's tensors.
+- `read_hf_weights` and `canonical_keys` read a transformers folder's tensors;
+- a source of the other arch than the run's is refused (`check_arch`). ModernBERT has no position
+  table (rotary), so its run may take longer sequences than the checkpoint's
+  `max_position_embeddings` (`extend_context`: a context extension, reported).
 
 Loading them into the model, with the vocabulary plan, is :mod:`pretrain.model.init_from`.
 """
@@ -28,7 +33,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import BertConfig
+from transformers import BertConfig, ModernBertConfig
 
 from pretrain.components.resume import (
     CheckpointError,
@@ -37,17 +42,65 @@ from pretrain.components.resume import (
     resolve_resume,
 )
 from pretrain.model.bert import _ARCH_FIELDS, ModelConfig, resolve_config
+from pretrain.model.modernbert import layer_types
 
-CONFLICT_FIELDS = (
+#: ModelConfig fields a ModernBERT checkpoint sets (BERT's are pretrain.model.bert._ARCH_FIELDS).
+MODERNBERT_FIELDS = (
     "hidden_size",
     "num_hidden_layers",
     "num_attention_heads",
     "intermediate_size",
     "max_position_embeddings",
-    "type_vocab_size",
     "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
     "layer_norm_eps",
+    "initializer_range",
+    "local_attention",
+    "global_attn_every_n_layers",
+    "global_rope_theta",
+    "local_rope_theta",
 )
+
+#: Per arch, the fields that explicit flags must not contradict (the weights' shapes and the
+#: computation depend on them). ModernBERT's max_position_embeddings and rope thetas are free:
+#: rotary positions have no table, and a context extension raises the theta.
+CONFLICT_FIELDS = {
+    "bert": (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "hidden_act",
+        "layer_norm_eps",
+    ),
+    "modernbert": (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "layer_norm_eps",
+        "local_attention",
+        "global_attn_every_n_layers",
+    ),
+}
+
+#: How the messages name each arch's checkpoints.
+ARCH_NAMES = {"bert": "BERT", "modernbert": "ModernBERT"}
+
+#: ModernBertConfig keys whose other values our block cannot hold (no biases in the linear and
+#: norm layers, a bias-free GELU head, the decoder tied to the token embeddings).
+_MODERNBERT_FIXED = {
+    "norm_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "classifier_bias": False,
+    "classifier_activation": "gelu",
+    "tie_word_embeddings": True,
+}
 
 
 _HF_WEIGHTS = (
@@ -69,9 +122,7 @@ class InitSource:
     path: Path  # as given to --init_from
     kind: str  # "hf" (transformers folder), "sentence-transformers" or "run" (our checkpoint)
     checkpoint: Path  # the HF folder, or the run's step_N folder
-    model_fields: dict[
-        str, Any
-    ]  # ModelConfig architecture fields (pretrain.model.bert._ARCH_FIELDS)
+    model_fields: dict[str, Any]  # "arch" and its ModelConfig architecture fields
     tokenizer_dir: Path | None  # the checkpoint's tokenizer, when it has one
 
 
@@ -80,28 +131,94 @@ def _find_tokenizer(folder: Path) -> Path | None:
     return folder if has else None
 
 
-def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
-    cfg_file = path / "config.json"
-    if config.get("model_type") != "bert":
-        raise InitError(
-            f"--init_from {path}: {cfg_file} has model_type "
-            f"{config.get('model_type')!r}; only BERT checkpoints (model_type "
-            '"bert") can initialise this model.'
-        )
+def _bert_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     pos = config.get("position_embedding_type", "absolute")
     if pos != "absolute":
         raise InitError(
-            f"--init_from {path}: position_embedding_type {pos!r} in {cfg_file}; "
+            f"--init_from {path}: position_embedding_type {pos!r} in {path / 'config.json'}; "
             "this trainer's BERT uses absolute position embeddings only."
         )
+    full = BertConfig.from_dict(config)  # keys the file omits take transformers' defaults, as there
+    return {"arch": "bert", **{k: getattr(full, k) for k in _ARCH_FIELDS}}
+
+
+def _global_every(types: list[str]) -> int | None:
+    """The N of ModernBERT's layer pattern (layer i global when i % N == 0) that gives ``types``,
+    or None when no N does (our config holds only that pattern)."""
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    every = full[1] if len(full) > 1 else max(len(types), 1)  # only layer 0 global: N >= layers
+    return every if layer_types(len(types), every) == list(types) else None
+
+
+def _modernbert_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields of a ModernBERT config.json; what our block cannot hold is an InitError
+    naming the key. from_dict reads legacy files (global_rope_theta, global_attn_every_n_layers)
+    and new ones (rope_parameters, layer_types) alike."""
+    cfg_file = path / "config.json"
+    try:
+        full = ModernBertConfig.from_dict(config)
+    except Exception as e:  # transformers' strict config raises several types for a bad value
+        raise InitError(
+            f"--init_from {path}: {cfg_file} is not a valid ModernBertConfig "
+            f"({type(e).__name__}: {e})."
+        ) from e
+    wrong = [
+        f"{k}: {getattr(full, k)!r} (this trainer's ModernBERT block has {v!r})"
+        for k, v in _MODERNBERT_FIXED.items()
+        if getattr(full, k) != v
+    ]
+    rope = full.rope_parameters
+    wrong += [
+        f"rope_parameters.{t}.rope_type: {rope[t]['rope_type']!r} (only 'default' rotary here)"
+        for t in ("full_attention", "sliding_attention")
+        if rope[t].get("rope_type", "default") != "default"
+    ]
+    every = _global_every(full.layer_types)
+    if every is None:
+        wrong.append(
+            f"layer_types: {full.layer_types} (here layer i attends globally exactly when "
+            "i % global_attn_every_n_layers == 0)"
+        )
+    if wrong:
+        raise InitError(
+            f"--init_from {path}: {cfg_file} describes a ModernBERT that this trainer's block "
+            "cannot hold:\n  " + "\n  ".join(wrong) + "\nStart from a checkpoint with "
+            "transformers' defaults for those keys (as answerdotai/ModernBERT-* have)."
+        )
+    return {
+        "arch": "modernbert",
+        "hidden_size": full.hidden_size,
+        "num_hidden_layers": full.num_hidden_layers,
+        "num_attention_heads": full.num_attention_heads,
+        "intermediate_size": full.intermediate_size,
+        "max_position_embeddings": full.max_position_embeddings,
+        "hidden_act": full.hidden_activation,
+        "hidden_dropout_prob": full.mlp_dropout,  # our config has one rate for embeddings and MLP
+        "attention_probs_dropout_prob": full.attention_dropout,
+        "layer_norm_eps": full.norm_eps,
+        "initializer_range": full.initializer_range,
+        "local_attention": full.local_attention,
+        "global_attn_every_n_layers": every,
+        "global_rope_theta": float(rope["full_attention"]["rope_theta"]),
+        "local_rope_theta": float(rope["sliding_attention"]["rope_theta"]),
+    }
+
+
+def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
+    model_type = config.get("model_type")
+    if model_type not in ARCH_NAMES:
+        raise InitError(
+            f"--init_from {path}: {path / 'config.json'} has model_type {model_type!r}; only "
+            'BERT (model_type "bert") and ModernBERT ("modernbert") checkpoints can initialise '
+            "this model."
+        )
+    fields = (_bert_fields if model_type == "bert" else _modernbert_fields)(path, config)
     if not any((path / f).is_file() for f in _HF_WEIGHTS):
         raise InitError(
             f"--init_from {path}: no weights there (expected one of "
             f"{', '.join(_HF_WEIGHTS)}; TensorFlow/Flax files must be converted with "
             "transformers first)."
         )
-    full = BertConfig.from_dict(config)  # keys the file omits take transformers' defaults, as there
-    fields = {k: getattr(full, k) for k in _ARCH_FIELDS}
     return InitSource(path, "hf", path, fields, _find_tokenizer(path))
 
 
@@ -112,17 +229,12 @@ def _run_source(path: Path, ckpt: Path) -> InitSource:
 
     state = read_state(ckpt)
     vocab = int(state["vocab_size"])
-    arch = state["config"]["model_cfg"].get("arch", "bert")
-    if arch != "bert":
-        raise InitError(
-            f"--init_from {path}: {ckpt} is a --arch {arch} run; --init_from loads BERT "
-            "checkpoints only (continue that run with --resume instead)."
-        )
     try:
         cfg = resolve_config(ModelConfig(**state["config"]["model_cfg"]), vocab)
     except ValueError as e:
         raise InitError(f"--init_from {path}: the architecture of {ckpt}: {e}") from e
-    fields = {k: getattr(cfg, k) for k in _ARCH_FIELDS}
+    names = _ARCH_FIELDS if cfg.arch == "bert" else MODERNBERT_FIELDS
+    fields = {"arch": cfg.arch, **{k: getattr(cfg, k) for k in names}}
     return InitSource(path, "run", ckpt, fields, _tokenizer_dir(ckpt.parent.parent, state))
 
 
@@ -177,10 +289,10 @@ def locate(path: str | Path) -> InitSource:
     if ckpt is not None:
         return _run_source(path, ckpt)
     raise InitError(
-        f"--init_from {path}: not a BERT checkpoint: expected a transformers folder "
-        '(config.json with model_type "bert" and model.safetensors or '
-        "pytorch_model.bin) or a pretrain run / checkpoints/step_N folder with a "
-        "COMPLETE marker."
+        f"--init_from {path}: not a BERT checkpoint (nor a ModernBERT one): expected a "
+        'transformers folder (config.json with model_type "bert" or "modernbert" and '
+        "model.safetensors or pytorch_model.bin) or a pretrain run / checkpoints/step_N "
+        "folder with a COMPLETE marker."
     )
 
 
@@ -195,9 +307,40 @@ def architecture_conflicts(ckpt_cfg: dict[str, Any], flags_cfg: dict[str, Any]) 
     (a preset's fields or flags), as "field: checkpoint X, flags Y" lines; empty when none."""
     return [
         f"{k}: checkpoint {ckpt_cfg[k]!r}, flags {flags_cfg[k]!r}"
-        for k in CONFLICT_FIELDS
+        for k in CONFLICT_FIELDS[ckpt_cfg.get("arch", "bert")]
         if k in flags_cfg and k in ckpt_cfg and flags_cfg[k] != ckpt_cfg[k]
     ]
+
+
+def check_arch(src: InitSource, run_arch: str) -> None:
+    """A source of the other arch than the run's cannot initialise it (other names, shapes and
+    computation); the message names both archs."""
+    arch = src.model_fields["arch"]
+    if arch == run_arch:
+        return
+    what = (
+        f"{src.checkpoint} is a --arch {arch} run"
+        if src.kind == "run"
+        else f"{src.checkpoint} is a {ARCH_NAMES[arch]} checkpoint (--arch {arch})"
+    )
+    raise InitError(
+        f"--init_from {src.path}: {what}, but this run is --arch {run_arch}. Launch with "
+        f"--arch {arch} (the architecture comes from the checkpoint), or start from a "
+        f"{ARCH_NAMES[run_arch]} checkpoint."
+    )
+
+
+def extend_context(cfg: Any, max_seq_len: int | None) -> Any:
+    """ModernBERT has no position table (rotary): a run on longer sequences than its
+    max_position_embeddings raises it to them (a context extension; the --init_from report says
+    so). BERT's config is returned as it is (its table cannot grow: :func:`check_positions`)."""
+    if (
+        cfg.arch != "modernbert"
+        or max_seq_len is None
+        or max_seq_len <= cfg.max_position_embeddings
+    ):
+        return cfg
+    return dataclasses.replace(cfg, max_position_embeddings=max_seq_len)
 
 
 def _load_file(file: Path) -> dict[str, torch.Tensor]:
@@ -222,18 +365,36 @@ def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise InitError(f"--init_from {folder}: no weights file ({', '.join(_HF_WEIGHTS)}).")
 
 
-def canonical_keys(sd: dict[str, Any], where: Path) -> dict[str, Any]:
-    """Our (transformers BertFor*) names: prefixes model./module. dropped, bare BertModel keys
-    under bert., LayerNorm gamma/beta renamed weight/bias."""
+def _bert_name(key: str) -> str:
+    """transformers BertFor* names: prefixes model./module. dropped, bare BertModel keys under
+    bert., LayerNorm gamma/beta renamed weight/bias."""
+    k = key
+    while k.startswith(("model.", "module.")):
+        k = k.split(".", 1)[1]
+    if k.startswith(("embeddings.", "encoder.", "pooler.")):
+        k = "bert." + k
+    k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+
+
+def _modernbert_name(key: str) -> str:
+    """transformers ModernBertForMaskedLM names, whose encoder *is* under model.: a DeepSpeed
+    module. prefix dropped, bare ModernBertModel keys put under model."""
+    k = key
+    while k.startswith("module."):
+        k = k[len("module.") :]
+    if k.startswith(("embeddings.", "layers.", "final_norm.")):
+        k = "model." + k
+    return k
+
+
+def canonical_keys(sd: dict[str, Any], where: Path, arch: str = "bert") -> dict[str, Any]:
+    """The tensors of ``sd`` under our model's names for ``arch`` (those of transformers'
+    BertFor* / ModernBertForMaskedLM); two keys mapping to one name are an InitError."""
+    rename = _bert_name if arch == "bert" else _modernbert_name
     out: dict[str, Any] = {}
     for key, value in sd.items():
-        k = key
-        while k.startswith(("model.", "module.")):
-            k = k.split(".", 1)[1]
-        if k.startswith(("embeddings.", "encoder.", "pooler.")):
-            k = "bert." + k
-        k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
-        k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+        k = rename(key)
         if k in out:
             raise InitError(f"--init_from {where}: keys {key!r} and another both map to {k!r}.")
         out[k] = value
@@ -246,8 +407,13 @@ def init_model_config(
     """The ModelConfig to build for --init_from PATH: `base_cfg` (the preset with the flags) with
     the checkpoint's architecture. `explicit`: the ModelConfig fields the user set on purpose (a
     --model preset's fields and --hidden_size-style flags); disagreeing ones are an InitError
-    listing every difference. Dropout and initializer_range given explicitly are kept."""
-    fields, _ = read_init_config(path)
+    listing every difference. Dropout and initializer_range given explicitly are kept, and for
+    ModernBERT max_position_embeddings and the rope thetas (a context extension raises them);
+    its max_position_embeddings grows to ``max_seq_len`` (:func:`extend_context`). A source of
+    another arch than ``base_cfg``'s is an InitError (:func:`check_arch`)."""
+    src = locate(path)
+    fields = src.model_fields
+    check_arch(src, base_cfg.arch)
     if explicit.get("config_json"):
         raise InitError(
             f"--init_from {path} and --config_json {explicit['config_json']} both "
@@ -260,9 +426,12 @@ def init_model_config(
             "preset/flags given:\n  " + "\n  ".join(conflicts) + "\nDrop those flags "
             "(the architecture comes from the checkpoint) or choose another checkpoint."
         )
-    check_positions(fields["max_position_embeddings"], max_seq_len, Path(path))
-    kept = {k: v for k, v in explicit.items() if k in fields and k not in CONFLICT_FIELDS}
-    return dataclasses.replace(base_cfg, **{**fields, **kept}, config_json=None, name="init_from")
+    if fields["arch"] == "bert":
+        check_positions(fields["max_position_embeddings"], max_seq_len, Path(path))
+    fixed = CONFLICT_FIELDS[fields["arch"]]
+    kept = {k: v for k, v in explicit.items() if k in fields and k not in fixed}
+    cfg = dataclasses.replace(base_cfg, **{**fields, **kept}, config_json=None, name="init_from")
+    return extend_context(cfg, max_seq_len)
 
 
 def check_positions(rows: int, max_seq_len: int | None, path: Path) -> None:

@@ -37,7 +37,7 @@ class ArchError(UserError, ValueError):
     """A flag or input the chosen --arch does not support; the message names the flag."""
 
 
-def check_supported(cfg: ModelConfig, *, nsp: bool = False, init_from: str = "") -> None:
+def check_supported(cfg: ModelConfig, *, nsp: bool = False) -> None:
     """Refuse what only the BERT arch implements, naming the flag (nothing to do for bert)."""
     if cfg.arch != "modernbert":
         return
@@ -51,8 +51,6 @@ def check_supported(cfg: ModelConfig, *, nsp: bool = False, init_from: str = "")
             "NSP shards (--data built with --format nsp): ModernBERT has no NSP head; "
             "build packed shards"
         )
-    if init_from:
-        refused.append(f"--init_from {init_from}: it loads BERT checkpoints and runs only")
     if refused:
         raise ArchError(
             "--arch modernbert does not support yet: "

@@ -87,7 +87,8 @@ def test_a_bert_launch_refuses_the_modernbert_run(modernbert_run, english_shards
     from pretrain.main import main
 
     data = ["--data", str(english_shards), "--dry-run"]
-    # --init_from loads BERT weights only; resuming under another --arch is another model.
+    # --init_from a modernbert run into a bert launch names both archs; resuming under another
+    # --arch is another model.
     assert main([*data, "--init_from", str(modernbert_run)]) == USER_ERROR_EXIT
     assert "is a --arch modernbert run" in capsys.readouterr().err
     resume = ["--output_dir", str(modernbert_run), "--resume", "auto"]

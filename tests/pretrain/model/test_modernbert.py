@@ -108,7 +108,6 @@ def test_raising_the_global_rope_theta_equals_a_model_built_with_it():
         ({"share_layers": "all"}, "--share_layers all"),
         ({"config_json": "bert_config.json"}, "--config_json"),
         ({"nsp": True}, "NSP shards"),
-        ({"init_from": "runs/bert"}, "--init_from runs/bert"),
     ],
 )
 def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
