@@ -44,7 +44,7 @@ def phase_plan(plan: Plan, out: Path) -> tuple[dict, int]:
 
 def launch_flags(plan: Plan, out: Path, run_dir: Path, plan_file: Path, micro: int) -> dict:
     """The trainer's flags (the doctor takes the same ones)."""
-    flags = {
+    return {
         "ds_config": REPO / plan.ds_configs["bf16"],
         "precision": "bf16",
         "data": shards_dir(out, plan.seq_lens[0]),
@@ -61,7 +61,6 @@ def launch_flags(plan: Plan, out: Path, run_dir: Path, plan_file: Path, micro: i
         "eval_batches": 1,
         "num_workers": 2,
     }
-    return flags
 
 
 def phase_rows(run_dir: Path, plan: Plan) -> list[dict]:

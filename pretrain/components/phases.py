@@ -117,8 +117,7 @@ class PhaseTracker:
         against it)."""
         path = cfg.run.phases
         phases = load_phase_file(path)
-        verify = cfg.data_cfg.verify if cfg.data_cfg is not None else "size"  # a bare TrainConfig
-        readers = open_phase_data(phases, path, run_reader, verify)
+        readers = open_phase_data(phases, path, run_reader, cfg.data_cfg.verify)
         target = setup.batch
         plan = resolve(
             phases,

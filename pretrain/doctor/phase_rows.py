@@ -45,10 +45,14 @@ def plan_view(cfg, plan: BatchPlan | None, run_folder: Path) -> PlanView:
     path = cfg.run.phases
     if not path:
         return view
+    first: dict[tuple[str, ...], Path] = {}  # a phase's data -> its first source's folder
     try:
         phases = load_phase_file(path)
         for ph in phases:
-            for s in parse_mixture(ph.data) if ph.data else []:
+            sources = parse_mixture(ph.data) if ph.data else []
+            if sources:
+                first[tuple(ph.data)] = Path(sources[0].path)
+            for s in sources:
                 if str(s.path) not in view.folders:
                     view.folders.append(str(s.path))
     except UserError as e:
@@ -57,7 +61,6 @@ def plan_view(cfg, plan: BatchPlan | None, run_folder: Path) -> PlanView:
     if plan is None:
         return view
     run_len = _seq_len(run_folder) or 0
-    first = {tuple(ph.data): Path(parse_mixture(ph.data)[0].path) for ph in phases if ph.data}
 
     def seq_len(data: list[str] | None) -> int:
         return run_len if data is None else (_seq_len(first[tuple(data)]) or run_len)

@@ -222,10 +222,11 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
     from pretrain.components.phases import PhaseTracker
     from pretrain.config.batching import BatchPlan
     from pretrain.config.train_config import TrainConfig
+    from pretrain.data.loader import DataConfig
     from pretrain.data.masking import MaskingConfig
 
     def tracker(doc, **optim):
-        cfg = TrainConfig()
+        cfg = TrainConfig(data_cfg=DataConfig())
         cfg.run.phases = str(write(tmp_path, doc))
         for k, v in optim.items():
             setattr(cfg.optim if hasattr(cfg.optim, k) else cfg.run, k, v)
@@ -255,9 +256,10 @@ def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):
     from pretrain.components.phases import PhaseTracker
     from pretrain.config.batching import BatchPlan
     from pretrain.config.train_config import TrainConfig
+    from pretrain.data.loader import DataConfig
 
     def tracker(doc):
-        cfg = TrainConfig()
+        cfg = TrainConfig(data_cfg=DataConfig())
         cfg.run.phases = str(write(tmp_path, doc))
         return PhaseTracker.for_run(cfg, SimpleNamespace(batch=BatchPlan(16, 4, 2, 2)), SEQ, "bert")
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.commands import DATA
-from helpers.vocab import vocab_with_unused
+from helpers.vocab import extend_with_domain_terms, vocab_with_unused
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForPreTraining, BertModel
 
-from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
 from data_prep.sample_corpus import pydoc_documents
 from data_prep.tokenizer import import_tokenizer, train_wordpiece
 from pretrain.data.masking import IGNORE_INDEX
@@ -163,27 +162,11 @@ def test_bare_bert_model_reports_heads_as_new(base_tokenizer, tmp_path):
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
 
 
-def _extend(base: Path, tmp: Path, max_new: int = 12) -> Path:
-    terms = tmp / "terms.txt"
-    terms.write_text("hypertension\nheart failure\n高血压\n", encoding="utf-8")
-    out = tmp / "ext_tok"
-    extend_tokenizer(
-        ExtendConfig(
-            tokenizer=base,
-            inputs=(str(DATA / "zh_hongloumeng_sample.txt"),),
-            output=out,
-            terms=terms,
-            max_new=max_new,
-        )
-    )
-    return out
-
-
 def test_extended_vocabulary_rows(base_tokenizer, tmp_path):
     from safetensors.torch import load_file
 
     folder, _ = _hf_folder(tmp_path, BertForMaskedLM, base_tokenizer)
-    ext = _extend(folder, tmp_path)
+    ext = extend_with_domain_terms(folder, tmp_path)
     model, report = _our_model(folder, _shards_tokenizer(ext, tmp_path / "tok"), nsp=False)
     src = load_file(str(folder / "model.safetensors"))
     emb, bias = src["bert.embeddings.word_embeddings.weight"], src["cls.predictions.bias"]
@@ -270,7 +253,7 @@ def test_position_embeddings_shorter_than_the_shards(base_tokenizer, tmp_path):
 def test_extension_of_another_base_is_refused(base_tokenizer, tmp_path):
     folder, _ = _hf_folder(tmp_path, BertForMaskedLM, base_tokenizer)
     train_wordpiece(pydoc_documents()[40:], 1300, True, tmp_path / "other")
-    ext = _extend(tmp_path / "other", tmp_path)
+    ext = extend_with_domain_terms(tmp_path / "other", tmp_path)
     with pytest.raises(InitError, match="neither the checkpoint's tokenizer"):
         _our_model(folder, _shards_tokenizer(ext, tmp_path / "tok"), nsp=False)
 

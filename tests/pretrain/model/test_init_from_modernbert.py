@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.commands import DATA
 from helpers.tiny_bert import build_tiny_bert, build_tiny_modernbert
+from helpers.vocab import extend_with_domain_terms
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, ModernBertForMaskedLM
 
-from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
 from data_prep.tokenizer import import_tokenizer
 from kernels import IGNORE_INDEX
 from pretrain.model.bert import PRESETS, build_model, padded_vocab
@@ -125,24 +124,8 @@ def test_bare_modernbert_model_loads_the_encoder_and_reports_the_head(mb_folder,
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _extend(base: Path, tmp: Path, max_new: int = 12) -> Path:
-    terms = tmp / "terms.txt"
-    terms.write_text("hypertension\nheart failure\n高血压\n", encoding="utf-8")
-    out = tmp / "ext_tok"
-    extend_tokenizer(
-        ExtendConfig(
-            tokenizer=base,
-            inputs=(str(DATA / "zh_hongloumeng_sample.txt"),),
-            output=out,
-            terms=terms,
-            max_new=max_new,
-        )
-    )
-    return out
-
-
 def test_extended_vocabulary_rows_are_the_mean_of_their_pieces(mb_folder, tmp_path):
-    ext = _extend(mb_folder, tmp_path)
+    ext = extend_with_domain_terms(mb_folder, tmp_path)
     model, report = _our_model(mb_folder, _shards_tokenizer(ext, tmp_path / "tok"))
     src = load_file(str(mb_folder / "model.safetensors"))
     emb, bias = src[EMB], src[BIAS]
