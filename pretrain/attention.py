@@ -1,4 +1,4 @@
-"""Attention maps of a BERT: PNG heatmaps per layer and head, and per-head statistics.
+"""Attention maps of a BERT or ModernBERT: PNG heatmaps per layer and head, per-head statistics.
 
     python -m pretrain.attention MODEL --text "..." --out DIR [--layers 0,1] [--heads 0-3]
 
@@ -8,7 +8,11 @@ attention (the fused kernels return no weights). Layers and heads are numbered f
 Writes DIR/layerLL_headHH.png (rows: the attending token, columns: the attended one) and
 DIR/attention_stats.json: the tokens and, per head, averaged over the attending tokens:
 ``entropy`` (nats; ``entropy_max`` = log of the token count is uniform attention), ``to_cls``,
-``to_sep`` (attention mass on [CLS] / on all [SEP]), ``to_prev``, ``to_next``, ``to_self``.
+``to_sep`` (attention mass on [CLS] / on all [SEP]), ``to_prev``, ``to_next``, ``to_self``, and
+``reach`` (the mean distance |q - k| weighted by attention). ``layer_kinds`` says what each layer
+attends to: ``full`` for BERT and ModernBERT's global layers, ``window W`` for ModernBERT's
+sliding-window layers (a token sees the W tokens around it, itself included: nothing outside
+that band, as the heatmaps show).
 Chinese tokens are drawn with a CJK-capable font when matplotlib finds one; otherwise a warning
 says so and the axis labels become ``id:escaped`` (e.g. ``1234:\\u7ea2``), never empty boxes.
 """
@@ -144,7 +148,15 @@ def head_stats(
         "to_prev": float(att[idx[1:], idx[1:] - 1].mean()) if n > 1 else 0.0,
         "to_next": float(att[idx[:-1], idx[:-1] + 1].mean()) if n > 1 else 0.0,
         "to_self": float(np.diag(att).mean()),
+        "reach": float((att * np.abs(idx[:, None] - idx[None, :])).sum(-1).mean()),
     }
+
+
+def layer_kinds(config, num_layers: int) -> list[str]:
+    """``full`` or ``window W`` per layer (ModernBERT's ``layer_types``; BERT: all full)."""
+    types = getattr(config, "layer_types", None) or ["full_attention"] * num_layers
+    window = getattr(config, "local_attention", None)
+    return ["full" if t == "full_attention" else f"window {window}" for t in types]
 
 
 def draw(att: np.ndarray, labels: list[str], font: str | None, title: str, path: Path) -> None:
@@ -180,6 +192,7 @@ def attention_maps(
     ids, att = attention_weights(model, tok, text)
     tokens = tok.convert_ids_to_tokens(ids)
     labels, font = token_labels(tokens, ids)
+    kinds = layer_kinds(model.config, att.shape[0])
     stats = []
     for layer in parse_indices(layers, att.shape[0], "layers"):
         for head in parse_indices(heads, att.shape[1], "heads"):
@@ -188,13 +201,14 @@ def attention_maps(
                 att[layer, head],
                 labels,
                 font,
-                f"{Path(hf_dir).name}: layer {layer}, head {head}",
+                f"{Path(hf_dir).name}: layer {layer} ({kinds[layer]}), head {head}",
                 png,
             )
             stats.append(
                 {
                     "layer": layer,
                     "head": head,
+                    "kind": kinds[layer],
                     "png": png.name,
                     **head_stats(att[layer, head], ids, tok.cls_token_id, tok.sep_token_id),
                 }
@@ -209,6 +223,7 @@ def attention_maps(
         "font": font,
         "num_layers": att.shape[0],
         "num_heads": att.shape[1],
+        "layer_kinds": kinds,
         "heads": stats,
     }
     write_json_atomic(out / "attention_stats.json", result)
@@ -234,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error(str(e))
         return USER_ERROR_EXIT
     print(f"{len(res['tokens'])} tokens: {' '.join(res['tokens'])}")
-    print("layer head entropy  to_cls to_sep to_prev to_next")
+    print("layer head entropy  to_cls to_sep to_prev to_next reach kind")
     for h in res["heads"]:
         print(
             f"{h['layer']:5d} {h['head']:4d} {h['entropy']:7.3f} {h['to_cls']:6.3f} "
-            f"{h['to_sep']:6.3f} {h['to_prev']:7.3f} {h['to_next']:7.3f}"
+            f"{h['to_sep']:6.3f} {h['to_prev']:7.3f} {h['to_next']:7.3f} {h['reach']:5.2f} "
+            f"{h['kind']}"
         )
     print(Path(args.out) / "attention_stats.json")
     return 0

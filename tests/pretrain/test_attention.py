@@ -62,3 +62,26 @@ def test_chinese_sentence_font_or_clear_fallback(tiny, tmp_path, capsys):
 def test_bad_layer_is_an_error(tiny, tmp_path, capsys):
     assert main([str(tiny), "--text", "a b", "--out", str(tmp_path), "--layers", "0,7"]) == 2
     assert "the model has 2 layers" in capsys.readouterr().err
+
+
+def test_modernbert_folder_shows_its_sliding_window(tmp_path):
+    """A ModernBERT folder (transformers' own, 3 layers: global, then two with an 8-token
+    window): its local layers put no attention outside |q - k| <= 4, its global layer does."""
+    from helpers.tiny_bert import build_tiny_modernbert
+
+    from pretrain.attention import attention_weights, load_model
+
+    folder = build_tiny_modernbert(tmp_path / "mb")
+    text = "The function returns a list of values, then raises an error when the list is empty."
+    res = attention_maps(str(folder), text, tmp_path / "out", heads="0")
+    assert res["layer_kinds"] == ["full", "window 8", "window 8"]
+    assert [h["kind"] for h in res["heads"]] == res["layer_kinds"]
+    model, tok, _ = load_model(str(folder), tmp_path / "model")
+    ids, att = attention_weights(model, tok, text)
+    n = len(ids)
+    assert n > 12 and att.shape == (3, 2, n, n)
+    far = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) > 4
+    np.testing.assert_allclose(att.sum(-1), 1.0, rtol=1e-6)
+    assert att[1:, :, far].max() == 0.0 and att[0, :, far].min() > 0.0
+    local, full = res["heads"][1]["reach"], res["heads"][0]["reach"]
+    assert local <= 4.0 < full
