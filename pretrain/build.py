@@ -138,6 +138,16 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     check_supported(cfg.model_cfg, nsp=train_reader.format == "nsp")
     if cfg.run.init_from:  # the architecture is the checkpoint's
         cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
+    else:  # ModernBERT from scratch on longer shards: rotary positions have no table to grow
+        longer = extend_context(cfg.model_cfg, train_reader.max_seq_len)
+        if longer is not cfg.model_cfg:
+            log.info(
+                "--arch modernbert: max_position_embeddings %d -> %d, the shards' max_seq_len "
+                "(rotary positions: nothing to grow)",
+                cfg.model_cfg.max_position_embeddings,
+                longer.max_position_embeddings,
+            )
+            cfg.model_cfg = longer
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
     point = find_resume(
         cfg.run.resume,

@@ -441,8 +441,11 @@ def build_model(
     cfg = resolve_config(model_cfg, vocab_size)
     if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:
         raise ValueError(
-            f"the shards' max_seq_len {max_seq_len} exceeds the model's "
-            f"max_position_embeddings {cfg.max_position_embeddings}"
+            f"the shards' max_seq_len {max_seq_len} exceeds BERT's learned position table "
+            f"(--max_position_embeddings {cfg.max_position_embeddings}): rebuild the shards with "
+            f"--max_seq_len {cfg.max_position_embeddings} or less, train from scratch with "
+            f"--max_position_embeddings {max_seq_len}, or use --arch modernbert (rotary "
+            "positions, no table: a checkpoint extends to any length)"
         )
     if cfg.loss_impl not in ("auto", "triton", "torch"):
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
