@@ -105,13 +105,12 @@ def test_raising_the_global_rope_theta_equals_a_model_built_with_it():
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
-        ({"share_layers": "all"}, "--share_layers all"),
         ({"config_json": "bert_config.json"}, "--config_json"),
         ({"nsp": True}, "NSP shards"),
     ],
 )
 def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
-    fields = {k: v for k, v in changes.items() if k in ("share_layers", "config_json")}
+    fields = {k: v for k, v in changes.items() if k == "config_json"}
     inputs = {k: v for k, v in changes.items() if k not in fields}
     cfg = dataclasses.replace(PRESETS["modernbert-tiny"], **fields)
     with pytest.raises(ArchError, match=flag):
@@ -137,8 +136,6 @@ def test_command_line_arch_and_preset(english_nsp_shards, english_shards):
     assert e.value.code == USER_ERROR_EXIT
     nsp = ["--data", str(english_nsp_shards), "--arch", "modernbert", "--dry-run"]
     assert main(nsp) == USER_ERROR_EXIT  # refused in resolve_run, before any rendezvous
-    shared = [*data, "--arch", "modernbert", "--share_layers", "all", "--dry-run"]
-    assert main(shared) == USER_ERROR_EXIT
 
 
 def test_dry_run_and_memory_estimate_know_the_presets(english_shards):
