@@ -58,6 +58,24 @@ def check_supported(cfg: ModelConfig, *, nsp: bool = False) -> None:
         )
 
 
+def check_engine(cfg: ModelConfig, zero_stage: int, checkpointing: str) -> None:
+    """Refuse the engine settings this arch cannot train with, naming the flags (before any
+    rendezvous; nothing to do for bert)."""
+    shared = cfg.share_layers.strip().lower() != "none"
+    if cfg.arch == "modernbert" and shared and zero_stage == 3 and checkpointing == "deepspeed":
+        # Shared layers need DeepSpeed's non-reentrant checkpoint (pretrain.model.bert.
+        # apply_activation_checkpointing); under ZeRO-3 its recompute of ModernBERT's layers
+        # meets released weights ("The size of tensor a (0) must match ... 192" in backward;
+        # DeepSpeed 0.19.8, shared or not), while BERT's layers and torch's checkpoint train.
+        raise ArchError(
+            f"--arch modernbert with --share_layers {cfg.share_layers}, --activation_checkpointing "
+            "deepspeed and ZeRO-3 (--ds_config) does not train: DeepSpeed's non-reentrant "
+            "checkpoint, which shared layers need, loses ModernBERT's weights under ZeRO-3. "
+            "Use --activation_checkpointing torch (the same recomputation), ZeRO-2, or "
+            "--share_layers none."
+        )
+
+
 def layer_types(num_layers: int, every: int) -> list[str]:
     """ModernBERT's layer pattern: layer i attends globally when i % every == 0."""
     if every < 1:
