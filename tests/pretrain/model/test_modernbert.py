@@ -8,6 +8,7 @@ import io
 
 import pytest
 import torch
+from helpers.commands import REPO
 from test_bert import VOCAB, masked_batch
 from transformers import ModernBertForMaskedLM
 
@@ -125,7 +126,7 @@ REFUSED = {  # what a modernbert launch cannot train: (flags, what the message n
     "nsp": ([], ["NSP shards", "--format nsp"]),
     "config_json": (["--config_json", "bert_config.json"], ["--config_json bert_config.json"]),
     "zero3_deepspeed_sharing": (
-        ["--ds_config", "ds_configs/zero3_bf16.json", "--share_layers", "all",
+        ["--ds_config", str(REPO / "ds_configs" / "zero3_bf16.json"), "--share_layers", "all",
          "--activation_checkpointing", "deepspeed"],
         ["--share_layers all", "--activation_checkpointing deepspeed", "ZeRO-3",
          "--activation_checkpointing torch"],
