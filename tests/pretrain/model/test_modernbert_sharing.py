@@ -131,3 +131,26 @@ def test_dry_run_and_memory_estimate_count_shared_weights_once(english_shards):
     assert report["model"]["architecture"] == "ModernBertForMaskedLM"
     assert report["model"]["parameters"] == count_params(cfg, 2000, False)[0]
     assert "layers 4 (weights shared: all)" in out.getvalue()
+
+
+def test_export_loads_an_ema_that_names_each_shared_weight_once(tmp_path):
+    """The EMA (--ema) keeps each Parameter once (named_parameters), so a --share_layers run's
+    ema.safetensors lacks the later layers' names; export's load accounts for them (it refused
+    the EMA of every shared run before) and still refuses a checkpoint that lacks a weight."""
+    from pretrain.components.ema import ema_step
+    from pretrain.components.resume import CheckpointError
+    from pretrain.export.hf_export import load_weights
+
+    trained = build("groups:2")
+    shadow = ema_step(None, dict(trained.named_parameters()), 0.9)
+    assert "model.layers.1.attn.Wqkv.weight" not in shadow  # layer 0's, named once
+    fresh = build("groups:2")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    load_weights(fresh, shadow, tmp_path)
+    for key, value in trained.hf_state_dict().items():  # every layer's name, as exported
+        torch.testing.assert_close(fresh.hf_state_dict()[key], value, msg=key)
+    del shadow["model.layers.2.attn.Wqkv.weight"]  # a group's first layer: really missing
+    with pytest.raises(CheckpointError, match=r"missing \['model.layers.2.attn.Wqkv.weight'"):
+        load_weights(build("groups:2"), shadow, tmp_path)
