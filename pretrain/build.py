@@ -49,7 +49,7 @@ from pretrain.model.bert import build_model, resolve_config
 from pretrain.model.document_attention import resolve_attention
 from pretrain.model.init_from import load_initial_weights
 from pretrain.model.init_source import extend_context, init_architecture
-from pretrain.model.modernbert import check_supported
+from pretrain.model.modernbert import check_engine, check_supported
 from pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
@@ -160,6 +160,8 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         check_resume_clock(cfg.optim, point.state)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
+    stage = int(setup.config.get("zero_optimization", {}).get("stage", 0))
+    check_engine(cfg.model_cfg, stage, setup.activation_checkpointing)
     phases = tracker_for_run(cfg, setup, train_reader)
     if phases is not None:
         if cfg.run.init_from and point is None:  # ModernBERT: the longest phase's context

@@ -191,9 +191,7 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parse_signals(cfg.checkpoint.preemption_signals)
     except ValueError as e:
         parser.error(str(e))
-    from pretrain.model.bert import (
-        layer_groups,
-    )  # (a --config_json depth is checked again at build)
+    from pretrain.model.sharing import layer_groups  # (a --config_json depth: again at build)
 
     try:
         layer_groups(cfg.model_cfg.share_layers, cfg.model_cfg.num_hidden_layers)

@@ -112,6 +112,21 @@ def trained_rope_theta(state: dict[str, Any]) -> float | None:
     return None
 
 
+def load_weights(model, sd: dict[str, Any], ckpt: Path) -> None:
+    """Load checkpoint ``ckpt``'s weights ``sd`` into ``model``, every key of both accounted for.
+    ``sd`` may omit the tied decoder weight (some DeepSpeed versions' consolidated dict) and,
+    with --share_layers, the later names of a shared weight whose first name it holds (the EMA
+    keeps each Parameter once: ``named_parameters``)."""
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    omitted = set(model.tied_keys) | {s.key for s in model.shared_keys if s.owner in sd}
+    missing = [k for k in missing if k not in omitted]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not match the model it was trained with: "
+            f"missing {missing}, unexpected {unexpected}"
+        )
+
+
 def export(
     run: str | os.PathLike,
     output: str | os.PathLike,
@@ -149,14 +164,7 @@ def export(
     model_cfg = ModelConfig(**state["config"]["model_cfg"])
     nsp = bool(state.get("nsp", False))
     model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    # The tied decoder weight may be absent from some DeepSpeed versions' consolidated dict.
-    missing = [k for k in missing if k not in model.tied_keys]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint {ckpt} does not match the model it was trained with: "
-            f"missing {missing}, unexpected {unexpected}"
-        )
+    load_weights(model, sd, ckpt)
     theta = trained_rope_theta(state)
     if theta is not None:  # a phase plan's rope_theta: the one the checkpoint's weights ended at
         model.set_global_rope_theta(theta)

@@ -7,12 +7,8 @@ decoder matmul and softmax cross-entropy on them only, through `kernels.masked_l
 vocabulary is padded to a multiple of 8 for fast matmuls; the padding columns take no part in the
 softmax, loss or argmax (the kernel receives `vocab_size=true_vocab_size`).
 
-Cross-layer sharing (``ModelConfig.share_layers``, ALBERT-style): every encoder layer keeps its
-own module (so hooks, activation checkpointing and the state-dict names stay per layer), but the
-layers of one group hold the *same* ``nn.Parameter`` objects as the group's first layer. Autograd
-sums a shared weight's gradient over the layers that use it; ``parameters()`` (hence the
-optimizer, ZeRO partitioning and parameter counts) sees it once; ``torch.save`` and DeepSpeed's
-``shared_params`` store it once while ``state_dict()`` still lists every layer's name.
+Cross-layer sharing (``ModelConfig.share_layers``, ALBERT-style): the layers of a group hold the
+same ``nn.Parameter`` objects (:mod:`pretrain.model.sharing`, shared with the ModernBERT arch).
 """
 
 from __future__ import annotations
@@ -40,9 +36,9 @@ from pretrain.model.model_config import ARCHES, ModelConfig, export_config, padd
 # The presets' first home: `from pretrain.model.bert import PRESETS, preset` keeps working.
 from pretrain.model.model_config import PRESETS as PRESETS
 from pretrain.model.model_config import preset as preset
+from pretrain.model.sharing import LayerSharingMixin, layer_groups
 
 CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
-SHARE_LAYERS_HELP = "none, all, or groups:G with G dividing num_hidden_layers"
 
 
 _ARCH_FIELDS = (
@@ -58,42 +54,6 @@ _ARCH_FIELDS = (
     "layer_norm_eps",
     "initializer_range",
 )
-
-
-def layer_groups(share_layers: str, num_layers: int) -> list[int]:
-    """Index of the layer whose weights layer i uses, for each of `num_layers` layers.
-
-    "none" -> [0, 1, ..., L-1]; "all" -> [0] * L; "groups:G" -> G runs of L/G consecutive layers,
-    each pointing at its run's first layer. Anything else is a ValueError naming the flag.
-    """
-    spec = share_layers.strip().lower()
-    if spec == "none":
-        return list(range(num_layers))
-    if spec == "all":
-        return [0] * num_layers
-    groups = None
-    if spec.startswith("groups:"):
-        try:
-            groups = int(spec.split(":", 1)[1])
-        except ValueError:
-            groups = None
-    if groups is None or groups < 1:
-        raise ValueError(f"--share_layers {share_layers!r}: choose {SHARE_LAYERS_HELP}")
-    if num_layers % groups:
-        raise ValueError(
-            f"--share_layers {share_layers!r}: {num_layers} layers do not split into "
-            f"{groups} equal groups; choose {SHARE_LAYERS_HELP}"
-        )
-    size = num_layers // groups
-    return [(i // size) * size for i in range(num_layers)]
-
-
-def _share_module_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """Make every parameter of `dst` the very Parameter object of `src` at the same path."""
-    for path, sub in src.named_modules():
-        target = dst.get_submodule(path) if path else dst
-        for name, param in sub.named_parameters(recurse=False):
-            setattr(target, name, param)
 
 
 def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
@@ -166,7 +126,7 @@ def apply_activation_checkpointing(model, mode: str, *, shares_layers: bool = Fa
     model.checkpointing = mode
 
 
-class BertForPretrainingMasked(BertPreTrainedModel):
+class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
     """BERT with the MLM head on masked rows only and an optional NSP head (see module doc)."""
 
     arch = "bert"
@@ -193,51 +153,8 @@ class BertForPretrainingMasked(BertPreTrainedModel):
         self.true_vocab_size = int(true_vocab_size)
         self.loss_impl = loss_impl
         self.checkpointing = "none"
-        self.share_layers = share_layers
-        self.layer_groups = layer_groups(share_layers, config.num_hidden_layers)
         self.post_init()
-        layers = self.bert.encoder.layer
-        for i, src in enumerate(self.layer_groups):
-            if src != i:
-                _share_module_parameters(layers[i], layers[src])
-        if self.shares_layers:
-            self.register_load_state_dict_pre_hook(self._check_shared_copies_agree)
-
-    @property
-    def shares_layers(self) -> bool:
-        """True when some encoder layers use another layer's weights (--share_layers)."""
-        return any(src != i for i, src in enumerate(self.layer_groups))
-
-    def _check_shared_copies_agree(self, module, state_dict, prefix, *args) -> None:
-        """A state dict whose layers of one sharing group hold different values (a checkpoint of
-        a model without sharing) would silently keep the last layer's; refuse it instead."""
-        problem = self.shared_copies_disagree(state_dict, prefix)
-        if problem:
-            raise ValueError(problem)
-
-    def shared_copies_disagree(
-        self, state_dict: dict[str, torch.Tensor], prefix: str = ""
-    ) -> str | None:
-        """Why `state_dict` cannot load into this model's shared layers (the first key whose
-        value differs from its group's first layer), or None when every shared copy agrees."""
-        head = f"{prefix}bert.encoder.layer."
-        for i, src in enumerate(self.layer_groups):
-            for key in [k for k in state_dict if k.startswith(f"{head}{i}.")] if src != i else ():
-                ref = state_dict.get(f"{head}{src}." + key[len(f"{head}{i}.") :])
-                val = state_dict[key]
-                if (
-                    ref is not None
-                    and ref.shape == val.shape
-                    and val.numel()
-                    and not torch.equal(ref.to(val.device, val.dtype), val)
-                ):
-                    return (
-                        f"state dict key {key} differs from {head}{src}.*, but this model "
-                        f"shares layer {i}'s weights with layer {src} (share_layers="
-                        f"{self.share_layers!r}); load a checkpoint trained with the same "
-                        "--share_layers, or build the model with --share_layers none"
-                    )
-        return None
+        self.share_layers_of(self.bert.encoder.layer, share_layers, "bert.encoder.layer.")
 
     def register_zero3_external_parameters(self) -> None:
         """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the

@@ -28,6 +28,7 @@ from kernels import IGNORE_INDEX
 from pretrain.model.bert import apply_activation_checkpointing
 from pretrain.model.document_attention import document_mask
 from pretrain.model.model_config import ModelConfig, export_config, padded_vocab
+from pretrain.model.sharing import LayerSharingMixin
 
 #: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
 VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
@@ -42,8 +43,6 @@ def check_supported(cfg: ModelConfig, *, nsp: bool = False) -> None:
     if cfg.arch != "modernbert":
         return
     refused = []  # (what, why and what to do instead)
-    if cfg.share_layers.strip().lower() != "none":
-        refused.append(f"--share_layers {cfg.share_layers}: cross-layer sharing is BERT-only")
     if cfg.config_json:
         refused.append(f"--config_json {cfg.config_json}: it reads a BERT config.json")
     if nsp:
@@ -56,6 +55,24 @@ def check_supported(cfg: ModelConfig, *, nsp: bool = False) -> None:
             "--arch modernbert does not support yet: "
             + "; ".join(refused)
             + ". Drop that, or train with --arch bert."
+        )
+
+
+def check_engine(cfg: ModelConfig, zero_stage: int, checkpointing: str) -> None:
+    """Refuse the engine settings this arch cannot train with, naming the flags (before any
+    rendezvous; nothing to do for bert)."""
+    shared = cfg.share_layers.strip().lower() != "none"
+    if cfg.arch == "modernbert" and shared and zero_stage == 3 and checkpointing == "deepspeed":
+        # Shared layers need DeepSpeed's non-reentrant checkpoint (pretrain.model.bert.
+        # apply_activation_checkpointing); under ZeRO-3 its recompute of ModernBERT's layers
+        # meets released weights ("The size of tensor a (0) must match ... 192" in backward;
+        # DeepSpeed 0.19.8, shared or not), while BERT's layers and torch's checkpoint train.
+        raise ArchError(
+            f"--arch modernbert with --share_layers {cfg.share_layers}, --activation_checkpointing "
+            "deepspeed and ZeRO-3 (--ds_config) does not train: DeepSpeed's non-reentrant "
+            "checkpoint, which shared layers need, loses ModernBERT's weights under ZeRO-3. "
+            "Use --activation_checkpointing torch (the same recomputation), ZeRO-2, or "
+            "--share_layers none."
         )
 
 
@@ -119,23 +136,31 @@ def set_tokenizer_ids(conf: ModernBertConfig, tokenizer) -> None:
     conf.sep_token_id = conf.eos_token_id = tokenizer.sep_token_id
 
 
-class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
+class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
     """transformers' ModernBertForMaskedLM whose forward runs the head on masked rows only and
     ends in our fused loss; the same interface as the BERT arch's model (see module doc)."""
 
     arch = "modernbert"
     hf_architecture = "ModernBertForMaskedLM"
     nsp = False
-    share_layers = "none"
-    shares_layers = False
     #: Keys a consolidated checkpoint may omit: the decoder weight is the embedding's.
     tied_keys = ("decoder.weight",)
 
-    def __init__(self, config: ModernBertConfig, true_vocab_size: int, loss_impl: str = "auto"):
+    def __init__(
+        self,
+        config: ModernBertConfig,
+        true_vocab_size: int,
+        loss_impl: str = "auto",
+        share_layers: str = "none",
+    ):
         super().__init__(config)
         self.true_vocab_size = int(true_vocab_size)
         self.loss_impl = loss_impl
         self.checkpointing = "none"
+        # --share_layers: a layer keeps its own attention type (global or sliding window) and
+        # rotary base; only the weights are shared (layer 0 has no attn_norm: the group's
+        # next layer holds the one the others share, pretrain.model.sharing).
+        self.share_layers_of(self.model.layers, share_layers, "model.layers.")
 
     def set_global_rope_theta(self, theta: float) -> None:
         """Re-base the global layers' rotary frequencies on ``theta`` (a phase plan's
@@ -248,7 +273,7 @@ class ModernBertForPretrainingMasked(ModernBertForMaskedLM):
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute encoder layers in backward: "none", "torch" or "deepspeed"."""
-        apply_activation_checkpointing(self, mode)
+        apply_activation_checkpointing(self, mode, shares_layers=self.shares_layers)
 
     def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
         """Training FLOPs (3x forward) per input token: Wqkv and Wo (4h^2), GeGLU (3hi), the
@@ -281,7 +306,7 @@ def build_modernbert(
     cfg: ModelConfig, vocab_size: int, nsp: bool = False, *, max_seq_len: int | None = None
 ) -> ModernBertForPretrainingMasked:
     """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries; what the arch
-    does not support (NSP, sharing, a BERT config JSON) is an ArchError."""
+    does not support (NSP, a BERT config JSON) is an ArchError."""
     check_supported(cfg, nsp=nsp)
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a tokenizer")
@@ -293,5 +318,5 @@ def build_modernbert(
     if cfg.loss_impl not in ("auto", "triton", "torch"):
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
     return ModernBertForPretrainingMasked(
-        modernbert_config(cfg, vocab_size), vocab_size, cfg.loss_impl
+        modernbert_config(cfg, vocab_size), vocab_size, cfg.loss_impl, cfg.share_layers
     )

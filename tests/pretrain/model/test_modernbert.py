@@ -8,6 +8,7 @@ import io
 
 import pytest
 import torch
+from helpers.commands import REPO
 from test_bert import VOCAB, masked_batch
 from transformers import ModernBertForMaskedLM
 
@@ -105,13 +106,12 @@ def test_raising_the_global_rope_theta_equals_a_model_built_with_it():
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
-        ({"share_layers": "all"}, "--share_layers all"),
         ({"config_json": "bert_config.json"}, "--config_json"),
         ({"nsp": True}, "NSP shards"),
     ],
 )
 def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
-    fields = {k: v for k, v in changes.items() if k in ("share_layers", "config_json")}
+    fields = {k: v for k, v in changes.items() if k == "config_json"}
     inputs = {k: v for k, v in changes.items() if k not in fields}
     cfg = dataclasses.replace(PRESETS["modernbert-tiny"], **fields)
     with pytest.raises(ArchError, match=flag):
@@ -122,10 +122,48 @@ def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
             build_model(cfg, VOCAB, nsp=bool(inputs.get("nsp")))
 
 
-def test_command_line_arch_and_preset(english_nsp_shards, english_shards):
+REFUSED = {  # what a modernbert launch cannot train: (flags, what the message names)
+    "nsp": ([], ["NSP shards", "--format nsp"]),
+    "config_json": (["--config_json", "bert_config.json"], ["--config_json bert_config.json"]),
+    "zero3_deepspeed_sharing": (
+        ["--ds_config", str(REPO / "ds_configs" / "zero3_bf16.json"), "--share_layers", "all",
+         "--activation_checkpointing", "deepspeed"],
+        ["--share_layers all", "--activation_checkpointing deepspeed", "ZeRO-3",
+         "--activation_checkpointing torch"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_the_trainer_refuses_what_modernbert_cannot_train(
+    case, english_shards, english_nsp_shards, capsys
+):
+    """Exit status 2 from the checks the launch runs before any rendezvous (the dry run runs
+    the same ones), the message naming the flags and what to do."""
+    from bertforge.errors import USER_ERROR_EXIT
+    from pretrain.main import main
+
+    flags, named = REFUSED[case]
+    shards = english_nsp_shards if case == "nsp" else english_shards
+    code = main(["--data", str(shards), "--arch", "modernbert", *flags, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == USER_ERROR_EXIT, err[-2000:]
+    assert all(words in err for words in named), err[-2000:]
+
+
+def test_sharing_trains_under_zero2_or_torch_checkpointing():
+    from pretrain.model.modernbert import check_engine
+
+    shared = dataclasses.replace(PRESETS["modernbert-tiny"], share_layers="all")
+    for stage, mode in ((2, "deepspeed"), (3, "torch"), (3, "none")):
+        check_engine(shared, stage, mode)
+    check_engine(dataclasses.replace(shared, share_layers="none"), 3, "deepspeed")
+    check_engine(dataclasses.replace(shared, arch="bert"), 3, "deepspeed")  # BERT trains
+
+
+def test_command_line_arch_and_preset(english_shards):
     from bertforge.errors import USER_ERROR_EXIT
     from pretrain.config.cli import parse_args
-    from pretrain.main import main
 
     data = ["--data", str(english_shards)]
     assert parse_args([*data, "--arch", "modernbert"]).model_cfg.name == "modernbert-tiny"
@@ -135,10 +173,6 @@ def test_command_line_arch_and_preset(english_nsp_shards, english_shards):
     with pytest.raises(SystemExit) as e:  # a preset of the other arch: argparse, status 2
         parse_args([*data, "--arch", "bert", "--model", "modernbert-base"])
     assert e.value.code == USER_ERROR_EXIT
-    nsp = ["--data", str(english_nsp_shards), "--arch", "modernbert", "--dry-run"]
-    assert main(nsp) == USER_ERROR_EXIT  # refused in resolve_run, before any rendezvous
-    shared = [*data, "--arch", "modernbert", "--share_layers", "all", "--dry-run"]
-    assert main(shared) == USER_ERROR_EXIT
 
 
 def test_dry_run_and_memory_estimate_know_the_presets(english_shards):

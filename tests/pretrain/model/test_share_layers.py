@@ -23,7 +23,8 @@ from helpers.launch import ds_config, launch
 from kernels import IGNORE_INDEX
 from pretrain.components.metrics import read_metrics
 from pretrain.components.resume import tag_for
-from pretrain.model.bert import ModelConfig, build_model, layer_groups, preset
+from pretrain.model.bert import ModelConfig, build_model, preset
+from pretrain.model.sharing import layer_groups
 
 VOCAB = 300
 TINY4 = dataclasses.replace(
