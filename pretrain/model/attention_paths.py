@@ -83,6 +83,12 @@ class DocumentLayout:
         return cls(document_ids, cu, int((cu[1:] - cu[:-1]).max()))
 
 
+def default_chunk(window: int) -> int:
+    """Chunk length of the blocked local path for a band half-width ``window``: a query chunk
+    attends to 3 chunks of keys."""
+    return max(int(window), MIN_CHUNK)
+
+
 def window_of(sliding_window: int | None) -> int | None:
     """The band half-width w (|q - k| <= w) from the ``sliding_window`` transformers passes
     (``config.sliding_window + 1``); None for a global layer."""
@@ -106,13 +112,13 @@ def blocked_local_attention(
     """Exact sliding-window attention (|q - k| <= window, same document) in O(T * window).
 
     q, k, v [B, H, T, d], document_ids [B, T] (padding -1) -> [B, H, T, d]. The sequence is cut
-    into chunks of c >= window tokens (``chunk``, default max(window, MIN_CHUNK)); the queries of
+    into chunks of c >= window tokens (``chunk``, default :func:`default_chunk`); the queries of
     chunk i see the keys of chunks i-1, i, i+1 (positions [(i-1)c, (i+2)c), which hold every key
     within the window), the band and the document mask applied inside that block: one SDPA over
     [B, H, n, c, 3c] scores instead of [B, H, T, T]. T need not be a multiple of c."""
     if window < 1:
         raise ValueError(f"blocked_local_attention: window {window} must be at least 1")
-    c = int(chunk or max(window, MIN_CHUNK))
+    c = int(chunk or default_chunk(window))
     if c < window:
         raise ValueError(f"blocked_local_attention: chunk {c} is shorter than the window {window}")
     B, H, T, d = query.shape
