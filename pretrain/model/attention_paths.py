@@ -30,7 +30,7 @@ save), so exported folders load in plain transformers as SDPA models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,14 @@ class DocumentLayout:
     document_ids: torch.Tensor
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int = 0
+    _global_mask: list = field(default_factory=list, repr=False, compare=False)
+
+    def global_mask(self) -> torch.Tensor:
+        """The block-diagonal [B, 1, T, T] document mask, built once per forward: every global
+        layer's SDPA keeps it for backward, so they share one tensor instead of one each."""
+        if not self._global_mask:
+            self._global_mask.append(document_mask(self.document_ids))
+        return self._global_mask[0]
 
     @classmethod
     def unpadded(cls, document_ids: torch.Tensor) -> DocumentLayout:
@@ -180,11 +188,14 @@ def document_attention_forward(
     layout = attention_mask
     if layout.cu_seqlens is not None:
         if dropout:
-            raise ValueError("the unpadded (varlen) attention path has no attention dropout")
+            raise ValueError(
+                "the unpadded (varlen) attention path has no attention dropout: "
+                "train with --attention_probs_dropout_prob 0"
+            )
         return varlen_document_attention(query, key, value, layout, window, scaling), None
-    if window is None:
-        out = dense_document_attention(
-            query, key, value, layout.document_ids, None, scaling, dropout
+    if window is None:  # dense_document_attention, with the mask the global layers share
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=layout.global_mask(), dropout_p=dropout, scale=scaling
         )
     else:
         out = blocked_local_attention(
