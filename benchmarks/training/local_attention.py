@@ -8,7 +8,8 @@ One attention layer (batch 1, modernbert-base heads: 12 x 64, ``--local_attentio
 - ``blocked``: the local layers' path (``attention_paths.blocked_local_attention``, O(T * w));
 - ``dense band``: the same local layer as SDPA with the dense [T, T] band mask (what every local
   layer cost before the blocked path);
-- ``full``: a global layer (SDPA with the document mask, no band).
+- ``full``: a global layer (``global_document_attention``: SDPA with the additive document
+  mask, no band).
 Then a whole model step (forward + backward + loss) at the longest length: modernbert-tiny's shape
 (3 layers, hidden 128, 2 heads of 64, GeGLU 192) with 8192 positions, every layer global vs the
 released 1-in-3 pattern (layer 0 global, 1 and 2 local).
@@ -80,7 +81,12 @@ def layer_arms(T: int) -> dict[str, Callable[[], None]]:
     """Forward + backward of one attention layer at length T, per arm (module doc)."""
     import torch
 
-    from pretrain.model.attention_paths import blocked_local_attention, dense_document_attention
+    from pretrain.model.attention_paths import (
+        DocumentLayout,
+        blocked_local_attention,
+        dense_document_attention,
+        global_document_attention,
+    )
 
     g = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(1, HEADS, T, HEAD_DIM, generator=g, requires_grad=True) for _ in "qkv")
@@ -97,7 +103,7 @@ def layer_arms(T: int) -> dict[str, Callable[[], None]]:
     return {
         "blocked": step(lambda: blocked_local_attention(q, k, v, docs, w)),
         "dense band": step(lambda: dense_document_attention(q, k, v, docs, w)),
-        "full": step(lambda: dense_document_attention(q, k, v, docs)),
+        "full": step(lambda: global_document_attention(q, k, v, DocumentLayout(docs))),
     }
 
 

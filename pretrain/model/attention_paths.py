@@ -70,14 +70,18 @@ class DocumentLayout:
     document_ids: torch.Tensor
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int = 0
-    _global_mask: list = field(default_factory=list, repr=False, compare=False)
+    _global_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def global_mask(self) -> torch.Tensor:
-        """The block-diagonal [B, 1, T, T] document mask, built once per forward: every global
-        layer's SDPA keeps it for backward, so they share one tensor instead of one each."""
-        if not self._global_mask:
-            self._global_mask.append(document_mask(self.document_ids))
-        return self._global_mask[0]
+    def global_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The block-diagonal document mask as an additive [B, 1, T, T] mask in ``dtype``, built
+        once per forward: SDPA keeps its mask for backward and turns a boolean one into a
+        float copy per call, so the global layers share this one instead (T^2 x 4 bytes a
+        layer saved in fp32: 256 MiB at 8k)."""
+        if dtype not in self._global_masks:
+            allowed = document_mask(self.document_ids)
+            additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            self._global_masks[dtype] = additive.masked_fill_(~allowed, float("-inf"))
+        return self._global_masks[dtype]
 
     @classmethod
     def unpadded(cls, document_ids: torch.Tensor) -> DocumentLayout:
@@ -109,6 +113,17 @@ def dense_document_attention(
     """SDPA with the dense [B, 1, T, T] document mask (and the band with ``window``); q, k, v
     [B, H, T, d] -> [B, H, T, d]. O(T^2): the global layers' path, and the local layers' oracle."""
     mask = document_mask(document_ids, window)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale
+    )
+
+
+def global_document_attention(
+    query, key, value, layout: DocumentLayout, scale=None, dropout=0.0
+) -> torch.Tensor:
+    """A global layer of the padded form: SDPA with the layout's shared additive document mask;
+    q, k, v [B, H, T, d] -> [B, H, T, d] (what :func:`dense_document_attention` computes)."""
+    mask = layout.global_mask(query.dtype)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale
     )
@@ -193,10 +208,8 @@ def document_attention_forward(
                 "train with --attention_probs_dropout_prob 0"
             )
         return varlen_document_attention(query, key, value, layout, window, scaling), None
-    if window is None:  # dense_document_attention, with the mask the global layers share
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=layout.global_mask(), dropout_p=dropout, scale=scaling
-        )
+    if window is None:
+        out = global_document_attention(query, key, value, layout, scaling, dropout)
     else:
         out = blocked_local_attention(
             query, key, value, layout.document_ids, window, scaling, dropout

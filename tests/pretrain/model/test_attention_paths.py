@@ -19,6 +19,7 @@ from pretrain.model.attention_paths import (
     DocumentLayout,
     blocked_local_attention,
     dense_document_attention,
+    global_document_attention,
 )
 from pretrain.model.bert import PRESETS, build_model
 from pretrain.model.document_attention import document_index
@@ -63,6 +64,19 @@ def test_blocked_local_attention_equals_the_dense_masked_band(T, window, chunk):
     ref = attend_and_grad(lambda *a: dense_document_attention(*a, window=window), q, k, v, docs)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref, strict=True):
         assert rel(a, b) < 1e-5, (name, rel(a, b))
+
+
+def test_global_layers_shared_additive_mask_equals_the_boolean_document_mask():
+    B, H, T, d = 3, 2, 50, 8
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, T, d, generator=g) for _ in range(3))
+    docs = random_documents(B, T, seed=7)
+    layout = DocumentLayout(docs)
+    got = attend_and_grad(lambda *a: global_document_attention(*a[:3], layout), q, k, v, docs)
+    ref = attend_and_grad(lambda *a: dense_document_attention(*a), q, k, v, docs)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref, strict=True):
+        assert rel(a, b) < 1e-5, (name, rel(a, b))
+    assert layout.global_mask(torch.float32) is layout.global_mask(torch.float32)  # built once
 
 
 def test_blocked_local_attention_refuses_a_chunk_shorter_than_the_window():
