@@ -13,7 +13,8 @@ and puts a :class:`DocumentLayout` (the batch's document ids, padding -1) under 
   pure-PyTorch varlen reference, the kernel itself by ``make gpu-check`` (which trains
   ``--arch modernbert``);
 - global layers, padded form: SDPA with the block-diagonal document mask
-  (:func:`pretrain.model.document_attention.document_mask`), O(T^2);
+  (:func:`pretrain.model.document_attention.document_mask`, one additive copy shared by the
+  global layers of a forward), O(T^2);
 - local layers, padded form (CPU, or a GPU run in fp32): :func:`blocked_local_attention`, exact
   and O(T * window).
 
