@@ -7,6 +7,15 @@ fp32 training keeps 4Ψ + 4Ψ + 8Ψ (m, v), plus a 4Ψ fp32 partition copy once 
 Activations follow Korthikanti et al. 2022 (bytes per layer s·b·h·(34 + 5·a·s/h) in 16 bit), an
 upper bound since fused attention does not keep the s×s scores; with activation checkpointing only
 each layer's input (2·s·b·h) is kept, plus one layer being recomputed.
+
+``--arch modernbert`` (no dropout, GeGLU of width i, pre-norm) keeps per layer, in 16 bit:
+s·b·(16h + 8i) (the two norms' inputs 4h, Wqkv's input 2h, rotated q and k 4h, v 2h, Wo's input
+2h; GeGLU: Wi's input 2h, its 2i-wide output 4i, the activated half 2i, Wo's input 2i) plus the
+attention scores of the path that runs (:mod:`pretrain.model.attention_paths`): none on a GPU in
+half precision (unpadded flash-attention varlen keeps 4 bytes of log-sum-exp per head and
+token); otherwise the softmax probabilities, 2·a·b·s·k, with k = s keys in a global layer and
+k = the blocked path's 3 chunks in a local one (an upper bound for the global layers, as above:
+fused SDPA kernels do not keep them; the blocked path's SDPA does).
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ class ModelShape:
     seq_len: int  # tokens per sequence s
     vocab: int  # padded vocabulary (rows of the MLM decoder)
     checkpointing: bool  # activation checkpointing on
+    arch: str = "bert"  # --arch: bert | modernbert
+    intermediate: int = 0  # modernbert: GeGLU width i (BERT's formula assumes 4h)
+    global_layers: int = 0  # modernbert: layers attending to the whole sequence
+    local_keys: int = 0  # modernbert: keys a local layer's query chunk sees (blocked path)
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,18 @@ def model_shape(
             vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
             max_len = m["max_seq_len"]
     n, (cfg, padded) = count_params(model, vocab, nsp)
+    modern = {}
+    if cfg.arch == "modernbert":
+        from pretrain.model.attention_paths import default_chunk
+        from pretrain.model.modernbert import layer_types
+
+        types = layer_types(cfg.num_hidden_layers, cfg.global_attn_every_n_layers)
+        modern = {
+            "arch": "modernbert",
+            "intermediate": cfg.intermediate_size,
+            "global_layers": types.count("full_attention"),
+            "local_keys": 3 * default_chunk(cfg.local_attention // 2),
+        }
     return ModelShape(
         cfg.name,
         n,
@@ -127,7 +152,21 @@ def model_shape(
         seq_len or max_len,
         padded,
         checkpointing,
+        **modern,
     )
+
+
+def modernbert_layer_bytes(shape: ModelShape, micro_batch: int, varlen: bool) -> list[int]:
+    """16-bit activation bytes of each ModernBERT layer, global ones first (module doc)."""
+    s, b, h, a = shape.seq_len, micro_batch, shape.hidden, shape.heads
+    dense = s * b * (16 * h + 8 * shape.intermediate)
+    if varlen:
+        return [dense + 4 * a * s * b] * shape.layers
+    chunk = shape.local_keys // 3
+    padded_s = -(-s // chunk) * chunk  # the blocked path pads to whole chunks
+    local = dense + 2 * a * b * padded_s * shape.local_keys
+    glob = dense + 2 * a * b * s * s
+    return [glob] * shape.global_layers + [local] * (shape.layers - shape.global_layers)
 
 
 def estimate_memory(
@@ -157,8 +196,14 @@ def estimate_memory(
         buffers = min(buffers, grads)  # a bucket never exceeds the gradients it holds
     s, b, h, a, L = shape.seq_len, micro_batch, shape.hidden, shape.heads, shape.layers
     act_scale = 1 if half else 2  # the formula counts 16-bit activations
-    per_layer = s * b * h * (34 + 5 * a * s / h) * act_scale
-    layers = L * 2 * s * b * h * act_scale + per_layer if shape.checkpointing else L * per_layer
+    if shape.arch == "modernbert":  # the unpadded varlen path runs on a GPU in half precision
+        per_layer = [n * act_scale for n in modernbert_layer_bytes(shape, b, on_gpu and half)]
+    else:
+        per_layer = [s * b * h * (34 + 5 * a * s / h) * act_scale] * L
+    if shape.checkpointing:  # each layer's input, and the largest layer being recomputed
+        layers = L * 2 * s * b * h * act_scale + max(per_layer)
+    else:
+        layers = sum(per_layer)
     head = MLM_FRACTION * s * b * shape.vocab * 4 * 2  # fp32 logits and their gradient
     return MemoryEstimate(
         params,

@@ -23,14 +23,16 @@ Padding is document -1: it attends only to padding, and no real token attends to
 In a batch (:mod:`pretrain.data.loader`, ``attention="document"``) this is ``document_ids`` and
 ``position_ids`` ([B, T] int64, computed in numpy without a loop over tokens); the models turn
 ``document_ids`` into a block-diagonal boolean [B, 1, T, T] mask for PyTorch SDPA
-(:func:`document_mask`; ModernBERT's local layers also keep their sliding window).
+(:func:`document_mask`; ModernBERT's attention paths use it in their global layers and as the
+oracle of their blocked sliding-window path).
 
 The unpadded form (:func:`unpad`): a batch's real tokens concatenated into one row [1, N], the
 document ids made unique across the sequences, so the same mask keeps sequences and documents
 apart and no padding is computed; ``sequence_starts`` [B] gives each sequence's [CLS] for the NSP
-head. Its loss equals the padded batch's (tested to 1e-5, fp32). On the CPU it is a correctness
-form only: a dense [N, N] mask costs (B T)^2 where the padded batch costs B T^2; the GPU form
-(flash-attention's varlen kernel fed ``cu_seqlens``) is not built yet (docs/model.md).
+head. Its loss equals the padded batch's (tested to 1e-5, fp32). With a dense [N, N] mask it is a
+correctness form only (it costs (B T)^2 where the padded batch costs B T^2); ModernBERT runs it
+on CUDA through flash-attention's varlen kernel fed ``cu_seqlens``
+(:mod:`pretrain.model.attention_paths`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,14 @@ from transformers.models.modernbert.modeling_modernbert import ModernBertForMask
 import kernels
 from bertforge.errors import UserError
 from kernels import IGNORE_INDEX
+from pretrain.model.attention_paths import (
+    ATTN_IMPLEMENTATION,
+    DocumentLayout,
+    log_path_once,
+    use_varlen,
+)
 from pretrain.model.bert import apply_activation_checkpointing
-from pretrain.model.document_attention import document_mask
+from pretrain.model.document_attention import document_mask, unpad
 from pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 from pretrain.model.sharing import LayerSharingMixin
 
@@ -124,7 +130,8 @@ def modernbert_config(cfg: ModelConfig, vocab_size: int) -> ModernBertConfig:
         sep_token_id=None,
         tie_word_embeddings=True,
     )
-    conf._attn_implementation = "sdpa"
+    # Our attention paths (pretrain.model.attention_paths); an export does not carry the name.
+    conf._attn_implementation = ATTN_IMPLEMENTATION
     return conf
 
 
@@ -161,6 +168,8 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
         # rotary base; only the weights are shared (layer 0 has no attn_norm: the group's
         # next layer holds the one the others share, pretrain.model.sharing).
         self.share_layers_of(self.model.layers, share_layers, "model.layers.")
+        #: "auto" (unpadded varlen on CUDA in half precision, else padded), "padded" or "varlen".
+        self.attention_path = "auto"
 
     def set_global_rope_theta(self, theta: float) -> None:
         """Re-base the global layers' rotary frequencies on ``theta`` (a phase plan's
@@ -193,10 +202,15 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
         position_ids=None,
     ) -> torch.Tensor:
         """The encoder's last hidden states [B, T, H] (after the final norm; document attention
-        with document_ids)."""
+        with document_ids, else full attention within each row's real tokens)."""
+        if self.config._attn_implementation == ATTN_IMPLEMENTATION:
+            if document_ids is None:  # full attention: one document per row, padding -1
+                real = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+                document_ids = torch.where(real.bool(), 0, -1)
+            return self._encode_layout(input_ids, DocumentLayout(document_ids), position_ids)
         if document_ids is not None:
-            # transformers' ModernBertModel takes one prepared 4D mask per layer type as is;
-            # the local layers keep their window (|q - k| <= sliding_window) inside the document.
+            # transformers' own implementations (sdpa, eager) with prepared dense masks, one
+            # per layer type: the local layers keep |q - k| <= sliding_window in the document.
             attention_mask = {
                 "full_attention": document_mask(document_ids),
                 "sliding_attention": document_mask(document_ids, self.config.sliding_window),
@@ -205,11 +219,51 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
 
+    def _encode_layout(self, input_ids, layout: DocumentLayout, position_ids) -> torch.Tensor:
+        """Hidden states under our attention function (every layer type reads ``layout``)."""
+        masks = {"full_attention": layout, "sliding_attention": layout}
+        return self.model(
+            input_ids=input_ids, attention_mask=masks, position_ids=position_ids
+        ).last_hidden_state
+
+    def _runs_unpadded(self, input_ids) -> bool:
+        """Whether this forward takes the unpadded varlen path (``attention_path``; "auto":
+        CUDA in half precision without attention dropout), logged once."""
+        if self.config._attn_implementation != ATTN_IMPLEMENTATION:
+            return False
+        if self.attention_path not in ("auto", "padded", "varlen"):
+            raise ValueError(f"attention_path {self.attention_path!r}: auto, padded or varlen")
+        if self.attention_path != "auto":
+            varlen, why = self.attention_path == "varlen", "chosen"
+        else:
+            dev = input_ids.device
+            dtype = self.model.embeddings.tok_embeddings.weight.dtype
+            if torch.is_autocast_enabled(dev.type):
+                dtype = torch.get_autocast_dtype(dev.type)
+            varlen, why = use_varlen(dev, dtype, self.config.attention_dropout)
+        log_path_once(varlen, why)
+        return varlen
+
     def _masked_rows(
         self, input_ids, attention_mask, labels, document_ids=None, position_ids=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major)."""
-        hidden = self.encode(input_ids, attention_mask, None, document_ids, position_ids)
+        """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major; the
+        unpadded path keeps that order: it concatenates each row's real tokens in turn)."""
+        if self._runs_unpadded(input_ids):
+            if attention_mask is None:
+                ones = torch.ones_like(input_ids)
+                attention_mask = ones if document_ids is None else (document_ids >= 0).long()
+            batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+            if document_ids is not None:
+                batch["document_ids"] = document_ids
+            if position_ids is not None:
+                batch["position_ids"] = position_ids
+            flat = unpad(batch)
+            layout = DocumentLayout.unpadded(flat["document_ids"])
+            hidden = self._encode_layout(flat["input_ids"], layout, flat["position_ids"])
+            labels = flat["labels"]
+        else:
+            hidden = self.encode(input_ids, attention_mask, None, document_ids, position_ids)
         flat_labels = labels.reshape(-1)
         idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)

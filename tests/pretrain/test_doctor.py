@@ -75,6 +75,43 @@ def test_zero_stages_match_the_zero_paper():
     assert estimate_memory(shape, offload, world=64, micro_batch=1).optimizer == 0
 
 
+def test_modernbert_estimate_knows_local_layers_and_geglu(tmp_path):
+    """modernbert-base at 8192 tokens (22 layers, 8 global, GeGLU 1152, window 128): the local
+    layers keep scores over the blocked path's 3 chunks of 64 keys, not 8192; on a GPU in half
+    precision (unpadded varlen flash-attention) no layer keeps scores. Before, every layer was
+    charged BERT's 5 a s^2 bytes and a 4h MLP: 87 GiB of activations for one sequence."""
+    import dataclasses
+
+    from pretrain.doctor.memory_estimate import MLM_FRACTION, model_shape
+    from pretrain.model.model_config import PRESETS
+
+    s, h, a, i = 8192, 768, 12, 1152
+    shape = model_shape("modernbert-base", tmp_path, s, False)  # no manifest: vocab 30522
+    assert (shape.arch, shape.intermediate, shape.global_layers, shape.local_keys) == (
+        "modernbert",
+        i,
+        8,
+        192,
+    )
+    head = MLM_FRACTION * s * shape.vocab * 8
+    dense = s * (16 * h + 8 * i)  # 16-bit bytes of one layer without its scores
+    bf16 = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    gpu = estimate_memory(shape, bf16, world=1, micro_batch=1, on_gpu=True)
+    assert gpu.activations == int(22 * (dense + 4 * a * s) + head)
+    fp32 = {"zero_optimization": {"stage": 2}}
+    cpu = estimate_memory(shape, fp32, world=1, micro_batch=1, on_gpu=False)
+    scores = 8 * 2 * a * s * s + 14 * 2 * a * s * 192
+    assert cpu.activations == int(2 * (22 * dense + scores) + head)
+    # Every layer global costs more; checkpointing keeps the largest (a global) layer once.
+    all_global = dataclasses.replace(PRESETS["modernbert-base"], global_attn_every_n_layers=1)
+    dense_shape = model_shape(all_global, tmp_path, s, False)
+    assert dense_shape.global_layers == 22
+    assert estimate_memory(dense_shape, fp32, 1, 1, on_gpu=False).activations > 2 * cpu.activations
+    ckpt = dataclasses.replace(shape, checkpointing=True)
+    got = estimate_memory(ckpt, fp32, 1, 1, on_gpu=False).activations
+    assert got == int(2 * (22 * 2 * s * h + dense + 2 * a * s * s) + head)
+
+
 def test_param_count_matches_transformers(english_shards):
     """Our model built on the meta device has exactly as many parameters as transformers'
     BertForMaskedLM of the same configuration (packed shards: no pooler, no NSP head; the tied

@@ -12,6 +12,7 @@ from helpers.commands import REPO
 from test_bert import VOCAB, masked_batch
 from transformers import ModernBertForMaskedLM
 
+from pretrain.model.attention_paths import ATTN_IMPLEMENTATION
 from pretrain.model.bert import PRESETS, build_model
 from pretrain.model.modernbert import ArchError, check_supported
 
@@ -44,7 +45,8 @@ def test_the_modern_block_as_transformers_defines_it():
     assert c.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
     assert c.rope_parameters["full_attention"]["rope_theta"] == 160000.0
     assert c.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
-    assert c.local_attention == 8 and c._attn_implementation == "sdpa"
+    assert c.local_attention == 8 and c._attn_implementation == ATTN_IMPLEMENTATION
+    assert "_attn_implementation" not in model.hf_config().to_dict()  # exports load as SDPA
     # No biases but the decoder's (as in the released models); GeGLU doubles Wi.
     biases = [n for n, _ in model.named_parameters() if n.endswith("bias")]
     assert biases == ["decoder.bias"]
