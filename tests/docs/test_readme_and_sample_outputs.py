@@ -71,3 +71,11 @@ def test_continued_filter_keeps_the_reports_not_the_progress():
     kept = refresh_docs.FILTERS["continued"](lines)
     assert kept[0].startswith("486 docstrings") and kept[-1].startswith("validation step 100")
     assert kept.count("    ...") == 1 and len(kept) == 1 + 5 + 1 + 1
+
+
+def test_long_context_recipe_is_the_script():
+    page = (REPO / "docs" / "model.md").read_text(encoding="utf-8")
+    recipe = re.search(r"```bash\n(export OMP_NUM_THREADS=1\n.*?)```", page, flags=re.DOTALL)
+    script = (REPO / "scripts" / "long_context_recipe.sh").read_text(encoding="utf-8")
+    body = script.split("# --- the recipe, as docs/model.md prints it ---\n", 1)[1]
+    assert recipe is not None and recipe.group(1) == body
