@@ -52,11 +52,16 @@ def test_deterministic_outputs_are_what_the_commands_print(block, scratch):
     assert now == block.body, f"{block.where()} is stale: run `make docs` ({block.cmd})"
 
 
-def test_continued_recipe_is_the_script():
-    page = (REPO / "docs" / "continued.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize(
+    "page_name, script_name",
+    [("continued.md", "continued_recipe.sh"), ("model.md", "long_context_recipe.sh")],
+)
+def test_recipe_is_the_script(page_name, script_name):
+    """A recipe printed in docs/ is its script under scripts/, line for line."""
+    page = (REPO / "docs" / page_name).read_text(encoding="utf-8")
     recipe = re.search(r"```bash\n(export OMP_NUM_THREADS=1\n.*?)```", page, flags=re.DOTALL)
-    script = (REPO / "scripts" / "continued_recipe.sh").read_text(encoding="utf-8")
-    body = script.split("# --- the recipe, as docs/continued.md prints it ---\n", 1)[1]
+    script = (REPO / "scripts" / script_name).read_text(encoding="utf-8")
+    body = script.split(f"# --- the recipe, as docs/{page_name} prints it ---\n", 1)[1]
     assert recipe is not None and recipe.group(1) == body
 
 
@@ -71,11 +76,3 @@ def test_continued_filter_keeps_the_reports_not_the_progress():
     kept = refresh_docs.FILTERS["continued"](lines)
     assert kept[0].startswith("486 docstrings") and kept[-1].startswith("validation step 100")
     assert kept.count("    ...") == 1 and len(kept) == 1 + 5 + 1 + 1
-
-
-def test_long_context_recipe_is_the_script():
-    page = (REPO / "docs" / "model.md").read_text(encoding="utf-8")
-    recipe = re.search(r"```bash\n(export OMP_NUM_THREADS=1\n.*?)```", page, flags=re.DOTALL)
-    script = (REPO / "scripts" / "long_context_recipe.sh").read_text(encoding="utf-8")
-    body = script.split("# --- the recipe, as docs/model.md prints it ---\n", 1)[1]
-    assert recipe is not None and recipe.group(1) == body
