@@ -84,7 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None, help="result JSON (+ .png of part 2)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (the test)")
-    p.add_argument("--report", type=Path, default=None, help="print the tables of a result JSON")
+    p.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="print the tables of result JSONs (several: their part-1 runs pooled)",
+    )
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -344,6 +350,17 @@ def learning(args, data: dict, work: Path) -> dict:
     return {"sides": sides, "rows": rows}
 
 
+def pooled(paths: list[Path]) -> dict:
+    """The first result with its part-1 summary recomputed from the runs of every result (the
+    repeats of later files numbered after the earlier ones, so pairs stay within one file)."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    runs, offset = [], 0
+    for res in results:
+        runs += [{**r, "repeat": r["repeat"] + offset} for r in res["throughput_runs"]]
+        offset += 1 + max(r["repeat"] for r in res["throughput_runs"])
+    return {**results[0], "throughput": throughput_summary(runs)}
+
+
 def fmt(s: dict, digits: int = 0) -> str:
     return f"{s['median']:,.{digits}f} [{s['min']:,.{digits}f}, {s['max']:,.{digits}f}]"
 
@@ -378,10 +395,8 @@ def print_tables(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Prepare, measure throughput and memory, then the equal-wall-time losses; write JSON."""
     args = parse_args(argv)
-    if args.report:  # the summary is recomputed from the recorded runs
-        result = json.loads(args.report.read_text())
-        result["throughput"] = throughput_summary(result["throughput_runs"])
-        print_tables(result)
+    if args.report:
+        print_tables(pooled(args.report))
         return 0
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_modernbert_"))
     work.mkdir(parents=True, exist_ok=True)
