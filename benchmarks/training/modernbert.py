@@ -56,6 +56,8 @@ from benchmarks.learning.per_hour import (
 from benchmarks.training.modernbert_hf import hf_command
 from pretrain.config import command_line
 
+LEARN_ARMS = ("hf", "ours-modernbert", "ours-bert")  # part 2's arms, in their default order
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -79,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget_s", type=float, default=180.0, help="T of part 2 (0: skip it)")
     p.add_argument("--snapshots", type=int, default=3, help="HF's snapshots at k*T/S")
     p.add_argument("--learn_seq", type=int, default=512, help="sequence length of part 2")
+    p.add_argument("--learn_order", nargs="+", default=list(LEARN_ARMS), choices=LEARN_ARMS)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--port", type=int, default=29890)
     p.add_argument("--workdir", type=Path, default=None)
@@ -293,45 +296,50 @@ def parameters(model_dir: str) -> int:
     return sum(p.numel() for p in AutoModelForMaskedLM.from_pretrained(model_dir).parameters())
 
 
-def learning(args, data: dict, work: Path) -> dict:
-    """Part 2: HF, ours (ModernBERT) and ours (BERT) each for T of wall time, then scored."""
-    seq, shards = args.learn_seq, data["shards"][args.learn_seq]
-    batch = args.batch_tokens // seq
-    base = {**vars(args), "global_batch": batch, "ours_args": ""}
-    sides, loads = {}, {}
-    hf_out = work / "learn" / "hf"
-    shutil.rmtree(hf_out, ignore_errors=True)
+def train_for_budget(args, data: dict, work: Path, arm: str) -> list[dict]:
+    """One arm of part 2 trained for T from its launch command: its snapshots (HF folders)."""
+    shards = data["shards"][args.learn_seq]
+    base = {**vars(args), "global_batch": args.batch_tokens // args.learn_seq, "ours_args": ""}
+    out = work / "learn" / arm
+    shutil.rmtree(out, ignore_errors=True)
     launched = time.time()
-    loads["hf"] = os.getloadavg()[0]
-    ns = argparse.Namespace(**base)
-    cmd = hf_command(
-        shards,
-        data["init"],
-        hf_out,
-        ns,
-        budget_s=args.budget_s,
-        snapshots=args.snapshots,
-        launched=launched,
+    if arm == "hf":
+        ns = argparse.Namespace(**base)
+        cmd = hf_command(
+            shards,
+            data["init"],
+            out,
+            ns,
+            budget_s=args.budget_s,
+            snapshots=args.snapshots,
+            launched=launched,
+        )
+        out.mkdir(parents=True)
+        launch(cmd, ns, work / "learn" / "hf.log")
+        return json.loads((out / "snapshots.json").read_text())
+    if arm == "ours-modernbert":  # the shared initial weights, as HF
+        model = args.preset
+        extra = f"--arch modernbert --init_from {data['init']}"
+        extra += f" --max_position_embeddings {max(data['shards'])}"
+    else:
+        model, extra = args.bert_preset, ""
+    ns = argparse.Namespace(
+        **{**base, "model": model, "ours_args": f"{extra} --mask_prob {args.mask_prob}"}
     )
-    hf_out.mkdir(parents=True)
-    launch(cmd, ns, work / "learn" / "hf.log")
-    sides["hf"] = json.loads((hf_out / "snapshots.json").read_text())
-    mb = f"--arch modernbert --init_from {data['init']}"
-    mb += f" --max_position_embeddings {max(data['shards'])}"
-    arms = {
-        "ours-modernbert": (args.preset, f"{mb} --mask_prob {args.mask_prob}"),
-        "ours-bert": (args.bert_preset, f"--mask_prob {args.mask_prob}"),
-    }
-    for arm, (model, extra) in arms.items():
-        run = work / "learn" / arm
-        shutil.rmtree(run, ignore_errors=True)
-        ns = argparse.Namespace(**{**base, "model": model, "ours_args": extra})
-        launched = time.time()
+    env = {"BERTFORGE_LAUNCHED_AT": repr(launched)}
+    launch(ours_command(shards, out, ns), ns, work / "learn" / f"{arm}.log", env)
+    records = ours_snapshots(out, launched)
+    export_ours(records, out, work / "learn" / f"{arm}_hf")
+    return records
+
+
+def learning(args, data: dict, work: Path) -> dict:
+    """Part 2: HF, ours (ModernBERT) and ours (BERT) each for T of wall time, one after the other
+    in ``--learn_order``, then scored by the one evaluator."""
+    sides, loads = {}, {}
+    for arm in args.learn_order:
         loads[arm] = os.getloadavg()[0]
-        env = {"BERTFORGE_LAUNCHED_AT": repr(launched)}
-        launch(ours_command(shards, run, ns), ns, work / "learn" / f"{arm}.log", env)
-        sides[arm] = ours_snapshots(run, launched)
-        export_ours(sides[arm], run, work / "learn" / f"{arm}_hf")
+        sides[arm] = train_for_budget(args, data, work, arm)
     score_all(sides, data["batches"])
     rows = []
     for arm, recs in sides.items():
@@ -347,7 +355,7 @@ def learning(args, data: dict, work: Path) -> dict:
                 "steps_at_end": recs[-1]["step"],
             }
         )
-    return {"sides": sides, "rows": rows}
+    return {"order": list(args.learn_order), "sides": sides, "rows": rows}
 
 
 def pooled(paths: list[Path]) -> dict:
