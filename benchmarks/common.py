@@ -116,3 +116,71 @@ def random_bert_mlm(preset: str, vocab_size: int, seed: int = 0, **config: Any):
     )
     torch.manual_seed(seed)
     return transformers.BertForMaskedLM(conf)
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    """VmHWM (the kernel's high-water mark of the resident set) of `pid`, in bytes; 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def run_ranks_measured(
+    cmd: list[str], log: Path, env: dict[str, str], poll_s: float = 0.25
+) -> tuple[float, list[int]]:
+    """Run a multi-rank launch (``deepspeed`` / ``torchrun``) with its output in `log`; returns
+    (wall seconds, each rank's peak RSS in bytes). A rank is a descendant that has LOCAL_RANK in
+    its environment while its parent has not (launchers set it for their children only; loader
+    workers inherit it from their rank, so they are not counted: forked, they share its pages).
+    The peak is the kernel's VmHWM, polled until the rank exits (the last poll bounds it)."""
+    import threading
+    import time
+
+    import psutil
+
+    peaks: dict[int, int] = {}
+    is_rank: dict[int, bool] = {}
+    start = time.time()
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        done = threading.Event()
+
+        def has_local_rank(p: psutil.Process) -> bool:
+            try:
+                return "LOCAL_RANK" in p.environ()
+            except (psutil.Error, OSError):
+                return False
+
+        def poll() -> None:
+            root = psutil.Process(proc.pid)
+            while not done.is_set():
+                try:
+                    children = root.children(recursive=True)
+                except psutil.Error:
+                    children = []
+                for child in children:
+                    if child.pid not in is_rank:
+                        try:
+                            parent = child.parent()
+                        except psutil.Error:
+                            continue
+                        is_rank[child.pid] = has_local_rank(child) and not (
+                            parent is not None and has_local_rank(parent)
+                        )
+                    if is_rank[child.pid]:
+                        peaks[child.pid] = max(peaks.get(child.pid, 0), _peak_rss_bytes(child.pid))
+                done.wait(poll_s)
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        rc = proc.wait()
+        done.set()
+        watcher.join()
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd[:4]))}... exited {rc}; see {log}")
+    return time.time() - start, sorted(peaks.values(), reverse=True)

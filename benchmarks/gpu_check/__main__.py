@@ -1,17 +1,20 @@
-"""Validate a GPU node and measure every GPU claim of the project in one command (<= 8 minutes).
+"""Validate a GPU node and measure every GPU claim of the project in one command (<= 9 minutes).
 
     python -m benchmarks.gpu_check --out runs/gpu_check          # `make gpu-check`
     python -m benchmarks.gpu_check --out /tmp/gc --dry-run       # the same code on CPU, tiny sizes
 
 Parts, in this order, each in its own process group with its own time box (a part that fails or
 runs out of time leaves the others' numbers; the whole run stays inside --budget_s):
-  data           shards of CPython's pydoc text at sequence 128 and 512, vocabulary padded to 30522
+  data           shards of CPython's pydoc text at sequence 128, 512, 1024 and 8192, vocabulary
+                 padded to 30522
   kernel_tests   the kernel tests on this device (pytest: CUDA tensors and the compiled kernel)
   kernel_sweep   the loss alone on [N_m x V] logits, bf16/fp16: eager, torch.compile, Liger, ours;
                  GB/s, % of the HBM peak, peak memory (benchmarks.kernels.speed --sweep)
   head           decoder + loss at BERT-base/large widths: all-position logits vs masked rows
   train          pretrain/main.py on one GPU, ZeRO-2: BERT-base/large x seq 128/512 x bf16/fp16,
                  tokens/s, sequences/s, TFLOP/s, MFU (vs the dense bf16 peak), peak memory
+  modernbert     the same for --arch modernbert --model modernbert-base, bf16, seq 1024 and 8192
+                 (shards built at those lengths), and the attention mode/path the run used
   hf_baseline    transformers' BertForMaskedLM + DataCollatorForLanguageModeling, bf16 autocast,
                  SDPA, fused AdamW, one process, on the BERT-base seq-128 batch
   resume         resume the BERT-base seq-128 bf16 run from its checkpoint; the losses after it
@@ -44,6 +47,7 @@ from benchmarks.gpu_check.common import (
     save_part,
     seconds_left,
 )
+from benchmarks.gpu_check.modernbert import part_modernbert
 from benchmarks.gpu_check.parts import (
     part_data,
     part_head,
@@ -60,6 +64,7 @@ PART_FUNCS = {
     "kernel_sweep": part_kernel_sweep,
     "head": part_head,
     "train": part_train,
+    "modernbert": part_modernbert,
     "hf_baseline": part_hf_baseline,
     "resume": part_resume,
     "phases": part_phases,
@@ -157,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget_s",
         type=float,
-        default=470.0,
-        help="overall time budget; later parts keep their minimum (default: 470)",
+        default=540.0,
+        help="overall time budget; later parts keep their minimum (default: 540)",
     )
     p.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # child: run one part
     p.add_argument("--part_deadline", type=float, help=argparse.SUPPRESS)

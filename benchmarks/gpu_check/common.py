@@ -20,6 +20,7 @@ PARTS = (
     "kernel_sweep",
     "head",
     "train",
+    "modernbert",
     "hf_baseline",
     "resume",
     "phases",
@@ -36,6 +37,7 @@ class Plan:
     dry_run: bool
     seq_lens: tuple[int, ...]
     train_matrix: tuple[tuple[str, int, str], ...]  # (model preset, seq, precision), in order
+    modernbert: tuple[tuple[str, int, str], ...]  # the --arch modernbert runs, same layout
     micro_batch: dict  # seq -> sequences per step (one GPU, no accumulation)
     warmup_steps: int  # steps left out of every throughput number
     measured_steps: int  # steps measured after the warm-up
@@ -58,18 +60,20 @@ GPU_PLAN = Plan(
         for p in ("bf16", "fp16")
         for m, s in (("large", 128), ("base", 128), ("base", 512), ("large", 512))
     ),
-    micro_batch={128: 128, 512: 32},
+    modernbert=(("modernbert-base", 1024, "bf16"), ("modernbert-base", 8192, "bf16")),
+    micro_batch={128: 128, 512: 32, 1024: 16, 8192: 2},
     warmup_steps=5,
     measured_steps=40,
     resume_steps=5,
     resume_config=("base", 128, "bf16"),
     hf_config=("base", 128),
     boxes={
-        "data": (60, 10),
+        "data": (90, 10),
         "kernel_tests": (90, 30),
         "kernel_sweep": (100, 30),
         "head": (40, 20),
         "train": (270, 60),
+        "modernbert": (100, 40),
         "hf_baseline": (50, 30),
         "resume": (45, 30),
         "phases": (60, 30),
@@ -90,6 +94,7 @@ DRY_PLAN = Plan(
     dry_run=True,
     seq_lens=(64, 128),  # 128: the phase part's long phase
     train_matrix=(("tiny", 64, "bf16"),),
+    modernbert=(("modernbert-tiny", 64, "bf16"), ("modernbert-tiny", 128, "bf16")),
     micro_batch={64: 8, 128: 4},
     warmup_steps=2,
     measured_steps=3,
@@ -102,6 +107,7 @@ DRY_PLAN = Plan(
         "kernel_sweep": (60, 20),
         "head": (60, 20),
         "train": (90, 30),
+        "modernbert": (90, 30),
         "hf_baseline": (60, 20),
         "resume": (60, 20),
         "phases": (60, 20),
@@ -184,6 +190,11 @@ def run_logged(
 
 def seconds_left(deadline: float) -> float:
     return deadline - time.time()
+
+
+def all_seq_lens(plan: Plan) -> tuple[int, ...]:
+    """Every sequence length the plan trains at (the data part builds shards for each)."""
+    return tuple(sorted({*plan.seq_lens, *(seq for _, seq, _ in plan.modernbert)}))
 
 
 def shards_dir(out: Path, seq: int) -> Path:

@@ -15,6 +15,7 @@ from benchmarks.common import build_shards, shards_manifest
 from benchmarks.gpu_check.common import (
     PartResult,
     Plan,
+    all_seq_lens,
     run_logged,
     save_part,
     seconds_left,
@@ -52,7 +53,7 @@ def part_data(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
                 probe / "tokenizer" / "tokenizer.json", plan.vocab, data / "vocab.txt"
             )
         )
-    for seq in plan.seq_lens:
+    for seq in all_seq_lens(plan):
         vocab = {"tokenizer": tokenizer} if tokenizer else {"vocab_size": plan.vocab or 30522}
         shards = build_shards(
             corpus, shards_dir(out, seq), max_seq_len=seq, validation_fraction=0.02, **vocab

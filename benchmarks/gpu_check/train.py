@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import REPO
@@ -36,9 +37,15 @@ def train_steps(plan: Plan, config: tuple[str, int, str]) -> tuple[int, int]:
 
 
 def trainer_cmd(
-    plan: Plan, out: Path, run_dir: Path, config: tuple[str, int, str], resume: bool = False
+    plan: Plan,
+    out: Path,
+    run_dir: Path,
+    config: tuple[str, int, str],
+    resume: bool = False,
+    **flags,
 ) -> list[str]:
-    """The real trainer, one process (one GPU), ZeRO-2, no gradient accumulation."""
+    """The real trainer, one process (one GPU), ZeRO-2, no gradient accumulation (`flags`: more
+    of the trainer's flags, e.g. ``arch="modernbert"``)."""
     model, seq, precision = config
     max_steps, save_interval = train_steps(plan, config)
     cmd = command_line.trainer(
@@ -59,6 +66,7 @@ def trainer_cmd(
         eval_interval=0,
         eval_batches=1,
         num_workers=2,
+        **flags,
     )
     if plan.dry_run:  # CPUs without bf16 train in fp32; the code path is the same
         cmd.append("--allow_precision_fallback")
@@ -99,26 +107,44 @@ def throughput_row(plan: Plan, run_dir: Path, config: tuple[str, int, str]) -> d
 
 
 def part_train(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
-    """Each configuration of the matrix in turn; a run that fails or runs out of time is a row
-    that says so, and the next one still runs while time is left."""
+    """Each configuration of the matrix in turn (:func:`run_matrix`)."""
+    run_matrix(plan, out, res, deadline, "train", plan.train_matrix)
+
+
+def run_matrix(
+    plan: Plan,
+    out: Path,
+    res: PartResult,
+    deadline: float,
+    part: str,
+    configs: tuple[tuple[str, int, str], ...],
+    extra_row: Callable[[Path], dict] | None = None,
+    **flags,
+) -> None:
+    """Train each configuration in turn into OUT/PART/NAME (`flags`: more trainer flags) and
+    fill a throughput row each (`extra_row(run_dir)` adds columns); a run that fails or runs out
+    of time is a row that says so, and the next one still runs while time is left."""
     failed = []
-    per_run = plan.boxes["train"][0] / 2  # no single run may eat the whole part
-    for config in plan.train_matrix:
+    per_run = plan.boxes[part][0] / 2  # no single run may eat the whole part
+    for config in configs:
         name = run_name(*config)
-        run_dir = out / "train" / name
+        run_dir = out / part / name
         shutil.rmtree(run_dir, ignore_errors=True)
         timeout = min(per_run, seconds_left(deadline) - 2)
         if timeout < 10:
             res.rows.append({"run": name, "status": "not run: part's time box spent"})
             continue
+        log = f"logs/{part}.{name}.log"
         try:
-            rc = run_logged(
-                trainer_cmd(plan, out, run_dir, config), out / "logs" / f"train.{name}.log", timeout
-            )
+            cmd = trainer_cmd(plan, out, run_dir, config, **flags)
+            rc = run_logged(cmd, out / log, timeout)
             row = (
-                throughput_row(plan, run_dir, config)
+                {
+                    **throughput_row(plan, run_dir, config),
+                    **(extra_row(run_dir) if extra_row else {}),
+                }
                 if rc == 0
-                else {"run": name, "status": f"failed: trainer exit {rc} (logs/train.{name}.log)"}
+                else {"run": name, "status": f"failed: trainer exit {rc} ({log})"}
             )
         except subprocess.TimeoutExpired:
             row = {"run": name, "status": f"timed out after {timeout:.0f} s"}

@@ -3,7 +3,7 @@
 Contract: :func:`build_masked_batches` packs held-out text into ``seq_len`` sequences
 ([CLS] ... [SEP]) and masks 15% of the non-special tokens (80% [MASK], 10% random, 10% kept)
 with one seeded generator, once; every model is then scored on exactly those batches by
-:func:`heldout_loss` (``transformers.BertForMaskedLM`` in fp32, mean cross-entropy over all
+:func:`heldout_loss` (``transformers.AutoModelForMaskedLM`` in fp32, mean cross-entropy over all
 masked tokens). :func:`time_to_reach` reads a loss-vs-time curve; :func:`plot_curves` draws it.
 """
 
@@ -59,10 +59,12 @@ def build_masked_batches(
 
 @torch.no_grad()
 def heldout_loss(model_dir: str | Path, batches: dict[str, torch.Tensor], micro: int = 16) -> dict:
-    """Mean masked-LM loss and accuracy of the HF folder ``model_dir`` on ``batches`` (fp32)."""
-    from transformers import BertForMaskedLM
+    """Mean masked-LM loss and accuracy of the HF folder ``model_dir`` on ``batches`` (fp32): a
+    BERT folder as ``BertForMaskedLM``, a ModernBERT one as ``ModernBertForMaskedLM`` (logits at
+    every position: no labels are passed, so sparse prediction never applies)."""
+    from transformers import AutoModelForMaskedLM
 
-    model = BertForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     loss_sum, correct, count = 0.0, 0, 0
     for i in range(0, len(batches["input_ids"]), micro):
         part = {k: v[i : i + micro] for k, v in batches.items()}

@@ -44,6 +44,18 @@ def test_dry_run_runs_every_part(dry_run):
     (train,) = parts["train"]["rows"]
     assert train["tokens/s"] > 0 and train["seq/s"] > 0 and train["TFLOP/s"] > 0
     assert train["steps"] == gpu_check.DRY_PLAN.measured_steps
+    # the ModernBERT lines: --arch modernbert at both of the plan's lengths, MFU from its FLOPs
+    mb = parts["modernbert"]["rows"]
+    assert [(r["model"], r["seq"]) for r in mb] == [
+        (m, s) for m, s, _ in gpu_check.DRY_PLAN.modernbert
+    ]
+    for row in mb:
+        assert row["status"] == "ok" and row["tokens/s"] > 0 and row["TFLOP/s"] > 0
+        assert row["steps"] == gpu_check.DRY_PLAN.measured_steps
+        assert row["attention"] == "document" and row["attention path"]
+        assert row["peak mem GiB"] > 0
+    seqs = {r["seq"] for r in parts["data"]["rows"]}
+    assert {s for _, s, _ in gpu_check.DRY_PLAN.modernbert} <= seqs
     hf = parts["hf_baseline"]
     assert hf["rows"][-1]["attention"] == "sdpa" and hf["rows"][-1]["tokens/s"] > 0
     assert hf["details"]["ours_over_hf_tokens_per_s"] > 0

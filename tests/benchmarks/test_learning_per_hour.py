@@ -105,6 +105,32 @@ def test_heldout_loss_is_transformers_masked_lm_loss(dry_run, tmp_path):
     assert got["masked_tokens"] == int((batches["labels"] != -100).sum())
 
 
+def test_heldout_loss_scores_a_modernbert_folder_too(dry_run, tmp_path):
+    """benchmarks.training.modernbert scores ModernBertForMaskedLM folders with the same evaluator
+    (sparse prediction saved on: without labels the scorer still sees every position)."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    work, _ = dry_run
+    batches = torch.load(work / "heldout_batches.pt")
+    torch.manual_seed(0)
+    conf = ModernBertConfig(
+        vocab_size=2000,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        pad_token_id=0,
+        sparse_prediction=True,
+    )
+    model = ModernBertForMaskedLM(conf).eval()
+    model.save_pretrained(tmp_path / "mb")
+    model.sparse_prediction = False
+    with torch.no_grad():
+        want = float(model(**batches).loss)
+    got = heldout_loss(tmp_path / "mb", batches, micro=5)
+    assert got["loss"] == pytest.approx(want, rel=1e-4)
+
+
 def test_curve_crossing_and_interpolation():
     curve = [(10.0, 9.0), (20.0, 7.0), (40.0, 5.0)]
     assert time_to_reach(curve, 8.0) == pytest.approx(15.0)

@@ -1,0 +1,42 @@
+"""The GPU check's ModernBERT part: ``pretrain/main.py --arch modernbert --model modernbert-base``
+on one GPU (ZeRO-2, bf16) at sequence 1024 and 8192, on shards built at those lengths: tokens/s,
+TFLOP/s and MFU (from the model's ``flops_per_token``, which counts a local layer's window, not
+the whole sequence), peak memory, and the attention the run used.
+
+The trainer picks ModernBERT's attention path itself (document attention by default; the kernel
+behind it depends on the device and the installed packages), so the part only reports it: the
+mode from the run's config.json and, when the trainer's log names the path, that line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from benchmarks.gpu_check.common import PartResult, Plan
+from benchmarks.gpu_check.train import run_matrix
+
+# A log line that names the attention kernel/path the trainer chose (none: the mode only).
+PATH_LINE = re.compile(r"attention[ _-]?(path|impl|implementation|kernel)\b[^\n]*", re.I)
+
+
+def attention_used(run_dir: Path) -> dict:
+    """The attention mode the trainer resolved (config.json) and the path its log names."""
+    config = json.loads((run_dir / "config.json").read_text())
+    found = None
+    log = run_dir.parents[1] / "logs" / f"modernbert.{run_dir.name}.log"  # run_matrix's log
+    if log.is_file():
+        found = PATH_LINE.search(log.read_text(errors="replace"))
+    return {
+        "attention": config["model_cfg"]["attention"],
+        "attention path": found.group(0).strip()[:120] if found else "not logged",
+    }
+
+
+def part_modernbert(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
+    """Each --arch modernbert configuration of the plan in turn, a throughput row each."""
+    run_matrix(
+        plan, out, res, deadline, "modernbert", plan.modernbert, attention_used, arch="modernbert"
+    )
+    res.details["flops"] = "model.flops_per_token: local layers count their window only"

@@ -1,0 +1,78 @@
+"""benchmarks.training.modernbert: the --quick form runs both sides on the same shards and
+prints the throughput table (its shape, not its numbers); the summary and the tables from
+recorded runs (no launch)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from helpers.commands import run_cli
+
+from benchmarks.training.modernbert import print_tables, throughput_summary
+
+HEADER = "| seq | arm | attention | runs | tokens/s median [min, max] | vs HF "
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None,
+    reason="HF Trainer needs accelerate (pip install -e '.[bench]')",
+)
+def test_quick_runs_both_sides_and_prints_the_table(tmp_path):
+    proc = run_cli(
+        "-m", "benchmarks.training.modernbert", "--quick", "--workdir", str(tmp_path), timeout=300
+    )
+    assert HEADER in proc.stdout
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| 64 |")]
+    assert [ln.split("|")[2].strip() for ln in rows] == ["hf", "ours-document"]
+    result = json.loads((tmp_path / "modernbert.json").read_text())
+    assert [r["attention"] for r in result["throughput"]] == ["full (packed, sdpa)", "document"]
+    for row in result["throughput"]:
+        assert row["tokens_per_s"]["median"] > 0 and row["peak_rss_mib"]["median"] > 0
+        assert row["ranks_seen"] == [2]  # each rank found, loader workers not counted
+    assert str(tmp_path) not in (tmp_path / "modernbert.json").read_text()  # portable paths
+
+
+def _run(arm, seq, tps, rss_mib, attention="document", repeat=0):
+    return {
+        "arm": arm,
+        "seq": seq,
+        "repeat": repeat,
+        "attention": attention,
+        "tokens_per_s": tps,
+        "peak_rss_bytes": [rss_mib * 2**19, rss_mib * 2**19],
+    }
+
+
+def test_summary_is_median_min_max_and_ratio_to_hf(capsys):
+    runs = [_run("hf", 512, t, 1000, "full", i) for i, t in enumerate((90.0, 100.0, 130.0))]
+    runs += [
+        _run("ours-document", 512, t, 800, repeat=i) for i, t in enumerate((120.0, 110.0, 260.0))
+    ]
+    rows = throughput_summary(runs)
+    assert rows[0]["tokens_per_s"] == {"median": 100.0, "min": 90.0, "max": 130.0}
+    assert rows[1]["tokens_per_s_vs_hf"] == pytest.approx(1.2)
+    assert rows[1]["paired_vs_hf"] == pytest.approx({"median": 4 / 3, "min": 1.1, "max": 2.0})
+    assert rows[1]["peak_rss_mib"]["median"] == pytest.approx(800.0)
+    assert rows[1]["peak_rss_vs_hf"] == pytest.approx(0.8)
+    learning = {
+        "rows": [
+            {
+                "arm": arm,
+                "parameters": 10,
+                "load_before": 1.0,
+                "loss_at_half": 7.0,
+                "loss_at_end": 6.5,
+                "time_at_end": 180.0,
+                "steps_at_end": 5,
+            }
+            for arm in ("hf", "ours-modernbert", "ours-bert")
+        ]
+    }
+    print_tables({"throughput": rows, "learning": learning})
+    out = capsys.readouterr().out
+    assert (
+        "| 512 | ours-document | document | 3 | 120 [110, 260] | 1.20x | 1.33 [1.10, 2.00] |" in out
+    )
+    assert "| ours-bert | 10 | 1.0 | 7.000 | 6.500 (180 s, 5) |" in out
