@@ -4,7 +4,6 @@ recorded runs (no launch)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -15,10 +14,6 @@ from benchmarks.training.modernbert import print_tables, throughput_summary
 HEADER = "| seq | arm | attention | runs | tokens/s median [min, max] | vs HF "
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("accelerate") is None,
-    reason="HF Trainer needs accelerate (pip install -e '.[bench]')",
-)
 def test_quick_runs_both_sides_and_prints_the_table(tmp_path):
     proc = run_cli(
         "-m", "benchmarks.training.modernbert", "--quick", "--workdir", str(tmp_path), timeout=300
