@@ -16,9 +16,10 @@ from pathlib import Path
 
 from benchmarks.gpu_check.common import PartResult, Plan
 from benchmarks.gpu_check.train import run_matrix
+from pretrain.model.attention_paths import PATH_LOG_PREFIX
 
-# A log line that names the attention kernel/path the trainer chose (none: the mode only).
-PATH_LINE = re.compile(r"attention[ _-]?(path|impl|implementation|kernel)\b[^\n]*", re.I)
+# The trainer's log line naming the attention path it chose (padded / unpadded varlen).
+PATH_LINE = re.compile(re.escape(PATH_LOG_PREFIX) + r"([^\n]*)")
 
 
 def attention_used(run_dir: Path) -> dict:
@@ -30,7 +31,7 @@ def attention_used(run_dir: Path) -> dict:
         found = PATH_LINE.search(log.read_text(errors="replace"))
     return {
         "attention": config["model_cfg"]["attention"],
-        "attention path": found.group(0).strip()[:120] if found else "not logged",
+        "attention path": found.group(1).strip()[:120] if found else "not logged",
     }
 
 

@@ -233,14 +233,16 @@ def use_varlen(device: torch.device, dtype: torch.dtype, dropout: float) -> tupl
 
 
 _logged: set[str] = set()
+#: How the path's log line starts (``make gpu-check`` reads the path from it).
+PATH_LOG_PREFIX = "ModernBERT attention: "
 
 
 def log_path_once(varlen: bool, why: str) -> None:
     """Log once per process which attention path a ModernBERT forward takes."""
-    line = (
-        f"ModernBERT attention: unpadded varlen flash-attention ({why})"
+    line = PATH_LOG_PREFIX + (
+        f"unpadded varlen flash-attention ({why})"
         if varlen
-        else f"ModernBERT attention: padded; global layers SDPA with the document mask, local "
+        else f"padded; global layers SDPA with the document mask, local "
         f"layers blocked sliding-window SDPA ({why})"
     )
     if line not in _logged:
