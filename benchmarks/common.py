@@ -143,8 +143,13 @@ def run_ranks_measured(
 
     import psutil
 
+    from pretrain.components.distributed import LAUNCHER_VARS
+
+    # A launch starts its own job: a rendezvous of the caller's (an in-process run sets
+    # LOCAL_RANK in os.environ) would make every process look like a rank's loader worker.
+    env = {k: v for k, v in env.items() if k not in LAUNCHER_VARS}
     peaks: dict[int, int] = {}
-    is_rank: dict[int, bool] = {}
+    ranks: set[int] = set()
     start = time.time()
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -164,15 +169,18 @@ def run_ranks_measured(
                 except psutil.Error:
                     children = []
                 for child in children:
-                    if child.pid not in is_rank:
+                    # Only a positive answer is kept: a child seen between the launcher's fork
+                    # and its exec still shows the launcher's environment (no LOCAL_RANK yet).
+                    if child.pid not in ranks:
                         try:
                             parent = child.parent()
                         except psutil.Error:
                             continue
-                        is_rank[child.pid] = has_local_rank(child) and not (
+                        if has_local_rank(child) and not (
                             parent is not None and has_local_rank(parent)
-                        )
-                    if is_rank[child.pid]:
+                        ):
+                            ranks.add(child.pid)
+                    if child.pid in ranks:
                         peaks[child.pid] = max(peaks.get(child.pid, 0), _peak_rss_bytes(child.pid))
                 done.wait(poll_s)
 
@@ -183,4 +191,9 @@ def run_ranks_measured(
         watcher.join()
     if rc != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd[:4]))}... exited {rc}; see {log}")
+    if not peaks:
+        raise RuntimeError(
+            f"{' '.join(map(str, cmd[:4]))}...: no rank process (LOCAL_RANK set by the launcher) "
+            f"was seen while it ran; see {log}"
+        )
     return time.time() - start, sorted(peaks.values(), reverse=True)

@@ -35,7 +35,7 @@ log = get_logger(__name__)
 EXIT_RENDEZVOUS = 3
 # Keys of our own rendezvous; torch's process group prefixes its keys with "default_pg/".
 _PREFIX = "bertforge_rdzv/"
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def resolve_env() -> DistInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
             os.environ["MASTER_PORT"] = str(free_port(os.environ["MASTER_ADDR"]))
-    missing = [v for v in _LAUNCHER_VARS if v not in os.environ]
+    missing = [v for v in LAUNCHER_VARS if v not in os.environ]
     if missing:
         raise RendezvousError(
             f"launcher variables {', '.join(missing)} are missing while {', '.join(present)} "
