@@ -23,14 +23,16 @@ install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install $(CONSTRAINT_FLAG) "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
 	$(PIP) install -q $(CONSTRAINT_FLAG) -e ".[dev]"
 
-demo: install
+# INSTALL= skips the install step (.ci/run: `make lint` has just installed).
+INSTALL ?= install
+demo: $(INSTALL)
 	$(PYTHON) -m pretrain.demo --output_dir $(DEMO_DIR)
 
 # Two workers, a test file per worker at a time (module fixtures built once): 11 min instead of
 # 22 on 2 cores. TEST_WORKERS=0 runs everything in this one process. The 25 slowest tests are
 # listed at the end: CI's budget (25 min for .ci/run) is spent there.
 TEST_WORKERS ?= 2
-test: install
+test: $(INSTALL)
 	$(PYTHON) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # One formatter and linter (ruff, settings in pyproject.toml); CI fails on a finding.
