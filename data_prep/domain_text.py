@@ -23,6 +23,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bertforge.files import write_text_atomic
+from bertforge.logs import get_logger
+
+log = get_logger(__name__)
 
 DEFAULT_PACKAGES = ("email", "http", "urllib")
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -41,7 +44,13 @@ def package_files(name: str) -> list[Path]:
 def docstrings(files: Iterable[Path]) -> Iterator[str]:
     """Every module/class/function docstring of `files`, blank lines dropped."""
     for f in files:
-        tree = ast.parse(f.read_text(encoding="utf-8"), filename=str(f))
+        try:  # utf-8-sig: a byte-order mark is legal at the top of a Python source file
+            tree = ast.parse(f.read_text(encoding="utf-8-sig"), filename=str(f))
+        except (SyntaxError, UnicodeDecodeError) as err:  # e.g. lib2to3's test data
+            log.warning(
+                f"{f}: not parsed as this Python's source ({err}); its docstrings are skipped"
+            )
+            continue
         for node in ast.walk(tree):
             if isinstance(node, _DOC_NODES) and (doc := ast.get_docstring(node)):
                 yield "\n".join(line for line in doc.splitlines() if line.strip())

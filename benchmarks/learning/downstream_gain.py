@@ -27,15 +27,18 @@ the table, not its numbers).
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, write_results
+from benchmarks.common import CPU_DS_CONFIG, build_shards, write_results
+from benchmarks.learning.arms import (
+    Stages,
+    markdown,
+    plot,
+    pretraining_record,
+    scores,
+    summarise,
+)
 from benchmarks.learning.random_init import random_init_folder
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
@@ -48,16 +51,6 @@ log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
 REFERENCE = "random"
 TASKS = ("sentiment", "people_daily_ner")
-BOOTSTRAP = 10_000  # resamples of the seeds for the interval of the mean paired difference
-
-
-def paired_difference(arm: list[float], ref: list[float], seed: int = 0) -> dict:
-    """Mean of ``arm[i] - ref[i]`` over seeds and its bootstrap 95% interval (percentile)."""
-    diffs = [a - b for a, b in zip(arm, ref, strict=True)]
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(BOOTSTRAP))
-    low, high = means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
-    return {"mean": statistics.fmean(diffs), "low": low, "high": high, "values": diffs}
 
 
 def corpus_without_task_sentences(out: Path, task_sentences: int | None) -> Path:
@@ -73,26 +66,12 @@ def corpus_without_task_sentences(out: Path, task_sentences: int | None) -> Path
     return out
 
 
-class Experiment:
-    """The stages of one experiment in OUT; each skipped when its result is already there."""
+class Experiment(Stages):
+    """The stages of experiment A in OUT; each skipped when its result is already there."""
 
     def __init__(self, args: argparse.Namespace):
-        self.args, self.out = args, args.out.absolute()
-        (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        self.seconds: dict[str, float] = {}
-
-    def _run(self, name: str, cmd: list[str]) -> None:
-        log_file = self.out / "logs" / f"{name}.log"
-        log.info(f"{name}: {' '.join(cmd)}  (log: {log_file})")
-        start = time.monotonic()
-        with open(log_file, "a", encoding="utf-8") as f:
-            code = subprocess.run(
-                cmd, cwd=REPO, env=one_thread_env(), stdout=f, stderr=f
-            ).returncode
-        self.seconds[name] = round(time.monotonic() - start, 1)
-        if code != 0:
-            tail = log_file.read_text(encoding="utf-8")[-3000:]
-            raise SystemExit(f"{name} failed (exit {code}); end of {log_file}:\n{tail}")
+        super().__init__(args.out)
+        self.args = args
 
     def tasks(self) -> Path:
         from pretrain.evaluate.snownlp_tasks import write_tasks
@@ -141,118 +120,12 @@ class Experiment:
             num_workers=0,
             progress="false",
         )
-        self._run("pretrain", cmd)
+        self.run("pretrain", cmd)
         return run
 
     def evaluate(self, name: str, models: list[str]) -> dict:
-        out = self.out / "eval" / name
-        if not (out / "results.json").is_file():
-            a = self.args
-            cmd = [sys.executable, "-m", "pretrain.evaluate", "--models", *models]
-            cmd += ["--tasks", str(self.tasks()), "--only", *TASKS, "--out", str(out)]
-            cmd += ["--seeds", str(a.seeds), "--device", "cpu", *a.recipe]
-            self._run(f"evaluate_{name}", cmd)
-        return json.loads((out / "results.json").read_text(encoding="utf-8"))
-
-
-def scores(results: dict) -> dict[str, list[float]]:
-    """{task: the test primary metric per seed} of the one model of a results.json."""
-    return {r["task"]: r["test"][r["primary"]]["values"] for r in results["results"]}
-
-
-def pretraining_record(run: Path) -> dict:
-    """What the pretraining run spent, from its metrics.jsonl: optimizer steps, tokens (the
-    last record of each step, so redone steps after a resume count once) and training time
-    over all its launches."""
-    from pretrain.components.metrics import read_metrics
-
-    by_step = {r["step"]: r for r in read_metrics(run / "metrics.jsonl", "train")}
-    last = by_step[max(by_step)]
-    return {
-        "steps": max(by_step),
-        "tokens": int(sum(r["tokens"] for r in by_step.values())),
-        "training_s": round(last["elapsed_s"], 1),
-    }
-
-
-def summarise(arms: dict[str, dict[str, list[float]]], refs: list[dict], seeds: int) -> dict:
-    """Per task: each arm's median [min, max], its paired difference to the reference arm, and
-    the reference rows (majority class, classical model)."""
-    tasks = {}
-    for task in TASKS:
-        ref = arms[REFERENCE][task]
-        tasks[task] = {
-            "arms": {
-                arm: {
-                    "median": statistics.median(v[task]),
-                    "min": min(v[task]),
-                    "max": max(v[task]),
-                    "values": v[task],
-                    **(
-                        {"vs_" + REFERENCE: paired_difference(v[task], ref)}
-                        if arm != REFERENCE
-                        else {}
-                    ),
-                }
-                for arm, v in arms.items()
-            },
-            "references": {
-                r["model"]: r["test"][r["primary"]]["median"] for r in refs if r["task"] == task
-            },
-        }
-    return {"seeds": seeds, "tasks": tasks}
-
-
-def markdown(summary: dict) -> str:
-    """The table: one row per arm and reference, one column per task."""
-    head = "| arm | " + " | ".join(summary["tasks"]) + " |"
-    lines = [head, "|---" * (len(summary["tasks"]) + 1) + "|"]
-    arms = next(iter(summary["tasks"].values()))["arms"]
-    for arm in arms:
-        cells = []
-        for t in summary["tasks"].values():
-            s = t["arms"][arm]
-            cell = f"{s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
-            if (d := s.get("vs_" + REFERENCE)) is not None:
-                cell += f"; {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
-            cells.append(cell)
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    refs = dict.fromkeys(r for t in summary["tasks"].values() for r in t["references"])
-    for ref in refs:
-        row = [
-            f"{t['references'][ref]:.3f}" if ref in t["references"] else "-"
-            for t in summary["tasks"].values()
-        ]
-        lines.append(f"| *{ref}* (reference) | " + " | ".join(row) + " |")
-    note = (
-        f"\nTest score median [min, max] over {summary['seeds']} fine-tuning seeds; after the "
-        f"semicolon, the mean paired difference to `{REFERENCE}` (same seed) with its bootstrap "
-        "95% interval."
-    )
-    return "\n".join(lines) + "\n" + note + "\n"
-
-
-def plot(summary: dict, path: Path) -> None:
-    """One panel per task: each arm's seeds as points, the median as a bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = summary["tasks"]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.2), squeeze=False)
-    for ax, (task, t) in zip(axes[0], tasks.items()):
-        names = list(t["arms"])
-        ax.bar(names, [t["arms"][n]["median"] for n in names], color="#cfd8e3")
-        for i, n in enumerate(names):
-            ax.plot([i] * len(t["arms"][n]["values"]), t["arms"][n]["values"], "k.", ms=5)
-        for ref, v in t["references"].items():
-            ax.axhline(v, ls="--", lw=0.8, color="#999")
-            ax.annotate(ref, (len(names) - 0.5, v), fontsize=7, ha="right", va="bottom")
-        ax.set_title(task)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        a = self.args
+        return super().evaluate(name, models, self.tasks(), TASKS, a.seeds, a.recipe)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -301,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.curve:
         exp.evaluate("curve", [f"step={run}@all"])
     arms = {name: scores(res) for name, res in results.items()}
-    summary = summarise(arms, results[REFERENCE]["references"], args.seeds)
+    summary = summarise(arms, results[REFERENCE]["references"], args.seeds, TASKS, REFERENCE)
     summary |= {
         "pretraining": {
             "model": args.model,

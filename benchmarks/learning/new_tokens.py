@@ -22,31 +22,40 @@ if TYPE_CHECKING:
 ARMS = ("scratch", "continued", "random_rows")
 VOCAB_KEYS = (  # tensors with one row (or entry) per vocabulary token in an exported folder
     "bert.embeddings.word_embeddings.weight",
+    "embeddings.word_embeddings.weight",  # a published BertModel (no MLM head, no prefix)
     "cls.predictions.decoder.weight",
 )
 BIAS_KEYS = ("cls.predictions.bias", "cls.predictions.decoder.bias")
 
 
 def random_rows_folder(base: Path, ext_tokenizer: Path, out: Path, seed: int = 0) -> Path:
-    """`base` with one row per extended-tokenizer entry: old rows as they are, new rows random
-    (normal(0, initializer_range); MLM bias 0), and the extended tokenizer."""
+    """`base` with one row per extended-tokenizer entry: old tokens' rows as they are, new
+    tokens' rows random (normal(0, initializer_range); MLM bias 0), whether a new token took an
+    ``[unused*]`` slot or was appended, and the extended tokenizer."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
 
+    if (out / "model.safetensors").is_file():
+        return out
     config = json.loads((base / "config.json").read_text())
     sd = load_file(str(base / "model.safetensors"))
+    old_vocab = AutoTokenizer.from_pretrained(str(base)).get_vocab()
     tok = AutoTokenizer.from_pretrained(str(ext_tokenizer))
+    old_ids = {i: t for t, i in old_vocab.items()}
+    new_ids = sorted(i for t, i in tok.get_vocab().items() if old_ids.get(i) != t)
     old, new = config["vocab_size"], len(tok)
     gen = torch.Generator().manual_seed(seed)
-    rows = torch.randn(new - old, config["hidden_size"], generator=gen)
+    rows = torch.randn(len(new_ids), config["hidden_size"], generator=gen)
     rows = rows * config.get("initializer_range", 0.02)
-    for key in VOCAB_KEYS:
-        if key in sd:
-            sd[key] = torch.cat([sd[key], rows.to(sd[key].dtype)]).contiguous()
-    for key in BIAS_KEYS:
-        if key in sd:
-            sd[key] = torch.cat([sd[key], torch.zeros(new - old, dtype=sd[key].dtype)])
+    for key in (*VOCAB_KEYS, *BIAS_KEYS):
+        if key not in sd:
+            continue
+        t = sd[key]
+        grown = torch.cat([t, t.new_zeros((new - old, *t.shape[1:]))]) if new > old else t.clone()
+        index = torch.tensor(new_ids)
+        grown[index] = rows.to(t.dtype) if key in VOCAB_KEYS else 0.0
+        sd[key] = grown.contiguous()
     with publish_dir(out, replace=True) as tmp:
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json_atomic(tmp / "config.json", {**config, "vocab_size": new}, indent=2)

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, write_results
-from benchmarks.learning.downstream_gain import paired_difference, pretraining_record
+from benchmarks.learning.arms import paired_difference, pretraining_record
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger

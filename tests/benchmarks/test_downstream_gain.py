@@ -10,7 +10,8 @@ import shutil
 import pytest
 from helpers.commands import run_cli
 
-from benchmarks.learning.downstream_gain import TASKS, paired_difference
+from benchmarks.learning.arms import paired_difference
+from benchmarks.learning.downstream_gain import TASKS
 
 pytestmark = pytest.mark.slow
 
