@@ -111,6 +111,7 @@ SLOW_FILES_FIRST = (
     "tests/benchmarks/test_gpu_check.py",
     "tests/e2e/test_two_rank_training.py",
     "tests/benchmarks/test_downstream_gain.py",
+    "tests/benchmarks/test_domain_gain.py",
     "tests/e2e/test_signal_any_moment.py",
     "tests/e2e/test_phase_plan_training.py",
     "tests/e2e/test_modernbert_features.py",

@@ -14,7 +14,7 @@ from benchmarks.learning.domain_gain import REFERENCE, TIPS
 
 pytestmark = pytest.mark.slow
 
-ARMS = ("b_mask15", "d_vocab_mean", "e_vocab_random")  # plain, new vocabulary, random rows
+ARMS = ("d_vocab_mean", "e_vocab_random")  # new vocabulary: mean-of-pieces vs random rows
 
 
 def _table_rows(printed: str) -> list[str]:
@@ -27,15 +27,15 @@ def test_quick_experiment_prints_both_tables_and_resumes(tmp_path):
     cmd = ("-m", "benchmarks.learning.domain_gain", "--out", str(out), "--base", str(base))
     cmd += ("--quick", "--arms", REFERENCE, *ARMS)
     rows = _table_rows(run_cli(*cmd).stdout)
-    assert [r.split(" | ")[0][2:] for r in rows[1:5]] == [REFERENCE, *ARMS]
+    assert [r.split(" | ")[0][2:] for r in rows[1:4]] == [REFERENCE, *ARMS]
     assert rows[1].count("; ") == 0  # the reference row has no difference to itself
-    assert all(r.count("; ") == 1 for r in rows[2:5])
+    assert all(r.count("; ") == 1 for r in rows[2:4])
     tips = [r for r in rows if " - " in r.split(" | ")[1] and not r.startswith("| tip |")]
     ran = {REFERENCE, *ARMS}
-    assert len(tips) == sum(arm in ran and other in ran for _, arm, other in TIPS) == 2
+    assert len(tips) == sum(arm in ran and other in ran for _, arm, other in TIPS) == 1
 
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["reference"] == REFERENCE and len(summary["tips"]) == 2
+    assert summary["reference"] == REFERENCE and len(summary["tips"]) == 1
     assert set(summary["pretraining"]) == set(ARMS)
     assert {r["steps"] for r in summary["pretraining"].values()} == {4}
     assert summary["terms"] and (out / "gain.png").stat().st_size > 0
@@ -46,3 +46,52 @@ def test_quick_experiment_prints_both_tables_and_resumes(tmp_path):
     run_cli(*cmd)  # finished: nothing runs again, the same tables come out
     again = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert again["seconds"] == {} and again["tasks"] == summary["tasks"]
+
+
+def test_random_rows_replace_unused_slots_and_appended_tokens(tmp_path):
+    """Arm (e)'s base: every token the extension added (in an [unused*] slot or appended) gets
+    a random row; every old token keeps its row. A published BertModel has no prefix."""
+    import torch
+    import transformers
+    from helpers.vocab import vocab_with_unused
+    from safetensors.torch import load_file
+
+    from benchmarks.learning.new_tokens import random_rows_folder
+    from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
+    from data_prep.sample_corpus import pydoc_documents
+    from data_prep.tokenizer import train_wordpiece
+
+    train_wordpiece(pydoc_documents()[:40], 800, True, tmp_path / "trained")
+    base = tmp_path / "base"
+    base.mkdir()
+    vocab_with_unused(tmp_path / "trained", base / "vocab.txt", unused=2)
+    tok = transformers.BertTokenizerFast(str(base / "vocab.txt"))
+    tok.save_pretrained(str(base))
+    conf = transformers.BertConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    transformers.BertModel(conf).save_pretrained(str(base))
+    terms = tmp_path / "terms.txt"
+    terms.write_text("hypertension\ncholecystectomy\nthrombocytopenia\n", encoding="utf-8")
+    ext = tmp_path / "ext"
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(pydoc_documents()[:5]), encoding="utf-8")
+    extend_tokenizer(ExtendConfig(tokenizer=base, inputs=(str(text),), output=ext, terms=terms))
+
+    out = random_rows_folder(base, ext, tmp_path / "random_rows")
+    key = "embeddings.word_embeddings.weight"
+    old = load_file(str(base / "model.safetensors"))[key]
+    new = load_file(str(out / "model.safetensors"))[key]
+    ext_vocab = transformers.AutoTokenizer.from_pretrained(str(ext)).get_vocab()
+    added = sorted(ext_vocab[t] for t in ("hypertension", "cholecystectomy", "thrombocytopenia"))
+    assert added[:2] == [1, 2] and added[2] >= len(old)  # two [unused*] slots, then appended
+    old_vocab = transformers.AutoTokenizer.from_pretrained(str(base)).get_vocab()
+    kept = sorted(i for t, i in ext_vocab.items() if old_vocab.get(t) == i)
+    assert len(kept) == len(old) - 2 and new.shape[0] == len(ext_vocab)
+    assert torch.equal(new[kept], old[kept])
+    assert not torch.allclose(new[added[:2]], old[added[:2]])
+    assert new[len(old) :].abs().min() > 0  # appended rows are drawn, not zeros
