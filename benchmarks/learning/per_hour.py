@@ -37,8 +37,9 @@ files: :mod:`benchmarks.learning.seeded_head`) and both sides load it fully (our
 that folder, HF ``from_pretrained``), so nothing differs at step 0: each curve starts at time 0
 with its side's step-0 model (HF: saved as its Trainer starts; ours: an lr-0 one-step run), and
 the report gives their difference (``step0_loss_gap``). The shards use the checkpoint's tokenizer;
-the text is the stdlib docstrings (``data_prep/domain_text.py``) unless ``--corpus``; lr 1e-4,
-20 warmup steps, bf16 unless given. ``--quick`` (CI): 3 s per side on 1 rank, 2 snapshots.
+the text is the docstrings of 13 stdlib packages (``data_prep/domain_text.py``,
+``DOCSTRING_PACKAGES``) unless ``--corpus``; lr 1e-4, 20 warmup steps, bf16 unless given.
+``--quick`` (CI): 3 s per side on 1 rank, 2 snapshots, email/http/urllib docstrings only.
 
     python -m benchmarks.learning.per_hour --init_from minilm --budget_s 270
 """
@@ -331,14 +332,23 @@ def init_model(args, work: Path) -> Path | None:
     return seeded_mlm_folder(source, work / "init_mlm", seed=args.head_seed)
 
 
+# The docstrings of these stdlib packages (~630 KB with Python 3.11; email/http/urllib alone
+# hold out only ~20 sequences): continued mode's default text.
+DOCSTRING_PACKAGES = (
+    *DEFAULT_PACKAGES,
+    *("asyncio", "logging", "multiprocessing", "unittest", "xml", "importlib"),
+    *("concurrent", "json", "tkinter", "typing"),
+)
+
+
 def default_corpus(args, work: Path) -> list[Path] | None:
     """--corpus, else in continued mode the stdlib docstrings (domain text the checkpoint has
-    not seen as such), else None (pydoc topics)."""
+    not seen as such), else None (pydoc topics). --quick: email, http and urllib only."""
     if args.corpus or not args.init_from:
         return args.corpus
     out = work / "domain.txt"
     if not out.is_file():
-        write_domain_text(DEFAULT_PACKAGES, out)
+        write_domain_text(DEFAULT_PACKAGES if args.quick else DOCSTRING_PACKAGES, out)
     return [out]
 
 
