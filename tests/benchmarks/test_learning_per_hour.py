@@ -229,6 +229,7 @@ def _small_encoder(folder):
         num_attention_heads=2,
         intermediate_size=128,
         max_position_embeddings=256,
+        initializer_range=0.2,  # logits far from flat: a bf16-rounded start would show at step 0
     )
     torch.manual_seed(0)
     BertModel(conf).save_pretrained(str(folder))
