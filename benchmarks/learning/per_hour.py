@@ -304,8 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return with_mode_defaults(p.parse_args(argv))
 
 
-QUICK = {"budget_s": 3.0, "snapshots": 2, "ranks": 1, "global_batch": 8, "seq_len": 64}
-QUICK.update(eval_sequences=16)
+QUICK = dict(budget_s=3.0, snapshots=2, ranks=1, global_batch=8, seq_len=64, eval_sequences=16)
 SCRATCH = {"lr": 5e-4, "warmup_steps": 50, "precision": "fp32"}
 # Continued pretraining: a gentler lr and a short warmup (the head starts random, the encoder
 # does not); bf16 because HF Trainer's step on this CPU (avx512_bf16) takes half the time in bf16
@@ -463,6 +462,12 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
     return sides, launches
 
 
+def _home_tilde(path: Path) -> str:
+    """A path under the home folder as ``~/...`` (results are committed: no machine's home)."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
 def check_flags(args) -> None:
     """Refuse flag combinations that contradict --init_from (before any work)."""
     if args.init_from and (args.tokenizer or args.vocab_size):
@@ -497,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if gap is not None:
         log.info(f"step-0 held-out loss: the sides differ by {gap:.2e}")
     result = {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": {k: (_home_tilde(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "data": stats,
         "launches": launches,
         "sides": sides,
