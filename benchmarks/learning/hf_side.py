@@ -24,6 +24,7 @@ def hf_command(shards: Path, out: Path, args, launched: float) -> list[str]:
         *("--budget_s", str(args.budget_s), "--snapshots", str(args.snapshots)),
         *("--global_batch", str(args.global_batch), "--lr", str(args.lr)),
         *("--warmup_steps", str(args.warmup_steps), "--launched", repr(launched)),
+        *(("--init_model", str(args.init_model)) if args.init_model else ()),
     ]
 
 
@@ -41,7 +42,7 @@ def hf_worker(args) -> None:
         {"input_ids": np.asarray(reader[i].input_ids, dtype=np.int64).tolist()}
         for i in range(len(reader))
     ]
-    model = random_bert_mlm(args.model, len(tok), attn_implementation="sdpa")
+    model = hf_model(args, len(tok))
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     targs = hf_training_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     clock = snapshot_clock(args)
@@ -51,6 +52,18 @@ def hf_worker(args) -> None:
     ).train()
     if int(os.environ.get("RANK", "0")) == 0:
         write_json_atomic(Path(args.hf_out, "snapshots.json"), clock.records)
+
+
+def hf_model(args, vocab_size: int):
+    """The seeded folder as saved (continued mode: ``--init_model``), else a random model of the
+    preset; SDPA attention either way."""
+    import transformers
+
+    if args.init_model:
+        return transformers.BertForMaskedLM.from_pretrained(
+            args.init_model, attn_implementation="sdpa"
+        )
+    return random_bert_mlm(args.model, vocab_size, attn_implementation="sdpa")
 
 
 def hf_training_args(args, world: int):
@@ -97,6 +110,12 @@ def snapshot_clock(args):
             self.launched, self.budget = float(args.launched), float(args.budget_s)
             self.marks = [self.budget * k / args.snapshots for k in range(1, args.snapshots)]
             self.out, self.save_s, self.records = Path(args.hf_out), 0.0, []
+
+        def on_train_begin(self, targs, state, control, model=None, **_kw):
+            # continued mode: the model as the Trainer starts it, at time 0 of the curve
+            if args.init_model and state.is_world_process_zero:
+                self.save(model, 0, 0.0)
+                self.records[-1]["time_s"] = 0.0
 
         def on_step_end(self, targs, state, control, model=None, **_kw):
             wall = time.time() - self.launched

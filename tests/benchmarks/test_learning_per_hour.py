@@ -208,3 +208,51 @@ def test_score_only_scores_snapshots_trained_earlier(dry_run, tmp_path):
     want = heldout_loss(snaps[-1]["model"], batches)["loss"]
     assert result["sides"]["hf"][-1]["loss"] == pytest.approx(want, rel=1e-6)
     assert (work / "learning.png").is_file()
+
+
+def _small_encoder(folder):
+    """A 2-layer, 64-wide BertModel (no MLM head, as a published encoder) with a tokenizer
+    whose tokenizer.json has padding and truncation switched on (as all-MiniLM-L6-v2's has)."""
+    from helpers.tiny_bert import tiny_tokenizer
+    from tokenizers import Tokenizer
+    from transformers import BertConfig, BertModel
+
+    tok = tiny_tokenizer(folder)
+    spec = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    spec.enable_truncation(max_length=128)
+    spec.enable_padding(length=128, pad_id=tok.pad_token_id, pad_token=tok.pad_token)
+    spec.save(str(folder / "tokenizer.json"))
+    conf = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.2,  # logits far from flat: a bf16-rounded start would show at step 0
+    )
+    torch.manual_seed(0)
+    BertModel(conf).save_pretrained(str(folder))
+    return folder
+
+
+def test_continued_quick_both_sides_start_from_the_same_seeded_folder(tmp_path):
+    """--init_from --quick: both sides load one seeded BertForMaskedLM folder, so their step-0
+    held-out losses through the one evaluator are equal; the report has both curves and the
+    time-to-reach keys (numbers are not checked: a few seconds of training say nothing)."""
+    encoder = _small_encoder(tmp_path / "encoder")
+    work = tmp_path / "work"
+    args = ["-m", "benchmarks.learning.per_hour", "--init_from", str(encoder), "--quick"]
+    proc = run_cli(*args, "--workdir", str(work), "--port", "29890")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((work / "learning.json").read_text())
+    assert set(result["sides"]) == {"hf", "ours"}
+    for side, recs in result["sides"].items():
+        assert recs[0]["step"] == 0 and recs[0]["time_s"] == 0.0, side
+        assert len(recs) >= 2 and recs[-1]["step"] > 0, side
+        s = result["summary"][side]
+        assert {"reaches_other_final_s", "loss_at_end", "loss_at"} <= set(s), side
+    first = [recs[0]["loss"] for recs in result["sides"].values()]
+    assert first[0] == pytest.approx(first[1], rel=1e-6)
+    assert result["step0_loss_gap"] == pytest.approx(0.0, abs=1e-5)
+    assert (work / "learning.png").is_file()
