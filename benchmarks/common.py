@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_json_atomic
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_DS_CONFIG = REPO / "ds_configs" / "cpu.json"  # the shipped ZeRO-2 CPU config
@@ -40,7 +40,7 @@ def build_shards(corpus: Path | list[Path], out: Path, *, quiet: bool = True, **
 
 def shards_manifest(shards: Path) -> dict[str, Any]:
     """The manifest of a finished build, read and checked by ``data_prep``."""
-    from data_prep.reader import load_manifest
+    from bertforge.data_prep.reader import load_manifest
 
     return load_manifest(shards)
 
@@ -102,7 +102,7 @@ def random_bert_mlm(preset: str, vocab_size: int, seed: int = 0, **config: Any):
     import torch
     import transformers
 
-    from pretrain.model.model_config import PRESETS
+    from bertforge.pretrain.model.model_config import PRESETS
 
     shape = PRESETS[preset]
     conf = transformers.BertConfig(
@@ -143,7 +143,7 @@ def run_ranks_measured(
 
     import psutil
 
-    from pretrain.components.distributed import LAUNCHER_VARS
+    from bertforge.pretrain.components.distributed import LAUNCHER_VARS
 
     # A launch starts its own job: a rendezvous of the caller's (an in-process run sets
     # LOCAL_RANK in os.environ) would make every process look like a rank's loader worker.

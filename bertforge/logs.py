@@ -15,7 +15,7 @@ import os
 import sys
 
 #: The top-level packages whose loggers get the project's handler.
-PACKAGES = ("pretrain", "data_prep", "benchmarks", "kernels", "bertforge")
+PACKAGES = ("bertforge", "benchmarks", "pretrain", "data_prep")
 
 
 def process_rank() -> int:
@@ -30,7 +30,7 @@ def _world_size() -> int:
 def format_line(name: str, levelno: int, message: str) -> str:
     """One line in the project's format, for a logger ``name`` (its package is shown) and a
     ``logging`` level; also for lines that must go through a progress bar instead of a handler."""
-    who = name.split(".", 1)[0]
+    who = name.removeprefix("bertforge.").split(".", 1)[0]
     if _world_size() > 1:
         who += f" rank {process_rank()}"
     level = "" if levelno < logging.WARNING else f"{logging.getLevelName(levelno)}: "

@@ -5,7 +5,7 @@ shards with `data_prep.reader.ShardReader`. This package import stays light (num
 that DataLoader workers and build workers start fast.
 """
 
-from data_prep.layout import FORMAT_VERSION
-from data_prep.reader import Sample, ShardError, ShardReader
+from bertforge.data_prep.layout import FORMAT_VERSION
+from bertforge.data_prep.reader import Sample, ShardError, ShardReader
 
 __all__ = ["FORMAT_VERSION", "Sample", "ShardError", "ShardReader"]

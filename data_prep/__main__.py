@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser, add_fields, from_args
+from bertforge.data_prep import extend_tokenizer
+from bertforge.data_prep.build import build, prepare
+from bertforge.data_prep.build_config import BuildConfig
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from data_prep import extend_tokenizer
-from data_prep.build import build, prepare
-from data_prep.build_config import BuildConfig
 
 log = get_logger(__name__)
 
@@ -82,7 +82,7 @@ def _print_built(m: dict, out: Path) -> None:
             f"{s['tokens']:,} tokens in {len(s['shards'])} shards"
         )
     if m["dropped"]:
-        from data_prep.report import bad_records, bad_records_line
+        from bertforge.data_prep.report import bad_records, bad_records_line
 
         print(bad_records_line(bad_records(m)) + " (manifest.json: bad_records)")
     if "decontamination" in m:
@@ -117,16 +117,16 @@ def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
     """Run one parsed command other than extend-tokenizer (a UserError is the user's to fix)."""
-    from data_prep.report import print_summary, summary, verify
+    from bertforge.data_prep.report import print_summary, summary, verify
 
     if args.command in ("build", "prepare"):
         _build_or_prepare(args, argv)
     elif args.command == "merge":
-        from data_prep.build import merge
+        from bertforge.data_prep.build import merge
 
         _print_built(merge(args.root), args.root)
     elif args.command == "check-overlap":
-        from data_prep.overlap import overlap_report, print_report
+        from bertforge.data_prep.overlap import overlap_report, print_report
 
         r = overlap_report(
             args.a, args.b, args.threshold, tuple(args.splits_a), tuple(args.splits_b)

@@ -34,18 +34,22 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bertforge.files import write_json_atomic
-from bertforge.logs import get_logger
-from data_prep.build_config import BuildConfig, BuildError, build_key, check_config, refuse_mismatch
-from data_prep.decontam import NearDuplicateIndex, Signer
-from data_prep.inputs import (
+from bertforge.data_prep.build_config import (
+    BuildConfig,
+    BuildError,
+    build_key,
+    check_config,
+    refuse_mismatch,
+)
+from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
+from bertforge.data_prep.inputs import (
     DropCounter,
     InputError,
     expand_inputs,
     iter_documents,
     iter_located_documents,
 )
-from data_prep.layout import (
+from bertforge.data_prep.layout import (
     MANIFEST,
     SPLITS,
     TOKENIZER_DIR,
@@ -53,9 +57,9 @@ from data_prep.layout import (
     remove_stale_temporaries,
     token_dtype_for,
 )
-from data_prep.lock import FolderLock, LockError
-from data_prep.manifest import bad_records, build_manifest, no_usable_input
-from data_prep.partition import (
+from bertforge.data_prep.lock import FolderLock, LockError
+from bertforge.data_prep.manifest import bad_records, build_manifest, no_usable_input
+from bertforge.data_prep.partition import (
     MergeLock,
     PartitionError,
     complete_units,
@@ -63,11 +67,19 @@ from data_prep.partition import (
     remove_own_temporaries,
     write_part_record,
 )
-from data_prep.progress import Progress
-from data_prep.reader import load_manifest
-from data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
-from data_prep.wordstart import read_protected_terms
-from data_prep.worker import WorkerSpec, done_record_path, init_worker, is_validation, run_unit
+from bertforge.data_prep.progress import Progress
+from bertforge.data_prep.reader import load_manifest
+from bertforge.data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
+from bertforge.data_prep.wordstart import read_protected_terms
+from bertforge.data_prep.worker import (
+    WorkerSpec,
+    done_record_path,
+    init_worker,
+    is_validation,
+    run_unit,
+)
+from bertforge.files import write_json_atomic
+from bertforge.logs import get_logger
 
 log = get_logger(__name__)
 

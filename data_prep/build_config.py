@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import checked, opt
+from bertforge.data_prep.decontam import NUM_PERM, SHINGLE
+from bertforge.data_prep.inputs import InputConfig, input_signature
+from bertforge.data_prep.layout import FORMAT_VERSION, TOKENIZER_DIR
+from bertforge.data_prep.progress import normalize_mode
+from bertforge.data_prep.sequences import SequenceConfig
+from bertforge.data_prep.tokenizer import describe
 from bertforge.errors import UserError
-from data_prep.decontam import NUM_PERM, SHINGLE
-from data_prep.inputs import InputConfig, input_signature
-from data_prep.layout import FORMAT_VERSION, TOKENIZER_DIR
-from data_prep.progress import normalize_mode
-from data_prep.sequences import SequenceConfig
-from data_prep.tokenizer import describe
 
 
 class BuildError(UserError, ValueError):

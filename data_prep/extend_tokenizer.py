@@ -34,12 +34,12 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
+from bertforge.data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
+from bertforge.data_prep.tokenizer import TokenizerError, _lowercases, _write_hf, import_tokenizer
+from bertforge.data_prep.wordstart import _CJK_RE, read_protected_terms
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir, write_json_atomic
 from bertforge.logs import get_logger
-from data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
-from data_prep.tokenizer import TokenizerError, _lowercases, _write_hf, import_tokenizer
-from data_prep.wordstart import _CJK_RE, read_protected_terms
 
 log = get_logger(__name__)
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.cli import opt
+from bertforge.data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
 
 log = get_logger(__name__)
 

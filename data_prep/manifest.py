@@ -8,10 +8,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from data_prep.decontam import sum_stats
-from data_prep.inputs import MAX_BAD_EXAMPLES
-from data_prep.layout import FORMAT_VERSION, SPLITS, TOKENIZER_DIR, token_dtype_for
-from data_prep.tokenizer import describe
+from bertforge.data_prep.decontam import sum_stats
+from bertforge.data_prep.inputs import MAX_BAD_EXAMPLES
+from bertforge.data_prep.layout import FORMAT_VERSION, SPLITS, TOKENIZER_DIR, token_dtype_for
+from bertforge.data_prep.tokenizer import describe
 
 
 def build_manifest(out: Path, key: dict, records: list[dict], first_part: dict) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.decontam import NearDuplicateIndex, Signer
-from data_prep.layout import TOKENIZER_DIR
-from data_prep.reader import ShardReader, load_manifest
+from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
+from bertforge.data_prep.layout import TOKENIZER_DIR
+from bertforge.data_prep.reader import ShardReader, load_manifest
 
 
 def _units_of_shard(reader: ShardReader, lo: int, hi: int, by_document: bool) -> list[list[int]]:

@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 from typing import Any, Self
 
+from bertforge.data_prep.layout import WORK_DIR
+from bertforge.data_prep.lock import FolderLock, LockError
 from bertforge.errors import UserError
 from bertforge.files import write_json_atomic
-from data_prep.layout import WORK_DIR
-from data_prep.lock import FolderLock, LockError
 
 MERGE_LOCK = "merge.lock"
 _PART_FILE = re.compile(r"part-(\d+)-of-(\d+)\.json$")

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.errors import UserError
-from data_prep.layout import (
+from bertforge.data_prep.layout import (
     FORMAT_VERSION,
     MANIFEST,
     NSP_DTYPE,
@@ -36,6 +35,7 @@ from data_prep.layout import (
     TOKENIZER_DIR,
     sha256_file,
 )
+from bertforge.errors import UserError
 
 _VERIFY_MODES = ("none", "size", "full")
 # get_batch gathers per shard when a batch holds at least this many sequences per shard on average

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.data_prep.layout import MANIFEST, TOKENIZER_DIR
+from bertforge.data_prep.reader import ShardError, ShardReader, check_file, load_manifest
+from bertforge.data_prep.tokenizer import TokenizerError, describe
 from bertforge.logs import get_logger
-from data_prep.layout import MANIFEST, TOKENIZER_DIR
-from data_prep.reader import ShardError, ShardReader, check_file, load_manifest
-from data_prep.tokenizer import TokenizerError, describe
 
 log = get_logger(__name__)
 
@@ -29,8 +29,13 @@ def summary(
     first ``term_scan`` sequences of each split."""
     from tokenizers import Tokenizer
 
-    from data_prep.unit_marks import TermMatcher, count_terms, mark_tokens, resolve_terms_file
-    from data_prep.wordstart import read_protected_terms
+    from bertforge.data_prep.unit_marks import (
+        TermMatcher,
+        count_terms,
+        mark_tokens,
+        resolve_terms_file,
+    )
+    from bertforge.data_prep.wordstart import read_protected_terms
 
     manifest = load_manifest(root)
     tok = Tokenizer.from_file(str(root / TOKENIZER_DIR / "tokenizer.json"))

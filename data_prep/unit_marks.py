@@ -145,7 +145,7 @@ def resolve_terms_file(
                 f"{root}: built with --protected_terms {recorded}, which is no longer "
                 "there; give it with --protected_terms to count its terms"
             )
-    from data_prep.wordstart import read_protected_terms
+    from bertforge.data_prep.wordstart import read_protected_terms
 
     terms = read_protected_terms(path)
     if built_hash and terms_hash(terms) != built_hash:

@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertforge.files import write_json_atomic
-from data_prep.decontam import Decontaminator
-from data_prep.layout import (
+from bertforge.data_prep.decontam import Decontaminator
+from bertforge.data_prep.layout import (
     NSP_DTYPE,
     SPLITS,
     WORK_DIR,
@@ -28,9 +27,10 @@ from data_prep.layout import (
     shard_name,
     write_array_atomic,
 )
-from data_prep.sequences import SequenceConfig, Sequences, nsp_instances, pack
-from data_prep.tokenizer import continuation_flags, plain_encoding
-from data_prep.wordstart import WordStarts
+from bertforge.data_prep.sequences import SequenceConfig, Sequences, nsp_instances, pack
+from bertforge.data_prep.tokenizer import continuation_flags, plain_encoding
+from bertforge.data_prep.wordstart import WordStarts
+from bertforge.files import write_json_atomic
 
 # Sentence ends for nsp segments: line breaks, and ./!/? + space or CJK full stops.
 _SENTENCE_END = re.compile(r"\n+|(?<=[.!?;])\s+|(?<=[。！？；…])")

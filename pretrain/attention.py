@@ -105,7 +105,7 @@ def load_model(spec: str, workdir: Path):
     """(model with eager attention, tokenizer, HF folder) for a model argument."""
     import transformers
 
-    from pretrain.evaluate.models import materialize, resolve
+    from bertforge.pretrain.evaluate.models import materialize, resolve
 
     refs = resolve(spec)
     if len(refs) != 1:

@@ -24,33 +24,37 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bertforge.data_prep.lock import FolderLock
 from bertforge.files import publish_dir, write_json_atomic
 from bertforge.logs import get_logger, process_rank
-from data_prep.lock import FolderLock
-from pretrain.components import anneal, watchdog
-from pretrain.components.budget import TimeBudget, TimeClockLR
-from pretrain.components.checkpoint import CheckpointManager
-from pretrain.components.distributed import init_distributed, sum_across_ranks
-from pretrain.components.downstream_jobs import DownstreamJobs
-from pretrain.components.ema import EMA
-from pretrain.components.guarded_step import GuardedStep
-from pretrain.components.metrics import MetricsWriter, device_peak_tflops
-from pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
-from pretrain.components.phases import PhaseTracker, tracker_for_run
-from pretrain.components.preemption import PreemptionHandler
-from pretrain.components.resume import ResumePoint, find_resume
-from pretrain.components.schedule_override import check_resume_clock
-from pretrain.config.ds_config import ConfigError, DeepSpeedSetup, resolve_deepspeed_config
-from pretrain.config.train_config import TrainConfig
-from pretrain.data.loader import build_loader
-from pretrain.data.mixture import open_training, parse_mixture, validation_readers
-from pretrain.data.shard_check import verify_once
-from pretrain.model.bert import build_model, resolve_config
-from pretrain.model.document_attention import resolve_attention
-from pretrain.model.init_from import load_initial_weights
-from pretrain.model.init_source import extend_context, init_architecture
-from pretrain.model.modernbert import check_engine, check_supported
-from pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
+from bertforge.pretrain.components import anneal, watchdog
+from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
+from bertforge.pretrain.components.checkpoint import CheckpointManager
+from bertforge.pretrain.components.distributed import init_distributed, sum_across_ranks
+from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
+from bertforge.pretrain.components.ema import EMA
+from bertforge.pretrain.components.guarded_step import GuardedStep
+from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tflops
+from bertforge.pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
+from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
+from bertforge.pretrain.components.preemption import PreemptionHandler
+from bertforge.pretrain.components.resume import ResumePoint, find_resume
+from bertforge.pretrain.components.schedule_override import check_resume_clock
+from bertforge.pretrain.config.ds_config import (
+    ConfigError,
+    DeepSpeedSetup,
+    resolve_deepspeed_config,
+)
+from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.data.loader import build_loader
+from bertforge.pretrain.data.mixture import open_training, parse_mixture, validation_readers
+from bertforge.pretrain.data.shard_check import verify_once
+from bertforge.pretrain.model.bert import build_model, resolve_config
+from bertforge.pretrain.model.document_attention import resolve_attention
+from bertforge.pretrain.model.init_from import load_initial_weights
+from bertforge.pretrain.model.init_source import extend_context, init_architecture
+from bertforge.pretrain.model.modernbert import check_engine, check_supported
+from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
 

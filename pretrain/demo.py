@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser
+from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
-from data_prep.sample_corpus import pydoc_documents, write_english_corpus
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 log = get_logger(__name__)
 
@@ -186,9 +186,9 @@ def frequent_token_guess(shards: Path, masking: dict) -> dict:
     learned only token frequencies gets, to read the trained model's accuracy against."""
     import numpy as np
 
-    from data_prep.reader import ShardReader
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.masking import IGNORE_INDEX, MaskingConfig
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import IGNORE_INDEX, MaskingConfig
 
     cfg = MaskingConfig(**masking)
     loader_cfg = DataConfig(num_workers=0)
@@ -235,7 +235,7 @@ def demo_paths(out: Path) -> dict[str, Path]:
 
 def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[str, list, bool]]:
     """The command table: (name, command, stream its output?) for each step, in order."""
-    from pretrain.components.distributed import free_port
+    from bertforge.pretrain.components.distributed import free_port
 
     half = args.steps // 2
     py = sys.executable
@@ -255,7 +255,7 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
         (
             "doctor",
             [
-                *(py, "-m", "pretrain.doctor"),
+                *(py, "-m", "bertforge.pretrain.doctor"),
                 *command_line.flags(
                     {
                         "ds_config": args.ds_config,
@@ -283,18 +283,25 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
         ),
         (
             "export",
-            [py, "-m", "pretrain.export", str(paths["run"]), "--output", str(paths["hf"])],
+            [
+                py,
+                "-m",
+                "bertforge.pretrain.export",
+                str(paths["run"]),
+                "--output",
+                str(paths["hf"]),
+            ],
             False,
         ),
         (
             "fill-mask",
-            [py, "-m", "pretrain.demo", "--fill_mask", str(paths["hf"])]
+            [py, "-m", "bertforge.pretrain.demo", "--fill_mask", str(paths["hf"])]
             + ["--fill_mask_out", str(paths["fill_mask"])],
             True,
         ),
         (
             "plot",
-            [py, "-m", "pretrain.plot", str(paths["run"] / "metrics.jsonl")]
+            [py, "-m", "bertforge.pretrain.plot", str(paths["run"] / "metrics.jsonl")]
             + ["--out", str(paths["plots"])],
             False,
         ),
@@ -303,7 +310,7 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
 
 def run_demo(args: argparse.Namespace) -> dict:
     """All steps; returns the summary that is also written to OUTPUT/demo.json."""
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     out = Path(args.output_dir).absolute()
     paths = demo_paths(out)

@@ -19,14 +19,14 @@ from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain.build import resolve_run, resolved_flags
-from pretrain.data.loader import DataConfig, build_loader
-from pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
-from pretrain.data.mixture import open_training, parse_mixture
-from pretrain.data.show_masks import format_shown
-from pretrain.data.show_masks import show_masks as shown_masks
-from pretrain.model.bert import ModelConfig, build_model, padded_vocab, resolve_config
-from pretrain.model.document_attention import resolve_attention
+from bertforge.pretrain.build import resolve_run, resolved_flags
+from bertforge.pretrain.data.loader import DataConfig, build_loader
+from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
+from bertforge.pretrain.data.mixture import open_training, parse_mixture
+from bertforge.pretrain.data.show_masks import format_shown
+from bertforge.pretrain.data.show_masks import show_masks as shown_masks
+from bertforge.pretrain.model.bert import ModelConfig, build_model, padded_vocab, resolve_config
+from bertforge.pretrain.model.document_attention import resolve_attention
 
 log = get_logger(__name__)
 DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)
@@ -94,7 +94,7 @@ def realised_masking(
 def lr_phases(schedule, peak_lr: float, clock: str) -> dict[str, Any]:
     """The schedule's phases with the lr at each boundary (``peak_lr`` x the multiplier there);
     positions are optimizer steps, or percent of the time budget on the time clock."""
-    from pretrain.components.budget import TICKS_PER_BUDGET
+    from bertforge.pretrain.components.budget import TICKS_PER_BUDGET
 
     def where(position: int) -> float:
         return position if clock == "steps" else 100.0 * position / TICKS_PER_BUDGET
@@ -300,7 +300,7 @@ def format_lr_phases(sched: dict[str, Any]) -> str:
 def _schedule_report(cfg, run) -> dict[str, Any] | None:
     """:func:`lr_phases` of the flags' schedule (None when the DeepSpeed config brings its own
     scheduler block); a resume says which schedule will apply."""
-    from pretrain.components.optim import build_schedule
+    from bertforge.pretrain.components.optim import build_schedule
 
     if "scheduler" in run.setup.config:
         return None
@@ -325,7 +325,7 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
 def phase_plan_report(plan, peak_lr: float) -> dict[str, Any]:
     """--phases: the plan's phases in :func:`lr_phases`' form (lr at each boundary), with the
     table of steps, tokens, lr, batch, data and mask rate as the note, and the resolved plan."""
-    from pretrain.config.phase_plan import plan_dict, plan_table
+    from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
 
     return {
         "schedule": "phases",

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain import build, dry_run
-from pretrain.components import preemption, watchdog
-from pretrain.components.preemption import EXIT_INTERRUPTED, PreemptionHandler
-from pretrain.components.resume import find_latest
-from pretrain.config.train_config import TrainConfig, parse_args
+from bertforge.pretrain import build, dry_run
+from bertforge.pretrain.components import preemption, watchdog
+from bertforge.pretrain.components.preemption import EXIT_INTERRUPTED, PreemptionHandler
+from bertforge.pretrain.components.resume import find_latest
+from bertforge.pretrain.config.train_config import TrainConfig, parse_args
 
-log = get_logger("pretrain.main")
+log = get_logger("bertforge.pretrain.main")
 
 
 def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.metrics import read_metrics
 
 log = get_logger(__name__)
 

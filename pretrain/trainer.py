@@ -20,23 +20,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernels import IGNORE_INDEX
-from pretrain.components.budget import TimeBudget, TimeClockLR
-from pretrain.components.checkpoint import CheckpointManager, CheckpointSaveError
-from pretrain.components.distributed import sum_across_ranks
-from pretrain.components.downstream_jobs import DownstreamJobs
-from pretrain.components.faults import SPIKE_FACTOR
-from pretrain.components.guard import EXIT_GAVE_UP, Verdict
-from pretrain.components.guarded_step import GuardedStep
-from pretrain.components.metrics import MetricsWriter, StepTimer
-from pretrain.components.optim import current_lr
-from pretrain.components.phases import PhaseTracker
-from pretrain.components.preemption import PreemptionHandler
-from pretrain.config.batching import BatchPlan
-from pretrain.config.train_config import TrainConfig
-from pretrain.data.loader import build_loader
-from pretrain.data.masking import merge_stats
-from pretrain.model.document_attention import resolve_attention
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
+from bertforge.pretrain.components.checkpoint import CheckpointManager, CheckpointSaveError
+from bertforge.pretrain.components.distributed import sum_across_ranks
+from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
+from bertforge.pretrain.components.faults import SPIKE_FACTOR
+from bertforge.pretrain.components.guard import EXIT_GAVE_UP, Verdict
+from bertforge.pretrain.components.guarded_step import GuardedStep
+from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
+from bertforge.pretrain.components.optim import current_lr
+from bertforge.pretrain.components.phases import PhaseTracker
+from bertforge.pretrain.components.preemption import PreemptionHandler
+from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.data.loader import build_loader
+from bertforge.pretrain.data.masking import merge_stats
+from bertforge.pretrain.model.document_attention import resolve_attention
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)

@@ -15,8 +15,8 @@ import torch
 from helpers.commands import DATA
 from helpers.shards import build_shards
 
-from data_prep.sample_corpus import pydoc_documents, write_english_corpus  # noqa: F401 (re-exported)
-from kernels.api import enable_interpreter_without_cuda
+from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus  # noqa: F401 (re-exported)
+from bertforge.kernels.api import enable_interpreter_without_cuda
 
 # The device the kernel tests run on: CUDA tensors and the compiled Triton kernel where torch sees
 # a GPU; CPU tensors under Triton's interpreter elsewhere. The interpreter must be chosen before
@@ -70,7 +70,7 @@ def one_rank_group(monkeypatch):
     import deepspeed
     import torch.distributed as dist
 
-    from pretrain.components.distributed import free_port
+    from bertforge.pretrain.components.distributed import free_port
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         monkeypatch.setenv(key, value)  # deepspeed.initialize reads them

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bertforge.files import write_json_atomic
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -43,7 +43,7 @@ def read_documents(english: Path, chinese: Path) -> list[str]:
 
 def edited_copy(doc: str, rate: float, rng: random.Random, fraction: float) -> str | None:
     """A copy with a header and `rate` of its words/characters replaced, landing in training."""
-    from data_prep.worker import is_validation
+    from bertforge.data_prep.worker import is_validation
 
     english = " " in doc
     parts = doc.split(" ") if english else list(doc)
@@ -59,7 +59,7 @@ def edited_copy(doc: str, rate: float, rng: random.Random, fraction: float) -> s
 
 
 def exact_jaccard(a: str, b: str) -> float:
-    from data_prep.decontam import shingle_hashes
+    from bertforge.data_prep.decontam import shingle_hashes
 
     sa, sb = set(shingle_hashes(a).tolist()), set(shingle_hashes(b).tolist())
     return len(sa & sb) / max(len(sa | sb), 1)
@@ -68,8 +68,8 @@ def exact_jaccard(a: str, b: str) -> float:
 def timed_build(corpus: Path, out: Path, fraction: float, **options) -> tuple[float, dict]:
     """`data_prep build` in this process (one document a line, `options` as its flags): its
     seconds and its manifest."""
-    from data_prep.__main__ import main
-    from data_prep.reader import load_manifest
+    from bertforge.data_prep.__main__ import main
+    from bertforge.data_prep.reader import load_manifest
 
     argv = command_line.data_prep_build(
         corpus,
@@ -88,8 +88,8 @@ def timed_build(corpus: Path, out: Path, fraction: float, **options) -> tuple[fl
 
 def plant(docs: list[str], fraction: float) -> tuple[list[str], list[dict]]:
     """The validation documents, and one edited copy of each with >= 20 shingles."""
-    from data_prep.decontam import shingle_hashes
-    from data_prep.worker import is_validation
+    from bertforge.data_prep.decontam import shingle_hashes
+    from bertforge.data_prep.worker import is_validation
 
     rng = random.Random(0)
     val = [d for d in docs if is_validation(d, fraction)]
@@ -105,7 +105,7 @@ def plant(docs: list[str], fraction: float) -> tuple[list[str], list[dict]]:
 def check_in_process(val: list[str], train_docs: list[str], threshold: float, tmp: Path) -> dict:
     """The build's own check (index the validation documents, filter the training ones), timed
     in this process: which documents it drops, and how fast."""
-    from data_prep.decontam import Decontaminator, NearDuplicateIndex, Signer
+    from bertforge.data_prep.decontam import Decontaminator, NearDuplicateIndex, Signer
 
     t0 = time.perf_counter()
     NearDuplicateIndex.build(val, threshold, Signer()).save(tmp / "index.pkl")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validation_fraction", type=float, default=0.02)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    from data_prep.worker import is_validation
+    from bertforge.data_prep.worker import is_validation
 
     frac = args.validation_fraction
     docs = read_documents(args.english, args.chinese)

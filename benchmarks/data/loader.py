@@ -38,7 +38,7 @@ def per_sample_read(dataset, plan):
     concatenation into the padded rectangle (same result as `ShardReader.get_batch`)."""
     import numpy as np
 
-    from data_prep.reader import SampleBatch
+    from bertforge.data_prep.reader import SampleBatch
 
     reader = dataset.reader
     samples = [reader[int(i)] for i in plan.indices]
@@ -106,7 +106,7 @@ MASKINGS = ("token", "whole-word")
 
 def masking(kind: str):
     """The masking settings of `kind` (token-level or whole-word, defaults otherwise)."""
-    from pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
 
     return MaskingConfig(whole_word=kind == "whole-word")
 
@@ -114,7 +114,7 @@ def masking(kind: str):
 def our_loaders(reader, batch: int) -> tuple[dict, dict]:
     """Ours with the batched read and with the former per-sample read, for each masking: the
     `next_batch()` callables, and per masking the (new, old) datasets to compare."""
-    from pretrain.data.loader import DataConfig, GlobalSampler, build_loader
+    from bertforge.pretrain.data.loader import DataConfig, GlobalSampler, build_loader
 
     loaders, pairs = {}, {}
     for kind in MASKINGS:
@@ -153,7 +153,7 @@ def hf_loader(reader, batch: int):
 
 def check_same_batches(reader, pairs: dict, batch: int) -> None:
     """Same batches from both read paths (a check that the comparison is fair)."""
-    from pretrain.data.loader import GlobalSampler
+    from bertforge.pretrain.data.loader import GlobalSampler
 
     plan = next(iter(GlobalSampler(len(reader), batch, seed=3)))
     for kind, (new_ds, old_ds) in pairs.items():
@@ -164,8 +164,8 @@ def check_same_batches(reader, pairs: dict, batch: int) -> None:
 
 def mixture_loaders(shards: Path, second: Path, batch: int) -> dict:
     """A 50/50 mixture of two builds, for each masking."""
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.mixture import open_training, parse_mixture
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.mixture import open_training, parse_mixture
 
     mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={second}:0.5"]))
     print(f"mixture: {mix}")
@@ -180,7 +180,7 @@ def mixture_loaders(shards: Path, second: Path, batch: int) -> dict:
 
 def measure(args: argparse.Namespace, shards: Path) -> dict[str, tuple[float, float]]:
     """Every loader on `shards`, in rounds: sequences per wall and per CPU second."""
-    from data_prep.reader import ShardReader
+    from bertforge.data_prep.reader import ShardReader
 
     reader = ShardReader(shards)
     lengths = reader.sequence_lengths()

@@ -87,9 +87,9 @@ def run_baseline(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_l
 
 
 def run_ours(corpus: Path, tok_dir: Path, out: Path, workers: int, max_seq_len: int) -> dict:
-    from data_prep.build import build
-    from data_prep.build_config import BuildConfig
-    from data_prep.sequences import SequenceConfig
+    from bertforge.data_prep.build import build
+    from bertforge.data_prep.build_config import BuildConfig
+    from bertforge.data_prep.sequences import SequenceConfig
 
     cfg = BuildConfig(
         inputs=(str(corpus),),
@@ -117,9 +117,9 @@ def run_partitions(
     corpus: Path, tok_dir: Path, work: Path, n: int, workers: int, max_seq_len: int, shard_docs: int
 ) -> dict:
     """Whole build vs n parts one after another (see the module doc); seconds of each."""
-    from data_prep.build import build, prepare
-    from data_prep.build_config import BuildConfig
-    from data_prep.sequences import SequenceConfig
+    from bertforge.data_prep.build import build, prepare
+    from bertforge.data_prep.build_config import BuildConfig
+    from bertforge.data_prep.sequences import SequenceConfig
 
     def cfg(out: Path, **kw) -> BuildConfig:
         return BuildConfig(
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     import datasets  # noqa: F401  (imports warmed up outside both clocks)
     import transformers  # noqa: F401
 
-    from data_prep.tokenizer import train_wordpiece
+    from bertforge.data_prep.tokenizer import train_wordpiece
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_data_prep_"))
     run = work / "run"

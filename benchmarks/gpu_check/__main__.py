@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     import torch
 
-    from kernels.api import enable_interpreter_without_cuda
+    from bertforge.kernels.api import enable_interpreter_without_cuda
 
     if not args.dry_run and not torch.cuda.is_available():
         p.error(

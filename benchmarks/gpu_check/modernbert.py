@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.gpu_check.common import PartResult, Plan
 from benchmarks.gpu_check.train import run_matrix
-from pretrain.model.attention_paths import PATH_LOG_PREFIX
+from bertforge.pretrain.model.attention_paths import PATH_LOG_PREFIX
 
 # The trainer's log line naming the attention path it chose (padded / unpadded varlen).
 PATH_LINE = re.compile(re.escape(PATH_LOG_PREFIX) + r"([^\n]*)")

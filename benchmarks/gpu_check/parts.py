@@ -21,7 +21,7 @@ from benchmarks.gpu_check.common import (
     seconds_left,
     shards_dir,
 )
-from data_prep.sample_corpus import write_english_corpus
+from bertforge.data_prep.sample_corpus import write_english_corpus
 
 
 def padded_vocab_file(tokenizer_json: Path, size: int, dest: Path) -> Path:

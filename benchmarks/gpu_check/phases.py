@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.common import REPO
 from benchmarks.gpu_check.common import PartResult, Plan, run_logged, seconds_left, shards_dir
 from bertforge.files import write_json_atomic
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 
 def phase_plan(plan: Plan, out: Path) -> tuple[dict, int]:
@@ -66,7 +66,7 @@ def launch_flags(plan: Plan, out: Path, run_dir: Path, plan_file: Path, micro: i
 def phase_rows(run_dir: Path, plan: Plan) -> list[dict]:
     """Per phase, over its steps after the first ``warmup_steps``: tokens/s, global batch, peak
     memory."""
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     recs = read_metrics(run_dir / "metrics.jsonl")
     rows = []
@@ -91,7 +91,7 @@ def phase_rows(run_dir: Path, plan: Plan) -> list[dict]:
 def doctor_estimate(flags: dict, out: Path, timeout: float) -> tuple[str, float | None]:
     """(the doctor's phases and memory rows for the launch line, its per-rank estimate in GiB)."""
     argv = command_line.trainer(**flags)[2:]  # the flags after `python pretrain/main.py`
-    cmd = [sys.executable, "-m", "pretrain.doctor", *argv, "--json"]
+    cmd = [sys.executable, "-m", "bertforge.pretrain.doctor", *argv, "--json"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     log = out / "logs" / "phases.doctor.log"
     log.write_text(f"$ {' '.join(cmd)}\n{done.stdout}\n{done.stderr}", encoding="utf-8")

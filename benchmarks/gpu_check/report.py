@@ -18,7 +18,7 @@ def environment() -> dict:
     import torch
 
     from benchmarks.kernels.cuda import hbm_peak_gbps
-    from pretrain.components.metrics import device_peak_tflops
+    from bertforge.pretrain.components.metrics import device_peak_tflops
 
     cuda = torch.cuda.is_available()
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"

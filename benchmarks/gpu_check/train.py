@@ -25,7 +25,7 @@ from benchmarks.gpu_check.common import (
     seconds_left,
     shards_dir,
 )
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 
 def train_steps(plan: Plan, config: tuple[str, int, str]) -> tuple[int, int]:
@@ -77,7 +77,7 @@ def trainer_cmd(
 
 def throughput_row(plan: Plan, run_dir: Path, config: tuple[str, int, str]) -> dict:
     """Rates over the measured steps (after the warm-up): sums of tokens / sums of step times."""
-    from pretrain.components.metrics import device_peak_tflops, read_metrics
+    from bertforge.pretrain.components.metrics import device_peak_tflops, read_metrics
 
     model, seq, _ = config
     first, last = plan.warmup_steps + 1, plan.warmup_steps + plan.measured_steps
@@ -162,7 +162,7 @@ def hf_model(preset: str, vocab_size: int):
     """transformers' BertForMaskedLM at our preset's size, SDPA attention."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from pretrain.model.bert import PRESETS
+    from bertforge.pretrain.model.bert import PRESETS
 
     p = PRESETS[preset]
     conf = BertConfig(
@@ -183,8 +183,8 @@ def hf_throughput(shards: Path, preset: str, micro: int, warmup: int, steps: int
     import torch
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
-    from data_prep.reader import ShardReader
-    from pretrain.components.metrics import memory_stats
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.components.metrics import memory_stats
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reader = ShardReader(shards, "train")
@@ -288,8 +288,8 @@ def part_hf_baseline(plan: Plan, out: Path, res: PartResult, deadline: float) ->
 def part_resume(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
     """Copy the resume configuration's run (checkpoint after the measured steps), resume it with
     --resume auto, and compare every later step's loss with the uninterrupted run's."""
-    from pretrain.components.metrics import read_metrics
-    from pretrain.components.resume import list_complete
+    from bertforge.pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.resume import list_complete
 
     src = out / "train" / run_name(*plan.resume_config)
     saved_at = plan.warmup_steps + plan.measured_steps

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.kernels.cuda import measure_cuda
-from kernels import api
+from bertforge.kernels import api
 
 
 @dataclass
@@ -40,7 +40,7 @@ def triton_unavailable(device: torch.device) -> str | None:
     """Why ours_triton cannot run on `device` here (None when it can)."""
     if not api._triton_available():
         return f"triton cannot be imported ({api._TRITON_ERROR})"
-    from kernels.triton_ce import interpreting
+    from bertforge.kernels.triton_ce import interpreting
 
     if device.type == "cpu" and not interpreting():
         return "needs CUDA, or TRITON_INTERPRET=1 set before Python starts"

@@ -57,8 +57,9 @@ from benchmarks.kernels.measure import (
 from benchmarks.kernels.sweep import loss_only, sweep_grid
 from bertforge.cli import ArgumentParser, field_help, opt
 from bertforge.files import write_bytes_atomic
+from bertforge.kernels import api
+from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.logs import get_logger
-from kernels import IGNORE_INDEX, api
 
 # __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
 log = get_logger(__spec__.name)

@@ -18,7 +18,8 @@ from benchmarks.kernels.measure import (
     measure,
     triton_unavailable,
 )
-from kernels import IGNORE_INDEX, api
+from bertforge.kernels import api
+from bertforge.kernels.constants import IGNORE_INDEX
 
 
 def sweep_grid(rows_arg: str, vocabs_arg: str, dtypes_arg: str) -> list[tuple[int, int, int, str]]:
@@ -138,7 +139,7 @@ def _kernel_pair(
     repeat: int,
 ) -> Result:
     """The kernel pair as masked_lm_loss runs it: forward (lse saved), backward in place."""
-    from kernels import triton_ce
+    from bertforge.kernels import triton_ce
 
     buf = logits.clone()
 

@@ -67,7 +67,7 @@ class Stages:
         """``pretrain.evaluate`` of `models` into OUT/eval/NAME (skipped when done there)."""
         out = self.out / "eval" / name
         if not (out / "results.json").is_file():
-            cmd = [sys.executable, "-m", "pretrain.evaluate", "--models", *models]
+            cmd = [sys.executable, "-m", "bertforge.pretrain.evaluate", "--models", *models]
             cmd += ["--tasks", str(tasks), "--only", *only, "--out", str(out)]
             cmd += ["--seeds", str(seeds), "--device", "cpu", *recipe]
             self.run(f"evaluate_{name}", cmd)
@@ -83,7 +83,7 @@ def pretraining_record(run: Path) -> dict:
     """What a pretraining run spent, from its metrics.jsonl: optimizer steps, tokens (the last
     record of each step, so redone steps after a resume count once) and training time over all
     its launches."""
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     by_step = {r["step"]: r for r in read_metrics(run / "metrics.jsonl", "train")}
     last = by_step[max(by_step)]

@@ -44,12 +44,12 @@ from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, REPO, write_results
 from benchmarks.learning.new_tokens import ARMS, new_token_eval, random_rows_folder
+from bertforge.data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
+from bertforge.data_prep.sample_corpus import write_english_corpus
 from bertforge.files import write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
-from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
-from data_prep.sample_corpus import write_english_corpus
-from pretrain.config import command_line
-from pretrain.demo import run_step
+from bertforge.pretrain.config import command_line
+from bertforge.pretrain.demo import run_step
 
 # __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
 log = get_logger(__spec__.name)
@@ -131,7 +131,7 @@ def base_model(b: Bench, general: Path) -> Path:
         ),
     )
     b.train("base_train", shards, run, a.base_steps, 2e-3, model=a.model)
-    b.step("base_export", [py, "-m", "pretrain.export", run, "--output", hf])
+    b.step("base_export", [py, "-m", "bertforge.pretrain.export", run, "--output", hf])
     return hf
 
 
@@ -144,7 +144,7 @@ def domain_shards(b: Bench, base: Path, domain: Path) -> tuple[Path, dict]:
     b.step(
         "extend_tokenizer",
         [
-            *(py, "-m", "data_prep", "extend-tokenizer"),
+            *(py, "-m", "bertforge.data_prep", "extend-tokenizer"),
             *command_line.flags({**extend, "output": ext}, switches=True),
         ],
     )
@@ -185,7 +185,7 @@ def run_arms(b: Bench, shards: Path, base: Path, random_base: Path) -> dict[str,
 
 
 def _metrics(run: Path, split: str) -> list[dict]:
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     return read_metrics(run / "metrics.jsonl", split)
 

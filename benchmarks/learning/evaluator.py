@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import IGNORE_INDEX
+from bertforge.kernels.constants import IGNORE_INDEX
 
 
 def build_masked_batches(

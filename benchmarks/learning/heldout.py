@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.learning.real_checkpoint import extract_model
+from bertforge.data_prep.sample_corpus import pydoc_documents
 from bertforge.files import write_text_atomic
-from data_prep.sample_corpus import pydoc_documents
 
 HELDOUT_EVERY = 10  # every 10th distinct paragraph of the corpus is held out
 

@@ -34,7 +34,7 @@ def hf_worker(args) -> None:
     import transformers
     from transformers import DataCollatorForLanguageModeling, Trainer
 
-    from data_prep.reader import ShardReader
+    from bertforge.data_prep.reader import ShardReader
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))

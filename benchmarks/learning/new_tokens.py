@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bertforge.files import publish_dir, write_json_atomic
+from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.logs import get_logger
-from kernels import IGNORE_INDEX
 
 # __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
 log = get_logger(__spec__.name)
@@ -65,7 +65,7 @@ def random_rows_folder(base: Path, ext_tokenizer: Path, out: Path, seed: int = 0
 
 def export_arms(b: Bench) -> dict[str, dict[str, Path]]:
     """HF folders of every arm's lr-0 run (step 0) and final checkpoint (`pretrain.export`)."""
-    from pretrain.export.hf_export import export
+    from bertforge.pretrain.export.hf_export import export
 
     folders: dict[str, dict[str, Path]] = {}
     for arm in ARMS:
@@ -79,9 +79,9 @@ def export_arms(b: Bench) -> dict[str, dict[str, Path]]:
 def validation_batches(shards: Path, run: Path, passes: int, micro_batch_size: int) -> list:
     """`passes` fixed-mask passes over the validation split with the run's masking settings
     (config.json); pass k uses masking seed run_seed + k, so pass 0 has the trainer's masks."""
-    from data_prep.reader import ShardReader
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.masking import MaskingConfig
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import MaskingConfig
 
     masking = json.loads((run / "config.json").read_text())["masking"]
     reader = ShardReader(shards, "validation")
@@ -149,7 +149,7 @@ def new_token_eval(b: Bench, shards: Path, ext_report: dict) -> dict:
     same masks for every model; plus how many distinct new-token occurrences the split has."""
     import numpy as np
 
-    from data_prep.reader import ShardReader
+    from bertforge.data_prep.reader import ShardReader
 
     new_ids = [t["id"] for t in ext_report["new_tokens"]]
     folders = export_arms(b)

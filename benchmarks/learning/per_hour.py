@@ -76,10 +76,10 @@ from benchmarks.learning.heldout import bert_vocab, split_corpus
 from benchmarks.learning.hf_side import hf_command, hf_worker
 from benchmarks.learning.real_checkpoint import minilm
 from benchmarks.learning.seeded_head import seeded_mlm_folder
+from bertforge.data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
+from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.logs import get_logger
-from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
-from kernels import IGNORE_INDEX
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 # __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
 log = get_logger(__spec__.name)
@@ -155,7 +155,7 @@ def launch(cmd: list[str], args, log: Path, env: dict | None = None) -> float:
 def ours_snapshots(run: Path, launched: float) -> list[dict]:
     """Complete checkpoints of our run: (checkpoint, step, time from launch minus earlier saves).
     A save's duration: its state file's mtime (written last) minus its ``saved_at``."""
-    from pretrain.components.resume import STATE_FILE
+    from bertforge.pretrain.components.resume import STATE_FILE
 
     records, save_s = [], 0.0
     for ck in sorted((run / "checkpoints").glob("step_*")):
@@ -173,7 +173,7 @@ def ours_snapshots(run: Path, launched: float) -> list[dict]:
 
 def export_ours(records: list[dict], run: Path, out: Path) -> None:
     """Export each of our checkpoints as a HF folder (one process, no reload check)."""
-    from pretrain.export.hf_export import export
+    from bertforge.pretrain.export.hf_export import export
 
     for rec in records:
         # the lr-0 run's checkpoint is named after its one step: keep it apart from the run's

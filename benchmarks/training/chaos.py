@@ -50,8 +50,8 @@ from benchmarks.training.chaos_job import (
     start,
     wait_job_gone,
 )
-from pretrain.components.distributed import free_port
-from pretrain.config import command_line
+from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.config import command_line
 
 MOMENTS = ("step", "save", "validation", "startup")
 SIGNALS = ("kill", "term")
@@ -340,7 +340,7 @@ def summarize(s, out, ref, ref_wall, step_s, launches, chaos_wall, pending) -> d
                 mismatched.append({"launch": launch.index, **r, "reference": want})
     if mismatched:
         problems.append(f"{len(mismatched)} logged losses differ from the reference")
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     final = [r["step"] for r in read_metrics(run / "metrics.jsonl")] if launches else []
     if final != list(range(1, s.steps + 1)):
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     shards = ns.shards
     if shards is None:
-        from data_prep.sample_corpus import write_english_corpus
+        from bertforge.data_prep.sample_corpus import write_english_corpus
 
         corpus = write_english_corpus(out / "corpus" / "pydoc_topics.txt")
         shards = build_shards(

@@ -91,7 +91,7 @@ class MetricsWatch:
         return st.st_ino, st.st_ctime_ns  # nobody writes the file until the trainer rewrites it
 
     def _read(self, split: str) -> list[dict]:
-        from pretrain.components.metrics import read_metrics
+        from bertforge.pretrain.components.metrics import read_metrics
 
         try:
             return read_metrics(self.path, split)
@@ -126,7 +126,7 @@ class MetricsWatch:
 
 
 def newest_verified(run: Path) -> int:
-    from pretrain.components.resume import find_latest
+    from bertforge.pretrain.components.resume import find_latest
 
     latest = find_latest(run / "checkpoints", quiet=True)
     return int(latest.name.split("_")[1]) if latest else 0
@@ -134,9 +134,9 @@ def newest_verified(run: Path) -> int:
 
 def leftovers(run: Path, ports: list[int]) -> list[str]:
     """What a finished run must not hold: shm buffers of its ports, its lock, partial folders."""
-    from pretrain.components.checkpoint_files import is_complete, verify
-    from pretrain.components.resume import TAG_RE
-    from pretrain.components.shm_buffers import buffers_of_port
+    from bertforge.pretrain.components.checkpoint_files import is_complete, verify
+    from bertforge.pretrain.components.resume import TAG_RE
+    from bertforge.pretrain.components.shm_buffers import buffers_of_port
 
     found = [f"/dev/shm/{p.name}" for port in ports for p in buffers_of_port(port)]
     if (run / LOCK_NAME).exists():
@@ -151,8 +151,8 @@ def same_weights(run: Path, ref: Path, step: int) -> list[str]:
     """Names of the tensors of checkpoint ``step`` that differ between the runs (or the reason)."""
     import torch
 
-    from pretrain.components.checkpoint_files import consolidated_state_dict
-    from pretrain.components.resume import tag_for
+    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+    from bertforge.pretrain.components.resume import tag_for
 
     try:
         a = consolidated_state_dict(run / "checkpoints" / tag_for(step))

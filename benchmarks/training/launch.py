@@ -22,7 +22,7 @@ RANK_SCRIPT = textwrap.dedent("""
     variant = sys.argv[1]
     t0 = time.perf_counter()
     if variant == "ours":
-        from pretrain.components.distributed import init_distributed
+        from bertforge.pretrain.components.distributed import init_distributed
         init_distributed(timeout_s=120)
     else:
         deepspeed.init_distributed()
@@ -35,7 +35,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 def one_launch(variant: str, ranks: int) -> float:
     """Milliseconds rank 0 spent in init + first all-reduce."""
-    from pretrain.components.distributed import free_port
+    from bertforge.pretrain.components.distributed import free_port
 
     port = free_port()
     procs = []

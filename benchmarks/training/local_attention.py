@@ -81,7 +81,7 @@ def layer_arms(T: int) -> dict[str, Callable[[], None]]:
     """Forward + backward of one attention layer at length T, per arm (module doc)."""
     import torch
 
-    from pretrain.model.attention_paths import (
+    from bertforge.pretrain.model.attention_paths import (
         DocumentLayout,
         blocked_local_attention,
         dense_document_attention,
@@ -112,7 +112,7 @@ def model_arms(T: int) -> dict[str, Callable[[], None]]:
     global vs one in three."""
     import torch
 
-    from pretrain.model.bert import PRESETS, build_model
+    from bertforge.pretrain.model.bert import PRESETS, build_model
 
     ids = torch.randint(5, MODEL_VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
     labels = torch.full_like(ids, -100)

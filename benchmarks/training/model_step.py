@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
 
-    from kernels import IGNORE_INDEX
-    from pretrain.model.bert import PRESETS, build_model
+    from bertforge.kernels.constants import IGNORE_INDEX
+    from bertforge.pretrain.model.bert import PRESETS, build_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

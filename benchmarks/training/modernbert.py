@@ -54,7 +54,7 @@ from benchmarks.learning.per_hour import (
     score_all,
 )
 from benchmarks.training.modernbert_hf import hf_command
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 LEARN_ARMS = ("hf", "ours-modernbert", "ours-bert")  # part 2's arms, in their default order
 
@@ -133,8 +133,8 @@ def init_weights(args, tokenizer: Path, out: Path, max_len: int) -> Path:
     import torch
     from transformers import AutoTokenizer, ModernBertForMaskedLM
 
-    from pretrain.model.model_config import preset
-    from pretrain.model.modernbert import modernbert_config, set_tokenizer_ids
+    from bertforge.pretrain.model.model_config import preset
+    from bertforge.pretrain.model.modernbert import modernbert_config, set_tokenizer_ids
 
     if (out / "config.json").is_file():
         return out
@@ -182,7 +182,7 @@ def ours_train_cmd(args, shards: Path, init: Path, run: Path, seq: int, attentio
 def run_ours(args, data: dict, seq: int, attention: str, run: Path) -> dict:
     """One throughput run of ours: tokens/s after the warm-up (metrics.jsonl), peak RSS, and the
     attention mode the trainer resolved (its config.json)."""
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)

@@ -47,9 +47,9 @@ from benchmarks.learning.arms import paired_difference, pretraining_record
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import find_latest, tag_for
-from pretrain.config import command_line
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import find_latest, tag_for
+from bertforge.pretrain.config import command_line
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
@@ -100,8 +100,8 @@ class Bench:
     def shards(self) -> tuple[Path, Path]:
         """General shards (their tokenizer trained on the general text) and domain shards built
         with that tokenizer, so a mixture of the two has one vocabulary."""
-        from data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
-        from data_prep.sample_corpus import write_english_corpus
+        from bertforge.data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
+        from bertforge.data_prep.sample_corpus import write_english_corpus
 
         general, domain = self.out / "general.txt", self.out / "domain.txt"
         if not general.is_file():
@@ -152,7 +152,7 @@ class Bench:
     def export(self, name: str, run: Path, average: str | None = None) -> Path:
         """What ``python -m pretrain.export RUN --output OUT/hf/NAME [--average SPEC]`` writes,
         in this process (two interpreter start-ups fewer per seed); skipped when there."""
-        from pretrain.export.hf_export import export
+        from bertforge.pretrain.export.hf_export import export
 
         out = self.out / "hf" / name
         if not (out / "config.json").is_file():

@@ -21,13 +21,13 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, vocab_size
-from data_prep.sample_corpus import write_english_corpus
-from pretrain.config import command_line
+from bertforge.data_prep.sample_corpus import write_english_corpus
+from bertforge.pretrain.config import command_line
 
 
 def train(shards: Path, run: Path, spec: str, args: argparse.Namespace) -> dict:
     """One budgeted run of ``spec``; its numbers from metrics.jsonl, the checkpoint and time -f."""
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     cmd = command_line.trainer(
         ds_config=CPU_DS_CONFIG,
@@ -80,8 +80,8 @@ def train(shards: Path, run: Path, spec: str, args: argparse.Namespace) -> dict:
 def _parameters(spec: str, shards: Path, layers: int) -> int:
     import dataclasses
 
-    from pretrain.doctor.memory_estimate import count_params
-    from pretrain.model.bert import preset
+    from bertforge.pretrain.doctor.memory_estimate import count_params
+    from bertforge.pretrain.model.bert import preset
 
     vocab = vocab_size(shards)
     cfg = dataclasses.replace(preset("small"), num_hidden_layers=layers, share_layers=spec)

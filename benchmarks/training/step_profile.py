@@ -114,9 +114,9 @@ def instrument_ours(sections: Sections) -> None:
     import torch
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    import pretrain.trainer as trainer_mod
-    from pretrain.components.checkpoint import CheckpointManager
-    from pretrain.components.metrics import MetricsWriter, StepTimer
+    import bertforge.pretrain.trainer as trainer_mod
+    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
 
     step_fn = trainer_mod.Trainer.train_step
     state = {"last": None}
@@ -165,7 +165,7 @@ def ours_rank_main() -> int:
     warmup, steps = map(int, os.environ[ENV_STEPS].split(","))
     sections = Sections(warmup, steps)
     instrument_ours(sections)
-    from pretrain.main import main
+    from bertforge.pretrain.main import main
 
     code = main(keep_handler=True)
     sys.stdout.flush()

@@ -29,14 +29,14 @@ from benchmarks.common import (
     random_bert_mlm,
     vocab_size,
 )
+from bertforge.data_prep.sample_corpus import write_english_corpus
 from bertforge.files import write_json_atomic
-from data_prep.sample_corpus import write_english_corpus
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 
 def run_ours(shards: Path, run: Path, args) -> dict:
     """Launch our trainer; tokens/s from metrics.jsonl (sum of tokens / sum of step times)."""
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     cmd = command_line.trainer(
         ranks=args.ranks,
@@ -85,7 +85,7 @@ def hf_worker(args) -> None:
         TrainingArguments,
     )
 
-    from data_prep.reader import ShardReader
+    from bertforge.data_prep.reader import ShardReader
 
     reader = ShardReader(args.shards, "train")
     tok = transformers.AutoTokenizer.from_pretrained(str(reader.tokenizer_path))

@@ -27,9 +27,9 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from pretrain.components import leases
-from pretrain.components.checkpoint_files import MARKER
-from pretrain.components.resume import (
+from bertforge.pretrain.components import leases
+from bertforge.pretrain.components.checkpoint_files import MARKER
+from bertforge.pretrain.components.resume import (
     CheckpointError,
     check_compatible,
     list_complete,
@@ -37,8 +37,8 @@ from pretrain.components.resume import (
     resolve_resume,
     tag_for,
 )
-from pretrain.components.schedule_override import ScheduleOverride, guard_factor
-from pretrain.components.wsd_schedule import decay_curve
+from bertforge.pretrain.components.schedule_override import ScheduleOverride, guard_factor
+from bertforge.pretrain.components.wsd_schedule import decay_curve
 
 log = get_logger(__name__)
 

@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from bertforge.files import publish_dir, write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
-from pretrain.components.checkpoint_files import (
+from bertforge.pretrain.components.checkpoint_files import (
     MARKER,
     DeferredWriteErrors,
     explain_write_error,
@@ -65,11 +65,11 @@ from pretrain.components.checkpoint_files import (
     write_marker,
     written_sizes,
 )
-from pretrain.components.distributed import sum_across_ranks
-from pretrain.components.faults import FaultPlan
-from pretrain.components.leases import live_leases
-from pretrain.components.preemption import PreemptionHandler  # noqa: F401 - its old home
-from pretrain.components.resume import (
+from bertforge.pretrain.components.distributed import sum_across_ranks
+from bertforge.pretrain.components.faults import FaultPlan
+from bertforge.pretrain.components.leases import live_leases
+from bertforge.pretrain.components.preemption import PreemptionHandler  # noqa: F401 - its old home
+from bertforge.pretrain.components.resume import (
     STATE_FILE,
     TAG_RE,
     CheckpointError,
@@ -80,11 +80,11 @@ from pretrain.components.resume import (
     tag_for,
     write_latest,
 )
-from pretrain.components.schedule_override import (
+from bertforge.pretrain.components.schedule_override import (
     ScheduleOverride,
     resume_schedule,
 )
-from pretrain.config.train_config import CheckpointConfig
+from bertforge.pretrain.config.train_config import CheckpointConfig
 
 log = get_logger(__name__)
 

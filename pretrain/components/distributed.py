@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from bertforge.logs import get_logger
-from pretrain.components import shm_buffers, watchdog
+from bertforge.pretrain.components import shm_buffers, watchdog
 
 log = get_logger(__name__)
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.logs import get_logger
-from pretrain.components import leases
-from pretrain.components.resume import tag_for
+from bertforge.pretrain.components import leases
+from bertforge.pretrain.components.resume import tag_for
 
 log = get_logger(__name__)
 
@@ -57,7 +57,7 @@ class DownstreamJobs:
         self.running: dict[int, subprocess.Popen] = {}
         self.leases: dict[int, Path] = {}  # step -> the lease its job holds on the checkpoint
         if self.active:  # a bad tasks file fails now, not in the first background job
-            from pretrain.evaluate.downstream import load_downstream_tasks
+            from bertforge.pretrain.evaluate.downstream import load_downstream_tasks
 
             load_downstream_tasks(tasks, max_examples)
             self.root.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ class DownstreamJobs:
         cmd = [
             sys.executable,
             "-m",
-            "pretrain.evaluate.downstream",
+            "bertforge.pretrain.evaluate.downstream",
             f"{self.run_dir}@{step}",
             "--tasks",
             self.tasks,

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain.config.train_config import GuardConfig
+from bertforge.pretrain.config.train_config import GuardConfig
 
 EXIT_GAVE_UP = 6  # the guard rolled back guard_max_rollbacks times and diverged again
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pretrain.components.guard import StabilityGuard, Verdict, can_discard, discard_update
-from pretrain.components.resume import find_latest, read_state
-from pretrain.config.ds_config import ConfigError
-from pretrain.config.train_config import GuardConfig
+from bertforge.pretrain.components.guard import StabilityGuard, Verdict, can_discard, discard_update
+from bertforge.pretrain.components.resume import find_latest, read_state
+from bertforge.pretrain.config.ds_config import ConfigError
+from bertforge.pretrain.config.train_config import GuardConfig
 
 if TYPE_CHECKING:  # the trainer's groups (pretrain.trainer imports this module)
-    from pretrain.trainer import RunClock, RunOutputs, StepSetup
+    from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup
 
 
 class GuardedStep:

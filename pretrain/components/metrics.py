@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+from bertforge.data_prep.progress import Progress
 from bertforge.files import write_text_atomic
 from bertforge.logs import format_line
-from data_prep.progress import Progress
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.

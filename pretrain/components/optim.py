@@ -18,15 +18,15 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
-from pretrain.components.anneal import AnnealDecay
-from pretrain.components.wsd_schedule import (
+from bertforge.pretrain.components.anneal import AnnealDecay
+from bertforge.pretrain.components.wsd_schedule import (
     ScheduleError,
     WarmupStableDecay,
     build_wsd,
     check_schedule_flags,
 )
-from pretrain.config.phase_plan import PhaseSchedule
-from pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.config.phase_plan import PhaseSchedule
+from bertforge.pretrain.config.train_config import OptimConfig
 
 _NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
 
@@ -146,7 +146,7 @@ def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay | WarmupStab
     of the time budget instead."""
     check_schedule_flags(cfg)
     if cfg.schedule_clock == "time":
-        from pretrain.components.budget import TICKS_PER_BUDGET
+        from bertforge.pretrain.components.budget import TICKS_PER_BUDGET
 
         total, warmup = TICKS_PER_BUDGET, int(cfg.warmup_ratio * TICKS_PER_BUDGET)
     else:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.logs import get_logger
-from pretrain.config.batching import BatchPlan, apply_batch
-from pretrain.config.phase_plan import (
+from bertforge.pretrain.config.batching import BatchPlan, apply_batch
+from bertforge.pretrain.config.phase_plan import (
     PhasePlanError,
     PhaseSchedule,
     ResolvedPhase,
@@ -38,7 +38,7 @@ from pretrain.config.phase_plan import (
     plan_dict,
     resolve,
 )
-from pretrain.data.mixture import (
+from bertforge.pretrain.data.mixture import (
     MixtureError,
     Source,
     open_training,

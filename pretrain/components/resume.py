@@ -23,7 +23,12 @@ from typing import Any
 from bertforge.errors import UserError
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
-from pretrain.components.checkpoint_files import MARKER, describe_problems, is_complete, verify
+from bertforge.pretrain.components.checkpoint_files import (
+    MARKER,
+    describe_problems,
+    is_complete,
+    verify,
+)
 
 log = get_logger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from pretrain.components.wsd_schedule import WarmupStableDecay
+from bertforge.pretrain.components.wsd_schedule import WarmupStableDecay
 
 log = get_logger(__name__)
 

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
-from pretrain.config.train_config import CONCERNS, GuardConfig, TrainConfig, foreign_concerns
+from bertforge.pretrain.config.train_config import (
+    CONCERNS,
+    GuardConfig,
+    TrainConfig,
+    foreign_concerns,
+)
 
 _SKIP_FOREIGN = {"preset", "name"}  # the model preset's name comes from --model
 
@@ -88,7 +93,7 @@ def config_from_args(
     flags = _overrides(ns, names, "model_cfg")
     base = _preset_for(cfg, flags, getattr(ns, "model_preset", None) is not None, parser)
     cfg.model_cfg = dataclasses.replace(base, **flags)
-    from pretrain.model.document_attention import AttentionError, resolve_attention
+    from bertforge.pretrain.model.document_attention import AttentionError, resolve_attention
 
     try:  # the run's config.json records what auto meant for this arch
         mode = resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch)
@@ -115,7 +120,7 @@ def config_from_args(
 def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any:
     """The preset the model starts from: --model's, or --arch's tiny one when only --arch is
     given; a --model of the other arch is refused (naming both flags)."""
-    from pretrain.model.model_config import ARCHES, DEFAULT_PRESET, preset
+    from bertforge.pretrain.model.model_config import ARCHES, DEFAULT_PRESET, preset
 
     arch = flags.get("arch")
     if arch is not None and arch not in ARCHES:
@@ -145,8 +150,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def _check_anneal(cfg: TrainConfig, parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """--anneal_from's flag combinations (pretrain.components.anneal.check_flags)."""
-    from pretrain.components.anneal import AnnealError, check_flags
-    from pretrain.components.ema import EMAError, check_decay
+    from bertforge.pretrain.components.anneal import AnnealError, check_flags
+    from bertforge.pretrain.components.ema import EMAError, check_decay
 
     try:
         check_decay(cfg.optim.ema)
@@ -171,7 +176,7 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--decay must be linear, poly or constant, got {cfg.optim.decay!r}")
     if cfg.optim.optimizer not in (None, "adamw", "lamb"):
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
-    from data_prep.progress import normalize_mode
+    from bertforge.data_prep.progress import normalize_mode
 
     try:
         cfg.log.progress = normalize_mode(cfg.log.progress)
@@ -185,13 +190,15 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     _check_guard(cfg.guard, parser)
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
-    from pretrain.components.preemption import parse_signals
+    from bertforge.pretrain.components.preemption import parse_signals
 
     try:
         parse_signals(cfg.checkpoint.preemption_signals)
     except ValueError as e:
         parser.error(str(e))
-    from pretrain.model.sharing import layer_groups  # (a --config_json depth: again at build)
+    from bertforge.pretrain.model.sharing import (
+        layer_groups,  # (a --config_json depth: again at build)
+    )
 
     try:
         layer_groups(cfg.model_cfg.share_layers, cfg.model_cfg.num_hidden_layers)
@@ -229,8 +236,8 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail on --schedule flags that contradict each other or do not fit in the run (the
     schedule is built once here for that), and on an --override_lr_schedule with nothing to
     override."""
-    from pretrain.components.optim import build_schedule
-    from pretrain.components.wsd_schedule import ScheduleError
+    from bertforge.pretrain.components.optim import build_schedule
+    from bertforge.pretrain.components.wsd_schedule import ScheduleError
 
     try:
         build_schedule(cfg.optim, cfg.run.max_steps)
@@ -268,7 +275,7 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
-    from pretrain.data.mixture import MixtureError, parse_mixture
+    from bertforge.pretrain.data.mixture import MixtureError, parse_mixture
 
     if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")

@@ -51,7 +51,7 @@ def data_prep_build(
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     return [
         python,
-        *("-m", "data_prep", "build"),
+        *("-m", "bertforge.data_prep", "build"),
         *("--input", *map(str, paths)),
         *("--output", str(output)),
         *flags(options, switches=True),

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import UserError
-from pretrain.components.optim import configure_optimizer
-from pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
-from pretrain.config.precision import resolve_precision
+from bertforge.pretrain.components.optim import configure_optimizer
+from bertforge.pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
+from bertforge.pretrain.config.precision import resolve_precision
 
 if TYPE_CHECKING:
-    from pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.config.train_config import TrainConfig
 
 # DeepSpeed prints its own step lines every steps_per_print steps; our metrics replace them.
 _QUIET_STEPS_PER_PRINT = 10**9

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from pretrain.components.wsd_schedule import decay_curve
+from bertforge.pretrain.components.wsd_schedule import decay_curve
 
 LR_SHAPES = ("warmup", "constant", "linear", "cosine", "1-sqrt")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")

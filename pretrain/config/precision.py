@@ -11,7 +11,7 @@ import copy
 from typing import Any
 
 from bertforge.errors import UserError
-from pretrain.config.train_config import PrecisionConfig
+from bertforge.pretrain.config.train_config import PrecisionConfig
 
 DEFAULT_FP16 = {
     "enabled": True,

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from bertforge.cli import opt
 
 if TYPE_CHECKING:
-    from pretrain.data.loader import DataConfig
-    from pretrain.data.masking import MaskingConfig
-    from pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.model.bert import ModelConfig
 
 
 #: How --help names the default of a flag whose unset value the DeepSpeed JSON decides.
@@ -297,9 +297,9 @@ CONCERNS: dict[str, type] = {
 
 def foreign_concerns() -> dict[str, type]:
     """Dataclasses owned by the model and data modules (flags are generated from their fields)."""
-    from pretrain.data.loader import DataConfig
-    from pretrain.data.masking import MaskingConfig
-    from pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.model.bert import ModelConfig
 
     return {"model_cfg": ModelConfig, "data_cfg": DataConfig, "masking": MaskingConfig}
 
@@ -337,7 +337,7 @@ _CLI_NAMES = ("parse_args", "trainer_parser", "config_from_args", "build_parser"
 
 def __getattr__(name: str) -> Any:
     if name in _CLI_NAMES:
-        from pretrain.config import cli
+        from bertforge.pretrain.config import cli
 
         return getattr(cli, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,10 +39,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bertforge.cli import opt
-from data_prep.reader import SampleBatch
-from pretrain.components.preemption import job_signals
-from pretrain.data.masking import Masker, MaskingConfig
-from pretrain.model.document_attention import document_index
+from bertforge.data_prep.reader import SampleBatch
+from bertforge.pretrain.components.preemption import job_signals
+from bertforge.pretrain.data.masking import Masker, MaskingConfig
+from bertforge.pretrain.model.document_attention import document_index
 
 
 @dataclass

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertforge.cli import opt
-from kernels import IGNORE_INDEX  # re-exported: tests and callers import it from here too
+from bertforge.kernels.constants import (
+    IGNORE_INDEX,  # re-exported: tests and callers import it from here too
+)
 
 _U = np.uint64
 _GOLDEN = _U(0x9E3779B97F4A7C15)

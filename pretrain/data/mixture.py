@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.data_prep.reader import Sample, SampleBatch, ShardReader
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from data_prep.reader import Sample, SampleBatch, ShardReader
-from pretrain.data.loader import BatchPlan, GlobalSampler
+from bertforge.pretrain.data.loader import BatchPlan, GlobalSampler
 
 log = get_logger(__name__)
 

@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bertforge.data_prep import layout
+from bertforge.data_prep.layout import MANIFEST
+from bertforge.data_prep.reader import ShardError, check_file, load_manifest
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
-from data_prep import layout
-from data_prep.layout import MANIFEST
-from data_prep.reader import ShardError, check_file, load_manifest
 
 log = get_logger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pretrain.data.masking import IGNORE_INDEX, unit_starts
+from bertforge.pretrain.data.masking import IGNORE_INDEX, unit_starts
 
 
 def render_sequence(

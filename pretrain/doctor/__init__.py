@@ -5,6 +5,12 @@ Modules: :mod:`.cli` (flags, hostfile, running the probe on every node, the repo
 :mod:`.checks` (probe answers -> report rows), :mod:`.memory_estimate` (ZeRO memory per rank).
 """
 
-from pretrain.doctor.cli import HostfileError, check_deepspeed_env, main, parse_hostfile, run_checks
+from bertforge.pretrain.doctor.cli import (
+    HostfileError,
+    check_deepspeed_env,
+    main,
+    parse_hostfile,
+    run_checks,
+)
 
 __all__ = ["HostfileError", "check_deepspeed_env", "main", "parse_hostfile", "run_checks"]

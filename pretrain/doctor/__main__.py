@@ -2,6 +2,6 @@
 
 import sys
 
-from pretrain.doctor.cli import main
+from bertforge.pretrain.doctor.cli import main
 
 sys.exit(main())

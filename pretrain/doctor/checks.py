@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain.doctor.memory_estimate import estimate_memory, gib
+from bertforge.pretrain.doctor.memory_estimate import estimate_memory, gib
 
 OK, WARN, FAIL = "ok", "WARN", "FAIL"
 LOCAL = "(local)"
@@ -228,7 +228,7 @@ def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list
 
 def batch_plan(cfg: dict, world: int, flags: dict[str, int | None]) -> Any:
     """The trainer's own batch resolution (raises pretrain.config.batching.BatchSizeError)."""
-    from pretrain.config.batching import resolve_batch
+    from bertforge.pretrain.config.batching import resolve_batch
 
     return resolve_batch(cfg, world, **flags)
 

@@ -28,13 +28,17 @@ from pathlib import Path
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain.components import shm_buffers
-from pretrain.config.batching import BatchPlan
-from pretrain.config.ds_config import ConfigError, activation_checkpointing_mode, load_user_config
-from pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
-from pretrain.data.mixture import parse_mixture
-from pretrain.doctor import probe as doctor_probe
-from pretrain.doctor.checks import (
+from bertforge.pretrain.components import shm_buffers
+from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.ds_config import (
+    ConfigError,
+    activation_checkpointing_mode,
+    load_user_config,
+)
+from bertforge.pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
+from bertforge.pretrain.data.mixture import parse_mixture
+from bertforge.pretrain.doctor import probe as doctor_probe
+from bertforge.pretrain.doctor.checks import (
     FAIL,
     LOCAL,
     OK,
@@ -47,8 +51,8 @@ from pretrain.doctor.checks import (
     shm_rows,
     version_rows,
 )
-from pretrain.doctor.memory_estimate import model_shape
-from pretrain.doctor.phase_rows import plan_view
+from bertforge.pretrain.doctor.memory_estimate import model_shape
+from bertforge.pretrain.doctor.phase_rows import plan_view
 
 log = get_logger(__name__)
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from data_prep.layout import MANIFEST
-from data_prep.reader import ShardError, load_manifest
+from bertforge.data_prep.layout import MANIFEST
+from bertforge.data_prep.reader import ShardError, load_manifest
 
 if TYPE_CHECKING:
-    from pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.bert import ModelConfig
 
 GIB = 1 << 30
 RUNTIME_BYTES = 1 * GIB  # CUDA context / allocator slack, or the Python+torch process on a CPU
@@ -102,8 +102,8 @@ def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[
     included), built on the meta device (no memory used)."""
     import torch
 
-    from pretrain.model.bert import build_model, padded_vocab
-    from pretrain.model.bert import preset as preset_config
+    from bertforge.pretrain.model.bert import build_model, padded_vocab
+    from bertforge.pretrain.model.bert import preset as preset_config
 
     cfg = preset_config(model) if isinstance(model, str) else model
     with torch.device("meta"):
@@ -133,8 +133,8 @@ def model_shape(
     n, (cfg, padded) = count_params(model, vocab, nsp)
     modern = {}
     if cfg.arch == "modernbert":
-        from pretrain.model.attention_paths import default_chunk
-        from pretrain.model.modernbert import layer_types
+        from bertforge.pretrain.model.attention_paths import default_chunk
+        from bertforge.pretrain.model.modernbert import layer_types
 
         types = layer_types(cfg.num_hidden_layers, cfg.global_attn_every_n_layers)
         modern = {

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.errors import UserError
-from data_prep.reader import ShardError, load_manifest
-from pretrain.config.batching import BatchPlan
-from pretrain.config.phase_plan import load_phase_file, resolve
-from pretrain.data.mixture import parse_mixture
-from pretrain.doctor.checks import FAIL, OK, Row
+from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.phase_plan import load_phase_file, resolve
+from bertforge.pretrain.data.mixture import parse_mixture
+from bertforge.pretrain.doctor.checks import FAIL, OK, Row
 
 CHECK_FIX = "python -m pretrain.config.phase_plan FILE --global_batch_size ... checks a plan alone"
 

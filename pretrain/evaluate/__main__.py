@@ -26,9 +26,15 @@ from pathlib import Path
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain.evaluate.finetune import Recipe
-from pretrain.evaluate.report import markdown_table, plot_steps, write_results
-from pretrain.evaluate.tasks import TASK_TYPES, TaskError, TaskSpec, load_task, load_task_file
+from bertforge.pretrain.evaluate.finetune import Recipe
+from bertforge.pretrain.evaluate.report import markdown_table, plot_steps, write_results
+from bertforge.pretrain.evaluate.tasks import (
+    TASK_TYPES,
+    TaskError,
+    TaskSpec,
+    load_task,
+    load_task_file,
+)
 
 log = get_logger(__name__)
 
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     import torch
 
-    from pretrain.evaluate.runner import evaluate_models
+    from bertforge.pretrain.evaluate.runner import evaluate_models
 
     args = _parser().parse_args(argv)
     out = Path(args.out)

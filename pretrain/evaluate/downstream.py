@@ -2,7 +2,7 @@
 
 The trainer calls, on rank 0 after a checkpoint of every Nth step::
 
-    from pretrain.evaluate.downstream import load_downstream_tasks, evaluate_state_dict
+    from bertforge.pretrain.evaluate.downstream import load_downstream_tasks, evaluate_state_dict
     tasks = load_downstream_tasks("TASKS.json", max_examples=2000)       # once, at start-up
     records = evaluate_state_dict(model.hf_state_dict(unpad_vocab=True),
                                   model.hf_config(unpad_vocab=True), tokenizer_dir, tasks,
@@ -40,12 +40,12 @@ import torch
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from pretrain.components import leases
-from pretrain.evaluate.finetune import encode, recipe_for, run_once
-from pretrain.evaluate.metrics import PRIMARY
-from pretrain.evaluate.models import ModelSource
-from pretrain.evaluate.runner import choose_lr, default_device
-from pretrain.evaluate.tasks import TaskData, load_task, load_task_file
+from bertforge.pretrain.components import leases
+from bertforge.pretrain.evaluate.finetune import encode, recipe_for, run_once
+from bertforge.pretrain.evaluate.metrics import PRIMARY
+from bertforge.pretrain.evaluate.models import ModelSource
+from bertforge.pretrain.evaluate.runner import choose_lr, default_device
+from bertforge.pretrain.evaluate.tasks import TaskData, load_task, load_task_file
 
 log = get_logger(__name__)
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     Lets the trainer run the evaluation in a background process after a checkpoint (no rank
     waits for it) and read the records back when the process has finished.
     """
-    from pretrain.evaluate.models import materialize, resolve
+    from bertforge.pretrain.evaluate.models import materialize, resolve
 
     p = ArgumentParser(prog="python -m pretrain.evaluate.downstream", description=main.__doc__)
     p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")

@@ -69,7 +69,7 @@ def split_label(spec: str) -> tuple[str | None, str]:
 def resolve(spec: str) -> list[ModelRef]:
     """Turn ``[LABEL=]PATH``, ``[LABEL=]RUN@STEP`` or ``[LABEL=]RUN@all`` into model references
     (labelled LABEL, or the folder's name; a run's checkpoints as LABEL@STEP)."""
-    from pretrain.components.resume import list_complete
+    from bertforge.pretrain.components.resume import list_complete
 
     label, spec = split_label(spec)
     m = _SPEC_RE.match(spec)
@@ -122,7 +122,7 @@ def materialize(ref: ModelRef, workdir: str | Path | None = None) -> Path:
     if ref.checkpoint is None:
         ref.hf_dir = ref.path
         return ref.path
-    from pretrain.export.hf_export import export
+    from bertforge.pretrain.export.hf_export import export
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="bertforge_eval_"))
     out = workdir / ref.label.replace("@", "_step")  # labels are unique, folder names may not be

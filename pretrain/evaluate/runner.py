@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from bertforge.logs import get_logger
-from pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
-from pretrain.evaluate.metrics import PRIMARY
-from pretrain.evaluate.models import ModelSource
-from pretrain.evaluate.tasks import TaskData
+from bertforge.pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
+from bertforge.pretrain.evaluate.metrics import PRIMARY
+from bertforge.pretrain.evaluate.models import ModelSource
+from bertforge.pretrain.evaluate.tasks import TaskData
 
 
 def default_device() -> torch.device:
@@ -95,7 +95,7 @@ SMALL_DEV = 100  # below this many dev examples, the lr choice and early stoppin
 
 def reference_results(data: TaskData) -> list[dict[str, Any]]:
     """The task's reference rows in the shape of a model's result (one value, no seeds)."""
-    from pretrain.evaluate.references import reference_rows
+    from bertforge.pretrain.evaluate.references import reference_rows
 
     out = []
     for row in reference_rows(data):
@@ -147,7 +147,7 @@ def evaluate_models(
     log=stderr_log,
 ) -> dict[str, Any]:
     """Evaluate every model (``PATH``, ``RUN@STEP``, ``RUN@all``) on every loaded task."""
-    from pretrain.evaluate.models import materialize, resolve_all
+    from bertforge.pretrain.evaluate.models import materialize, resolve_all
 
     refs = resolve_all(model_specs)
     device = device or default_device()

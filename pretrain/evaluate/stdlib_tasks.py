@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser
+from bertforge.data_prep.domain_text import docstrings, package_files
 from bertforge.files import write_bytes_atomic, write_json_atomic, write_text_atomic
-from data_prep.domain_text import docstrings, package_files
-from pretrain.evaluate.pydoc_tasks import _jsonl
+from bertforge.pretrain.evaluate.pydoc_tasks import _jsonl
 
 PACKAGES = (
     "asyncio",

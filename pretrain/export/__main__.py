@@ -2,6 +2,6 @@
 
 import sys
 
-from pretrain.export.hf_export import main
+from bertforge.pretrain.export.hf_export import main
 
 sys.exit(main())

@@ -18,8 +18,12 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
-from pretrain.components.checkpoint_files import consolidated_state_dict, describe_problems, verify
-from pretrain.components.resume import list_complete, read_state
+from bertforge.pretrain.components.checkpoint_files import (
+    consolidated_state_dict,
+    describe_problems,
+    verify,
+)
+from bertforge.pretrain.components.resume import list_complete, read_state
 
 
 class AverageError(UserError, ValueError):

@@ -33,17 +33,26 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
 from bertforge.logs import get_logger
-from pretrain.components.checkpoint_files import MARKER, consolidated_state_dict, is_complete
-from pretrain.components.ema import load_ema
-from pretrain.components.resume import CheckpointError, list_complete, read_state, resolve_resume
-from pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
-from pretrain.export.model_card import write_model_card
+from bertforge.pretrain.components.checkpoint_files import (
+    MARKER,
+    consolidated_state_dict,
+    is_complete,
+)
+from bertforge.pretrain.components.ema import load_ema
+from bertforge.pretrain.components.resume import (
+    CheckpointError,
+    list_complete,
+    read_state,
+    resolve_resume,
+)
+from bertforge.pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
+from bertforge.pretrain.export.model_card import write_model_card
 
 log = get_logger(__name__)
 
 
 def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
-    from pretrain.data.mixture import parse_mixture
+    from bertforge.pretrain.data.mixture import parse_mixture
 
     if (run / "tokenizer").is_dir():
         return run / "tokenizer"
@@ -145,7 +154,7 @@ def export(
     import torch
     import transformers
 
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     run = Path(run)
     if average and checkpoint:
@@ -172,7 +181,7 @@ def export(
     conf = model.hf_config(unpad_vocab=True)
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
     if model.arch == "modernbert":  # its config names the special tokens; BERT's needs none
-        from pretrain.model.modernbert import set_tokenizer_ids
+        from bertforge.pretrain.model.modernbert import set_tokenizer_ids
 
         set_tokenizer_ids(conf, tok)
     hf_model = hf_cls(conf)

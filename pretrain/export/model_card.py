@@ -15,8 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from data_prep.reader import ShardError, load_manifest
-from pretrain.components.metrics import read_metrics
+from bertforge.data_prep.reader import ShardError, load_manifest
+from bertforge.pretrain.components.metrics import read_metrics
 
 LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
 TAGS = ("bert", "fill-mask", "masked-lm", "deepspeed", "bertforge")

@@ -40,7 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bertforge.logs import get_logger
-from pretrain.model.document_attention import document_mask
+from bertforge.pretrain.model.document_attention import document_mask
 
 try:  # torch >= 2.10; raises NotImplementedError on the CPU
     from torch.nn.attention.varlen import varlen_attn

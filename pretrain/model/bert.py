@@ -28,15 +28,15 @@ from transformers.models.bert.modeling_bert import (
     BertPreTrainingHeads,
 )
 
-import kernels
-from kernels import IGNORE_INDEX
-from pretrain.model.document_attention import document_mask
-from pretrain.model.model_config import ARCHES, ModelConfig, export_config, padded_vocab
+from bertforge.kernels import api as kernels
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.document_attention import document_mask
+from bertforge.pretrain.model.model_config import ARCHES, ModelConfig, export_config, padded_vocab
 
-# The presets' first home: `from pretrain.model.bert import PRESETS, preset` keeps working.
-from pretrain.model.model_config import PRESETS as PRESETS
-from pretrain.model.model_config import preset as preset
-from pretrain.model.sharing import LayerSharingMixin, layer_groups
+# The presets' first home: `from bertforge.pretrain.model.bert import PRESETS, preset` keeps working.
+from bertforge.pretrain.model.model_config import PRESETS as PRESETS
+from bertforge.pretrain.model.model_config import preset as preset
+from bertforge.pretrain.model.sharing import LayerSharingMixin, layer_groups
 
 CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
 
@@ -350,7 +350,7 @@ def build_model(
     if model_cfg.arch not in ARCHES:
         raise ValueError(f"--arch {model_cfg.arch!r}: choose one of {', '.join(ARCHES)}")
     if model_cfg.arch == "modernbert":  # lazy: that module builds on this one
-        from pretrain.model.modernbert import build_modernbert
+        from bertforge.pretrain.model.modernbert import build_modernbert
 
         return build_modernbert(model_cfg, vocab_size, nsp, max_seq_len=max_seq_len)
     if vocab_size < 5:

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
+from bertforge.data_prep.tokenizer import plain_encoding
 from bertforge.logs import get_logger
-from data_prep.tokenizer import plain_encoding
-from pretrain.components.checkpoint_files import consolidated_state_dict
-from pretrain.model.init_source import (
+from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+from bertforge.pretrain.model.init_source import (
     ARCH_NAMES,
     InitError,
     InitSource,
@@ -47,7 +47,7 @@ from pretrain.model.init_source import (
     locate,
     read_hf_weights,
 )
-from pretrain.model.modernbert import VOCAB_KEYS as _MB_VOCAB
+from bertforge.pretrain.model.modernbert import VOCAB_KEYS as _MB_VOCAB
 
 log = get_logger(__name__)
 

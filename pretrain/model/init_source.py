@@ -35,14 +35,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig, ModernBertConfig
 
-from pretrain.components.resume import (
+from bertforge.pretrain.components.resume import (
     CheckpointError,
     CorruptCheckpointError,
     read_state,
     resolve_resume,
 )
-from pretrain.model.bert import _ARCH_FIELDS, ModelConfig, resolve_config
-from pretrain.model.modernbert import layer_types
+from bertforge.pretrain.model.bert import _ARCH_FIELDS, ModelConfig, resolve_config
+from bertforge.pretrain.model.modernbert import layer_types
 
 #: ModelConfig fields a ModernBERT checkpoint sets (BERT's are pretrain.model.bert._ARCH_FIELDS).
 MODERNBERT_FIELDS = (
@@ -225,7 +225,7 @@ def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
 def _run_source(path: Path, ckpt: Path) -> InitSource:
     # Lazy: the export command's rule for where a run keeps its tokenizer (export imports the
     # checkpoint modules; importing it at the top would make the model layer depend on it).
-    from pretrain.export.hf_export import _tokenizer_dir
+    from bertforge.pretrain.export.hf_export import _tokenizer_dir
 
     state = read_state(ckpt)
     vocab = int(state["vocab_size"])

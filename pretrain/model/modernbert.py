@@ -22,19 +22,19 @@ import torch.nn.functional as F
 from transformers import ModernBertConfig
 from transformers.models.modernbert.modeling_modernbert import ModernBertForMaskedLM
 
-import kernels
 from bertforge.errors import UserError
-from kernels import IGNORE_INDEX
-from pretrain.model.attention_paths import (
+from bertforge.kernels import api as kernels
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.attention_paths import (
     ATTN_IMPLEMENTATION,
     DocumentLayout,
     log_path_once,
     use_varlen,
 )
-from pretrain.model.bert import apply_activation_checkpointing
-from pretrain.model.document_attention import document_mask, unpad
-from pretrain.model.model_config import ModelConfig, export_config, padded_vocab
-from pretrain.model.sharing import LayerSharingMixin
+from bertforge.pretrain.model.bert import apply_activation_checkpointing
+from bertforge.pretrain.model.document_attention import document_mask, unpad
+from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
+from bertforge.pretrain.model.sharing import LayerSharingMixin
 
 #: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
 VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")

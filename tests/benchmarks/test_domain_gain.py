@@ -57,9 +57,9 @@ def test_random_rows_replace_unused_slots_and_appended_tokens(tmp_path):
     from safetensors.torch import load_file
 
     from benchmarks.learning.new_tokens import random_rows_folder
-    from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
-    from data_prep.sample_corpus import pydoc_documents
-    from data_prep.tokenizer import train_wordpiece
+    from bertforge.data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
+    from bertforge.data_prep.sample_corpus import pydoc_documents
+    from bertforge.data_prep.tokenizer import train_wordpiece
 
     train_wordpiece(pydoc_documents()[:40], 800, True, tmp_path / "trained")
     base = tmp_path / "base"

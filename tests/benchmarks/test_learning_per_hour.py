@@ -38,7 +38,7 @@ def dry_run(tmp_path_factory):
 def test_heldout_text_is_split_off_before_the_shards(dry_run):
     from transformers import AutoTokenizer
 
-    from data_prep.reader import ShardReader
+    from bertforge.data_prep.reader import ShardReader
 
     work, out = dry_run
     train_text, held_text = ((work / n).read_text() for n in ("train.txt", "heldout.txt"))

@@ -155,8 +155,8 @@ def test_track_given_keeps_unset_flags_none_and_shows_the_default_once():
 
 
 def test_data_prep_build_flags_are_build_configs_fields():
-    from data_prep.__main__ import _parser
-    from data_prep.build_config import BuildConfig
+    from bertforge.data_prep.__main__ import _parser
+    from bertforge.data_prep.build_config import BuildConfig
 
     args = _parser().parse_args(["build", "--input", "a.txt", "b.txt", "--output", "out"])
     cfg = from_args(BuildConfig, args)
@@ -181,7 +181,7 @@ def test_data_prep_build_error_is_short_and_names_the_subcommand():
 
 
 def test_data_prep_user_error_is_logged_once_with_exit_2(tmp_path, capsys):
-    from data_prep.__main__ import main
+    from bertforge.data_prep.__main__ import main
 
     rc = main(["build", "--input", str(tmp_path / "nope.txt"), "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -190,7 +190,7 @@ def test_data_prep_user_error_is_logged_once_with_exit_2(tmp_path, capsys):
 
 
 def test_trainer_refuses_an_abbreviation(capsys):
-    from pretrain.config.cli import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     err = _exit_2(parse_args, ["--data", "x", "--micro_batch", "4"], capsys)
     assert err == [
@@ -203,7 +203,7 @@ def test_trainer_refuses_an_abbreviation(capsys):
 
 
 def test_trainer_help_says_where_each_default_comes_from_once():
-    from pretrain.config.cli import trainer_parser
+    from bertforge.pretrain.config.cli import trainer_parser
 
     parser, _ = trainer_parser()
     text = " ".join(parser.format_help().split())
@@ -218,26 +218,26 @@ def test_trainer_help_says_where_each_default_comes_from_once():
 @pytest.mark.parametrize(
     "module",
     [
-        "data_prep.__main__",
-        "pretrain.config.cli",
-        "pretrain.export.hf_export",
-        "pretrain.evaluate.__main__",
-        "pretrain.evaluate.downstream",
-        "pretrain.evaluate.pydoc_tasks",
-        "pretrain.evaluate.passage_tasks",
-        "pretrain.evaluate.snownlp_tasks",
-        "pretrain.attention",
-        "pretrain.doctor.cli",
-        "pretrain.plot",
-        "pretrain.demo",
+        "bertforge.data_prep.__main__",
+        "bertforge.pretrain.config.cli",
+        "bertforge.pretrain.export.hf_export",
+        "bertforge.pretrain.evaluate.__main__",
+        "bertforge.pretrain.evaluate.downstream",
+        "bertforge.pretrain.evaluate.pydoc_tasks",
+        "bertforge.pretrain.evaluate.passage_tasks",
+        "bertforge.pretrain.evaluate.snownlp_tasks",
+        "bertforge.pretrain.attention",
+        "bertforge.pretrain.doctor.cli",
+        "bertforge.pretrain.plot",
+        "bertforge.pretrain.demo",
     ],
 )
 def test_every_entry_point_gives_the_short_error(module, capsys):
     import importlib
 
     mod = importlib.import_module(module)
-    main = mod.parse_args if module == "pretrain.config.cli" else mod.main
-    argv = ["build"] if module == "data_prep.__main__" else []
+    main = mod.parse_args if module == "bertforge.pretrain.config.cli" else mod.main
+    argv = ["build"] if module == "bertforge.data_prep.__main__" else []
     err = _exit_2(main, [*argv, "--no_such_flag_here"], capsys)
     assert len(err) == 2 and "usage:" not in "".join(err), err
     assert err[0].endswith("error: unrecognized argument --no_such_flag_here"), err

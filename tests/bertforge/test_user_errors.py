@@ -8,9 +8,9 @@ import re
 
 from helpers.commands import run_cli
 
-from data_prep.inputs import DropCounter
-from pretrain.data.shard_check import _read_record
-from pretrain.plot import main as plot_main
+from bertforge.data_prep.inputs import DropCounter
+from bertforge.pretrain.data.shard_check import _read_record
+from bertforge.pretrain.plot import main as plot_main
 
 LINE = re.compile(r"^\[(data_prep|pretrain)\] (WARNING|ERROR): \S")
 

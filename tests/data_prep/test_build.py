@@ -15,8 +15,8 @@ from helpers.commands import run_cli
 from helpers.shards import content_stream
 from transformers import AutoTokenizer
 
-from data_prep import ShardError, ShardReader
-from data_prep.__main__ import main
+from bertforge.data_prep import ShardError, ShardReader
+from bertforge.data_prep.__main__ import main
 
 CJK = re.compile(r"^[\u4e00-\u9fff\u3400-\u4dbf]$")
 
@@ -419,7 +419,7 @@ def assert_batch_matches_items(reader: ShardReader, idx: np.ndarray, multiple: i
 def test_get_batch_equals_per_sequence_reads(
     fmt, tmp_path, english_corpus, english_shards, english_nsp_shards, monkeypatch
 ):
-    import data_prep.reader as reader_mod
+    import bertforge.data_prep.reader as reader_mod
 
     one = english_shards if fmt == "packed" else english_nsp_shards
     many = _many_shards(tmp_path, english_corpus, english_shards, fmt)

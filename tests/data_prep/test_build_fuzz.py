@@ -34,9 +34,9 @@ from helpers.shards import content_stream
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from data_prep import ShardReader
-from data_prep.__main__ import main
-from data_prep.worker import is_validation
+from bertforge.data_prep import ShardReader
+from bertforge.data_prep.__main__ import main
+from bertforge.data_prep.worker import is_validation
 
 FUZZ = settings(
     max_examples=20,

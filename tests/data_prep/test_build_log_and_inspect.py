@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.commands import run_cli
 
-from data_prep.progress import Progress, resolve_mode
+from bertforge.data_prep.progress import Progress, resolve_mode
 
 TERMS = ["floating point", "keyword argument", "namespace", "quantum chromodynamics"]
 
@@ -41,7 +41,7 @@ def test_lines_every_n_steps_and_every_t_seconds(monkeypatch):
     assert "loss 2.5" in text and "ETA" in text
 
     clock = [0.0]
-    monkeypatch.setattr("data_prep.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("bertforge.data_prep.progress.time.monotonic", lambda: clock[0])
     out = io.StringIO()
     p = Progress(None, desc="data_prep", unit="shard", mode="lines", every_s=30.0, stream=out)
     for _ in range(7):
@@ -109,8 +109,8 @@ def _reference_counts(root: Path) -> dict[str, int]:
     """Occurrences by the build's own regex on each decoded sequence (an independent count)."""
     from tokenizers import Tokenizer
 
-    from data_prep.reader import ShardReader
-    from data_prep.wordstart import _term_pattern
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.data_prep.wordstart import _term_pattern
 
     tok = Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json"))
     counts = dict.fromkeys(TERMS, 0)
@@ -140,8 +140,8 @@ def test_inspect_counts_and_marks_protected_terms(termed_build):
 
 def test_inspect_shows_a_lexicon_the_build_did_not_use(english_shards, termed_build, tmp_path):
     """Shards built without terms: multi-token terms are split over units, and inspect says so."""
-    from data_prep.reader import ShardReader
-    from data_prep.unit_marks import TermMatcher, mark_tokens
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.data_prep.unit_marks import TermMatcher, mark_tokens
 
     _, terms, _ = termed_build
     s = json.loads(
@@ -180,7 +180,7 @@ def test_inspect_shows_a_lexicon_the_build_did_not_use(english_shards, termed_bu
 
 
 def test_trainer_flags_keep_the_old_progress_spelling(english_shards, capsys):
-    from pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.train_config import parse_args
 
     base = ["--data", str(english_shards)]
     assert parse_args([*base, "--progress", "false"]).log.progress == "off"

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from helpers.commands import DATA
 
-from data_prep.__main__ import main
-from data_prep.decontam import Signer, shingle_hashes
-from data_prep.sample_corpus import pydoc_documents
-from data_prep.worker import is_validation
+from bertforge.data_prep.__main__ import main
+from bertforge.data_prep.decontam import Signer, shingle_hashes
+from bertforge.data_prep.sample_corpus import pydoc_documents
+from bertforge.data_prep.worker import is_validation
 
 VAL = 0.05
 

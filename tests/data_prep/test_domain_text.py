@@ -12,7 +12,7 @@ SCRIPT = ("-m", "data_prep.domain_text")
 
 
 def _documents(path: Path) -> list[str]:
-    from data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
+    from bertforge.data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
 
     return list(iter_documents(expand_inputs([str(path)]), InputConfig(), DropCounter()))
 

@@ -12,11 +12,11 @@ from helpers.commands import DATA
 from helpers.vocab import vocab_with_unused
 from transformers import AutoTokenizer
 
-from data_prep.__main__ import main as data_prep_main
-from data_prep.extend_tokenizer import REPORT_FILE
-from data_prep.reader import ShardReader
-from data_prep.sample_corpus import pydoc_documents
-from data_prep.tokenizer import train_wordpiece
+from bertforge.data_prep.__main__ import main as data_prep_main
+from bertforge.data_prep.extend_tokenizer import REPORT_FILE
+from bertforge.data_prep.reader import ShardReader
+from bertforge.data_prep.sample_corpus import pydoc_documents
+from bertforge.data_prep.tokenizer import train_wordpiece
 
 TERMS = ["hypertension", "Heart Failure", "COVID-19", "高血压", "心力衰竭"]
 SENTENCES = [

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from helpers.commands import REPO
 
-from data_prep import ShardError, ShardReader
-from data_prep.__main__ import main
-from data_prep.sample_corpus import pydoc_documents
+from bertforge.data_prep import ShardError, ShardReader
+from bertforge.data_prep.__main__ import main
+from bertforge.data_prep.sample_corpus import pydoc_documents
 
 
 @pytest.fixture(scope="module")

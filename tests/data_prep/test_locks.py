@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.commands import REPO
 
-from data_prep.lock import FolderLock, LockError
+from bertforge.data_prep.lock import FolderLock, LockError
 
 HOST = socket.gethostname()
 
@@ -140,7 +140,7 @@ def test_second_build_on_an_output_being_built_is_refused(english_corpus, tmp_pa
 
 
 def test_merge_lock_refuses_a_live_holder_and_never_recreates_a_merged_work_folder(tmp_path):
-    from data_prep.partition import MergeLock
+    from bertforge.data_prep.partition import MergeLock
 
     out = tmp_path / "shards"
     (out / ".work").mkdir(parents=True)

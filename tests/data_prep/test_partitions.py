@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers.commands import REPO
 
-from data_prep.__main__ import main
+from bertforge.data_prep.__main__ import main
 
 
 def build_args(corpus: Path, tokenizer: Path, out: Path, *extra: str) -> list[str]:

@@ -13,7 +13,7 @@ from helpers.commands import run_cli
 from helpers.shards import build_shards, content_stream
 from tokenizers import Tokenizer
 
-from data_prep.reader import ShardReader
+from bertforge.data_prep.reader import ShardReader
 
 
 def _with_truncation_and_padding(tokenizer_dir: Path, out: Path, length: int) -> Path:

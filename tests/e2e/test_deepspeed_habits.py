@@ -19,8 +19,8 @@ import pytest
 import torch
 from helpers.commands import REPO
 
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import LATEST_FILE, find_latest, list_complete
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import LATEST_FILE, find_latest, list_complete
 
 pytestmark = pytest.mark.slow
 STEPS = 4
@@ -152,9 +152,9 @@ def _matches_export(run: Path, sd: dict[str, torch.Tensor], tmp: Path) -> None:
     """The script's weights, mapped to transformers' names, equal the exported folder's."""
     from safetensors.torch import load_file
 
-    from pretrain.components.resume import read_state
-    from pretrain.export.hf_export import export
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.components.resume import read_state
+    from bertforge.pretrain.export.hf_export import export
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     export(run, tmp / "hf", verify=False)
     state = read_state(find_latest(run / "checkpoints"))
@@ -177,7 +177,7 @@ def test_zero_to_fp32_without_tag_matches_export_zero3(zero3_run, tmp_path):
 
 
 def test_model_card_numbers_equal_metrics(zero2_run, tmp_path):
-    from pretrain.export.hf_export import main as export_main
+    from bertforge.pretrain.export.hf_export import main as export_main
 
     run = zero2_run[0]
     out = tmp_path / "hf"

@@ -9,7 +9,7 @@ import math
 import pytest
 from helpers.commands import train_cli
 
-from pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

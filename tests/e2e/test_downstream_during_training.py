@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers.commands import train_cli
 
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import list_complete, tag_for
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def _train(shards: Path, run: Path, *extra: str):
 
 
 def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_shards, tmp_path):
-    from pretrain.evaluate.pydoc_tasks import write_tasks
+    from bertforge.pretrain.evaluate.pydoc_tasks import write_tasks
 
     tasks = write_tasks(tmp_path / "tasks", topics=2, per_topic=20)
     spec = json.loads(tasks.read_text())
@@ -74,7 +74,7 @@ def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_s
 
 
 def test_downstream_interval_must_fall_on_checkpoints(english_shards, tmp_path, capsys):
-    from pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.train_config import parse_args
 
     tasks = tmp_path / "tasks.json"
     tasks.write_text("{}")

@@ -22,9 +22,9 @@ from helpers.launch import COMMON, launch, losses
 from helpers.preemption import run_tasks_and_signal_group
 from helpers.shm import left_in_shm, port_of
 
-from pretrain.components.distributed import free_port
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import STATE_FILE, find_latest, tag_for
+from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import STATE_FILE, find_latest, tag_for
 
 pytestmark = pytest.mark.slow
 

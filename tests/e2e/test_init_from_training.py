@@ -15,7 +15,7 @@ from helpers.commands import (
     train_cli,
 )
 
-from pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +53,10 @@ def _transformers_val_loss(hf: Path, shards: Path, run_config: dict, batches: in
     import torch.nn.functional as F
     from transformers import BertForMaskedLM
 
-    from data_prep.reader import ShardReader
-    from kernels import IGNORE_INDEX
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.masking import MaskingConfig
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.kernels.constants import IGNORE_INDEX
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import MaskingConfig
 
     model = BertForMaskedLM.from_pretrained(str(hf)).eval()
     loader = build_loader(

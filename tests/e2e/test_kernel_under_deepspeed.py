@@ -24,7 +24,7 @@ def _train(impl: str) -> dict:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    import kernels
+    from bertforge.kernels import api as kernels
 
     if get_accelerator().device_name() == "cpu":
         # DeepSpeed refuses fp16 on CPUs without AVX512-FP16; loss scaling works the same anyway.
@@ -97,7 +97,7 @@ def _train(impl: str) -> dict:
 def test_zero3_fp16_tied_decoder_both_impls(tmp_path):
     from helpers.commands import run_cli
 
-    from pretrain.components.distributed import free_port
+    from bertforge.pretrain.components.distributed import free_port
 
     env = {  # TRITON_INTERPRET comes from conftest, which sets it only where no CUDA is usable
         "OMP_NUM_THREADS": "1",

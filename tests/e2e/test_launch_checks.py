@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers.commands import REPO
 
-from data_prep import reader as reader_module
-from data_prep.reader import ShardError
-from pretrain.data.shard_check import RECORD, verify_once
+from bertforge.data_prep import reader as reader_module
+from bertforge.data_prep.reader import ShardError
+from bertforge.pretrain.data.shard_check import RECORD, verify_once
 
 
 def _train(shards: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -112,7 +112,7 @@ def test_verified_once_stale_lock_taken_over_missing_rng_warned(english_shards, 
 
 
 def test_doctor_reports_a_broken_torch_as_a_failing_row(english_shards, tmp_path):
-    from pretrain.doctor.checks import FAIL, device_rows
+    from bertforge.pretrain.doctor.checks import FAIL, device_rows
 
     fake = tmp_path / "fake" / "torch"
     fake.mkdir(parents=True)
@@ -135,8 +135,8 @@ def test_doctor_reports_a_broken_torch_as_a_failing_row(english_shards, tmp_path
 
 def _dry_run(shards: Path, run: Path, *extra: str, capsys) -> tuple[int, str, str]:
     """`pretrain/main.py --dry-run` in-process: (exit status, stdout, stderr)."""
-    from pretrain.config.train_config import parse_args
-    from pretrain.main import main
+    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.main import main
 
     capsys.readouterr()
     argv = ["--data", str(shards), "--output_dir", str(run), "--model", "tiny", "--dry-run"]
@@ -191,8 +191,8 @@ def test_dry_run_reports_what_the_deepspeed_config_resolves(english_shards, tmp_
 def test_dry_run_refuses_a_checkpoint_that_does_not_fit_as_the_launch_does(
     english_shards, tmp_path, capsys
 ):
-    from pretrain.components.checkpoint_files import folder_sizes, write_marker
-    from pretrain.components.resume import STATE_FILE, tag_for
+    from bertforge.pretrain.components.checkpoint_files import folder_sizes, write_marker
+    from bertforge.pretrain.components.resume import STATE_FILE, tag_for
 
     ckpt = tmp_path / "run" / "checkpoints" / tag_for(2)
     ckpt.mkdir(parents=True)
@@ -204,7 +204,7 @@ def test_dry_run_refuses_a_checkpoint_that_does_not_fit_as_the_launch_does(
 
 
 def test_rounded_for_display():
-    from pretrain.dry_run import rounded
+    from bertforge.pretrain.dry_run import rounded
 
     assert rounded({"a": [1 - 0.8, 3], "b": 0.1 + 0.2, "c": "x"}) == {
         "a": [0.2, 3],

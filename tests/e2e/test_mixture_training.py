@@ -13,7 +13,7 @@ from helpers.commands import (
     train_cli,
 )
 
-from pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_mixture_trains_with_per_source_validation_and_shares(
     assert overall["val_masked_tokens"] == en["val_masked_tokens"] + docs["val_masked_tokens"]
     mixed = en["val_loss"] * en["val_masked_tokens"] + docs["val_loss"] * docs["val_masked_tokens"]
     assert overall["val_loss"] == pytest.approx(mixed / overall["val_masked_tokens"])
-    from pretrain.plot import main as plot_main
+    from bertforge.pretrain.plot import main as plot_main
 
     assert plot_main([str(run / "metrics.jsonl"), "--out", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "sources.png").stat().st_size > 10_000

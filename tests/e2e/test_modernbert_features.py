@@ -25,11 +25,17 @@ import torch
 from helpers.commands import REPO
 from helpers.launch import ds_config, launch, losses
 
-from kernels import IGNORE_INDEX
-from pretrain.components.checkpoint_files import consolidated_state_dict
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import STATE_FILE, find_latest, list_complete, read_state, tag_for
-from pretrain.config import command_line
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import (
+    STATE_FILE,
+    find_latest,
+    list_complete,
+    read_state,
+    tag_for,
+)
+from bertforge.pretrain.config import command_line
 
 pytestmark = pytest.mark.slow
 
@@ -124,8 +130,8 @@ def test_a_resume_is_bit_identical(zero3):
 def test_a_zero3_export_loads_in_transformers_and_predicts_like_our_model(zero3, tmp_path):
     import transformers
 
-    from pretrain.export.hf_export import export
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.export.hf_export import export
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     run, out = zero3["run"], tmp_path / "hf"
     res = export(run, out)  # also reloads the folder and runs fill-mask

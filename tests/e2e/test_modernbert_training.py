@@ -12,11 +12,11 @@ import torch
 from helpers.commands import train_cli
 
 from bertforge.errors import USER_ERROR_EXIT
-from kernels import IGNORE_INDEX
-from pretrain.components.checkpoint_files import consolidated_state_dict
-from pretrain.components.metrics import read_metrics
-from pretrain.export.hf_export import export, find_checkpoint
-from pretrain.model.bert import ModelConfig, build_model
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.export.hf_export import export, find_checkpoint
+from bertforge.pretrain.model.bert import ModelConfig, build_model
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_trains_and_exports_a_folder_transformers_loads(modernbert_run, english_
 
 
 def test_a_bert_launch_refuses_the_modernbert_run(modernbert_run, english_shards, capsys):
-    from pretrain.main import main
+    from bertforge.pretrain.main import main
 
     data = ["--data", str(english_shards), "--dry-run"]
     # --init_from a modernbert run into a bert launch names both archs; resuming under another
@@ -102,7 +102,7 @@ def test_a_phase_raises_the_global_rope_theta_and_resumes_exactly(english_shards
     bit-identical), and the export's config carries the theta the weights were trained at."""
     from helpers.launch import losses
 
-    from pretrain.components.resume import list_complete
+    from bertforge.pretrain.components.resume import list_complete
 
     plan = tmp_path / "plan.json"
     plan.write_text(

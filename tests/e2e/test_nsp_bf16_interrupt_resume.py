@@ -26,9 +26,9 @@ from helpers.commands import (
 from helpers.launch import COMMON, launch
 from helpers.preemption import run_and_signal
 
-from kernels import IGNORE_INDEX
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import STATE_FILE, find_latest, tag_for
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import STATE_FILE, find_latest, tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -115,9 +115,9 @@ def test_resume_after_sigint_matches_the_uninterrupted_run(nsp_bf16):
 
 def nsp_validation_batch(shards: Path) -> dict[str, torch.Tensor]:
     """One masked batch of the NSP shards' validation split, as the trainer builds it."""
-    from data_prep.reader import ShardReader
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.masking import MaskingConfig
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import MaskingConfig
 
     loader = build_loader(
         ShardReader(shards, "validation"),
@@ -139,8 +139,8 @@ def test_nsp_export_is_bert_for_pretraining_with_our_mlm_and_nsp_outputs(
 ):
     import transformers
 
-    from pretrain.components.checkpoint_files import consolidated_state_dict
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     run, out = nsp_bf16["run"], tmp_path / "hf"
     run_cli("-m", "pretrain.export", str(run), "--output", str(out))

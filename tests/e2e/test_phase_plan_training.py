@@ -16,10 +16,10 @@ from helpers.commands import REPO, run_cli
 from helpers.launch import COMMON, launch, losses
 from helpers.shards import build_shards
 
-from data_prep.reader import ShardReader
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import list_complete
-from pretrain.config.phase_plan import load_phase_file, lr_multiplier, resolve
+from bertforge.data_prep.reader import ShardReader
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import list_complete
+from bertforge.pretrain.config.phase_plan import load_phase_file, lr_multiplier, resolve
 
 pytestmark = pytest.mark.slow
 LR = 1e-3

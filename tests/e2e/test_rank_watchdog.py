@@ -25,10 +25,10 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, launch
 from helpers.tasks import Tasks, wait_all
 
-from pretrain.components.distributed import free_port
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import list_complete, tag_for
-from pretrain.components.watchdog import EXIT_RANK_GONE
+from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import list_complete, tag_for
+from bertforge.pretrain.components.watchdog import EXIT_RANK_GONE
 
 pytestmark = pytest.mark.slow
 

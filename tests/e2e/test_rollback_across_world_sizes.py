@@ -9,9 +9,9 @@ import pytest
 from helpers.commands import REPO
 from helpers.launch import COMMON, launch
 
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import list_complete, read_state, tag_for
-from pretrain.config import command_line
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import list_complete, read_state, tag_for
+from bertforge.pretrain.config import command_line
 
 pytestmark = pytest.mark.slow
 

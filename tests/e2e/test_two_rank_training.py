@@ -19,9 +19,9 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, assert_loss_falls, ds_config, launch, launch_cmd, losses
 from helpers.shm import left_in_shm, port_of
 
-from pretrain.components.checkpoint_files import MARKER
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import find_latest, list_complete, tag_for
+from bertforge.pretrain.components.checkpoint_files import MARKER
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import find_latest, list_complete, tag_for
 
 HELPERS = REPO / "tests" / "helpers"
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_zero2_trains_and_writes_run_folder(zero2_run):
         "rank_00001.pt",
     ]
     assert list((zero2_run / "tensorboard").rglob("events.out.tfevents.*"))
-    from pretrain.plot import plot
+    from bertforge.pretrain.plot import plot
 
     pngs = plot(zero2_run / "metrics.jsonl", zero2_run / "plots")
     assert {"loss.png", "lr.png", "overview.png"} <= {p.name for p in pngs}
@@ -180,9 +180,9 @@ def test_export_loads_in_transformers(zero2_run, tmp_path):
     import torch
     import transformers
 
-    from pretrain.components.checkpoint_files import consolidated_state_dict
-    from pretrain.export.hf_export import export
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+    from bertforge.pretrain.export.hf_export import export
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     out = tmp_path / "hf"
     res = export(zero2_run, out)

@@ -20,12 +20,12 @@ import pytest
 from helpers.commands import REPO
 from helpers.launch import COMMON, ds_config, launch
 
-from data_prep.reader import ShardReader
-from kernels import IGNORE_INDEX
-from pretrain.components.metrics import read_metrics
-from pretrain.config import command_line
-from pretrain.data.loader import DataConfig, build_loader
-from pretrain.data.masking import MaskingConfig
+from bertforge.data_prep.reader import ShardReader
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.config import command_line
+from bertforge.pretrain.data.loader import DataConfig, build_loader
+from bertforge.pretrain.data.masking import MaskingConfig
 
 pytestmark = pytest.mark.slow
 

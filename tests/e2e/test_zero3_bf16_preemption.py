@@ -22,9 +22,9 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, launch, launch_cmd, losses
 from helpers.preemption import rank_process, run_and_signal
 
-from pretrain.components.checkpoint_files import is_complete
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import STATE_FILE, find_latest, list_complete, tag_for
+from bertforge.pretrain.components.checkpoint_files import is_complete
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import STATE_FILE, find_latest, list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -151,9 +151,9 @@ def test_resume_after_sigterm_matches_the_uninterrupted_run(zero3_bf16):
 def test_zero3_bf16_export_loads_in_transformers_and_predicts_like_our_model(zero3_bf16, tmp_path):
     import transformers
 
-    from pretrain.components.checkpoint_files import consolidated_state_dict
-    from pretrain.export.hf_export import export
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+    from bertforge.pretrain.export.hf_export import export
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     run, out = zero3_bf16["run"], tmp_path / "hf"
     assert export(run, out)["step"] == zero3_bf16["stop"] + 3  # in-process: the CLI's function

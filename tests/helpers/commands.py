@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrain.config import command_line
+from bertforge.pretrain.config import command_line
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"

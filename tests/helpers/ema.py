@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain.components.checkpoint_files import consolidated_state_dict, is_complete, verify
-from pretrain.components.ema import EMA_FILE, EMAError, load_ema
-from pretrain.components.resume import tag_for
-from pretrain.export.hf_export import export
+from bertforge.pretrain.components.checkpoint_files import (
+    consolidated_state_dict,
+    is_complete,
+    verify,
+)
+from bertforge.pretrain.components.ema import EMA_FILE, EMAError, load_ema
+from bertforge.pretrain.components.resume import tag_for
+from bertforge.pretrain.export.hf_export import export
 
 
 def ema_oracle(weights: list[dict[str, torch.Tensor]], decay: float) -> dict[str, torch.Tensor]:

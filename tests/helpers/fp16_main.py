@@ -33,7 +33,7 @@ def _backward(self, loss, *args, **kwargs):
 DeepSpeedEngine.backward = _backward
 
 if __name__ == "__main__":
-    from pretrain.main import main
+    from bertforge.pretrain.main import main
 
     code = main()
     sys.stdout.flush()

@@ -8,9 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.config import command_line
 from helpers.commands import REPO
-from pretrain.components.metrics import read_metrics
-from pretrain.config import command_line
 
 COMMON = [
     "--model",
@@ -32,7 +32,7 @@ COMMON = [
 
 def _port() -> int:
     """A port free now: parallel test workers (pytest -n) never share one."""
-    from pretrain.components.distributed import free_port
+    from bertforge.pretrain.components.distributed import free_port
 
     return free_port()
 

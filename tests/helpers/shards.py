@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertforge.pretrain.config import command_line
 from helpers.commands import run_cli
-from pretrain.config import command_line
 
 
 def content_stream(reader) -> np.ndarray:

@@ -20,7 +20,7 @@ def vocab_with_unused(trained: Path, out: Path, unused: int = 8) -> Path:
 def extend_with_domain_terms(base: Path, tmp: Path, max_new: int = 12) -> Path:
     """`base`'s tokenizer extended (data_prep extend-tokenizer) by two English medical terms,
     one Chinese one and up to `max_new` tokens mined from the 《红楼梦》 sample; in tmp/ext_tok."""
-    from data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
+    from bertforge.data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
 
     terms = tmp / "terms.txt"
     terms.write_text("hypertension\nheart failure\n高血压\n", encoding="utf-8")

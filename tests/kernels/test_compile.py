@@ -14,7 +14,7 @@ SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import triton_ce as T
+from bertforge.kernels import triton_ce as T
 
 common = {"labels_ptr": "*i64", "labels_stride": "i64", "vocab_size": "i32",
           "ignore_index": "i32", "BLOCK": "constexpr"}

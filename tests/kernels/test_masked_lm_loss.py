@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from helpers.commands import run_cli
 
-import kernels
-from kernels import IGNORE_INDEX
-from kernels.api import _resolve_impl
+from bertforge.kernels import api as kernels
+from bertforge.kernels.api import _resolve_impl
+from bertforge.kernels.constants import IGNORE_INDEX
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -296,7 +296,7 @@ def test_import_and_fallback_without_triton():
     naming the import error, rather than falling back silently."""
     code = (
         "import sys; sys.modules['triton'] = None\n"  # makes `import triton` raise ImportError
-        "import torch, kernels\n"
+        "import torch\nfrom bertforge.kernels import api as kernels\n"
         "h = torch.randn(4, 8); w = torch.randn(10, 8)\n"
         "y = torch.tensor([1, kernels.IGNORE_INDEX, 3, 9])\n"
         "out = kernels.masked_lm_loss(h, w, None, y)\n"
@@ -308,7 +308,7 @@ def test_import_and_fallback_without_triton():
         "else:\n"
         "    raise AssertionError('impl=triton without triton must raise')\n"
         "import warnings\n"
-        "from kernels.api import _resolve_impl\n"
+        "from bertforge.kernels.api import _resolve_impl\n"
         "with warnings.catch_warnings(record=True) as seen:\n"
         "    warnings.simplefilter('always')\n"
         "    picks = [_resolve_impl('auto', torch.device('cuda')) for _ in range(3)]\n"
@@ -359,7 +359,7 @@ def test_autocast_bf16_both_impls_agree(device):
 @needs_cuda
 def test_auto_runs_the_triton_kernel_on_gpu(device, monkeypatch):
     """On CUDA tensors impl="auto" calls the kernel (not only resolves to it): torch's loss."""
-    from kernels import triton_ce
+    from bertforge.kernels import triton_ce
 
     calls = []
     real = triton_ce.ce_forward

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import IGNORE_INDEX
+from bertforge.kernels import api as kernels
+from bertforge.kernels.constants import IGNORE_INDEX
 
 IMPLS = ("torch", "triton")
 TOL = {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}  # loss math is fp32 for all

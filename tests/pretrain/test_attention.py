@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers.tiny_bert import build_tiny_bert
 
-from pretrain.attention import attention_maps, cjk_font, head_stats, main
+from bertforge.pretrain.attention import attention_maps, cjk_font, head_stats, main
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_modernbert_folder_shows_its_sliding_window(tmp_path):
     window): its local layers put no attention outside |q - k| <= 4, its global layer does."""
     from helpers.tiny_bert import build_tiny_modernbert
 
-    from pretrain.attention import attention_weights, load_model
+    from bertforge.pretrain.attention import attention_weights, load_model
 
     folder = build_tiny_modernbert(tmp_path / "mb")
     text = "The function returns a list of values, then raises an error when the list is empty."

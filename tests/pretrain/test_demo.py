@@ -12,8 +12,14 @@ from helpers.commands import run_cli
 from helpers.tiny_bert import build_tiny_bert
 from tokenizers import Tokenizer
 
-from data_prep.reader import ShardReader
-from pretrain.demo import MARKER, DemoError, frequent_token_guess, prepare_output, write_corpus
+from bertforge.data_prep.reader import ShardReader
+from bertforge.pretrain.demo import (
+    MARKER,
+    DemoError,
+    frequent_token_guess,
+    prepare_output,
+    write_corpus,
+)
 
 
 def test_plan_lists_every_step_with_its_command(tmp_path):

@@ -14,8 +14,8 @@ import pytest
 from helpers.commands import REPO, run_cli
 from helpers.sshd_harness import NORMAL_NODE2, LoopbackSSH, missing_requirements
 
-from pretrain.doctor import HostfileError, check_deepspeed_env, parse_hostfile
-from pretrain.doctor.memory_estimate import ModelShape, estimate_memory
+from bertforge.pretrain.doctor import HostfileError, check_deepspeed_env, parse_hostfile
+from bertforge.pretrain.doctor.memory_estimate import ModelShape, estimate_memory
 
 
 def _ds_parse(text: str):
@@ -82,8 +82,8 @@ def test_modernbert_estimate_knows_local_layers_and_geglu(tmp_path):
     charged BERT's 5 a s^2 bytes and a 4h MLP: 87 GiB of activations for one sequence."""
     import dataclasses
 
-    from pretrain.doctor.memory_estimate import MLM_FRACTION, model_shape
-    from pretrain.model.model_config import PRESETS
+    from bertforge.pretrain.doctor.memory_estimate import MLM_FRACTION, model_shape
+    from bertforge.pretrain.model.model_config import PRESETS
 
     s, h, a, i = 8192, 768, 12, 1152
     shape = model_shape("modernbert-base", tmp_path, s, False)  # no manifest: vocab 30522
@@ -119,8 +119,8 @@ def test_param_count_matches_transformers(english_shards):
     import torch
     from transformers import BertForMaskedLM
 
-    from pretrain.doctor.memory_estimate import model_shape
-    from pretrain.model.bert import PRESETS, bert_config
+    from bertforge.pretrain.doctor.memory_estimate import model_shape
+    from bertforge.pretrain.model.bert import PRESETS, bert_config
 
     shape = model_shape("base", english_shards, None, False)
     manifest = json.loads((english_shards / "manifest.json").read_text())
@@ -288,8 +288,8 @@ def _probe(gpus: int, gpu_gib: float = 80.0, ram_gib: float = 64.0, free_gib: fl
 
 def test_device_and_memory_rules():
     """Slots against GPUs, fp16 on CPU nodes, and BERT-large on a small GPU."""
-    from pretrain.doctor.checks import device_rows, memory_and_disk_rows
-    from pretrain.doctor.memory_estimate import ModelShape
+    from bertforge.pretrain.doctor.checks import device_rows, memory_and_disk_rows
+    from bertforge.pretrain.doctor.memory_estimate import ModelShape
 
     fp16 = {"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
     rows = device_rows({"a": _probe(8), "b": _probe(4)}, {"a": 8, "b": 8}, fp16)

@@ -11,8 +11,8 @@ import pytest
 from helpers.commands import REPO
 from packaging.requirements import Requirement
 
-from pretrain.doctor import cli, probe
-from pretrain.doctor.checks import FAIL, OK, WARN, constraint_rows
+from bertforge.pretrain.doctor import cli, probe
+from bertforge.pretrain.doctor.checks import FAIL, OK, WARN, constraint_rows
 
 CONSTRAINTS = REPO / "constraints.txt"
 

@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from pretrain.components.faults import ENV_VAR, FaultPlan, parse_faults
+from bertforge.pretrain.components.faults import ENV_VAR, FaultPlan, parse_faults
 
 # A child process that fires one planned signal fault and says so if it survives.
 CHILD = (
-    "import sys; from pretrain.components.faults import FaultPlan; "
+    "import sys; from bertforge.pretrain.components.faults import FaultPlan; "
     "FaultPlan(sys.argv[1]).signal_if_due('save', 4, 1); print('survived')"
 )
 

@@ -10,7 +10,7 @@ import pytest
 from helpers.shards import build_shards
 
 from bertforge.errors import USER_ERROR_EXIT
-from pretrain.main import main
+from bertforge.pretrain.main import main
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pretrain.plot import _time_series, main
+from bertforge.pretrain.plot import _time_series, main
 
 
 def _write(path, records):
@@ -39,7 +39,7 @@ def test_records_without_any_time_skip_the_time_plot(tmp_path):
 
 
 def test_phases_are_shaded_and_named_in_the_step_panels(tmp_path):
-    from pretrain.plot import phase_spans
+    from bertforge.pretrain.plot import phase_spans
 
     names = ["warmup"] * 3 + ["stable"] * 4 + ["decay"] * 3
     train = [
@@ -59,7 +59,7 @@ def test_phases_are_shaded_and_named_in_the_step_panels(tmp_path):
     assert phased != (tmp_path / "plain" / "loss.png").read_bytes()
     import matplotlib.pyplot as plt
 
-    from pretrain.plot import shade_phases
+    from bertforge.pretrain.plot import shade_phases
 
     fig, ax = plt.subplots()
     shade_phases(ax, phase_spans(train))

@@ -8,17 +8,22 @@ import re
 import pytest
 from helpers.commands import REPO
 
-from pretrain.components.checkpoint_files import MARKER
-from pretrain.components.optim import (
+from bertforge.pretrain.components.checkpoint_files import MARKER
+from bertforge.pretrain.components.optim import (
     OptimizerConfigError,
     WarmupDecay,
     build_schedule,
     configure_optimizer,
 )
-from pretrain.components.resume import CheckpointError, find_latest, resolve_resume, tag_for
-from pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
-from pretrain.config.precision import PrecisionError, resolve_precision
-from pretrain.config.train_config import OptimConfig, PrecisionConfig
+from bertforge.pretrain.components.resume import (
+    CheckpointError,
+    find_latest,
+    resolve_resume,
+    tag_for,
+)
+from bertforge.pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
+from bertforge.pretrain.config.precision import PrecisionError, resolve_precision
+from bertforge.pretrain.config.train_config import OptimConfig, PrecisionConfig
 
 
 # ---- batch sizes -------------------------------------------------------------------------------
@@ -136,7 +141,7 @@ def test_find_latest_ignores_incomplete(tmp_path):
 
 # ---- bad command lines fail before any work ----------------------------------------------------
 def _run_main(args, capsys, monkeypatch, world=1):
-    from pretrain.main import main
+    from bertforge.pretrain.main import main
 
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setenv("RANK", "0")
@@ -184,10 +189,10 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
     import deepspeed
     import torch
 
-    from data_prep.reader import ShardReader
-    from pretrain.data.loader import DataConfig, build_loader
-    from pretrain.data.masking import MaskingConfig
-    from pretrain.model.bert import PRESETS, build_model
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.model.bert import PRESETS, build_model
 
     reader = ShardReader(english_shards, "train")
     batch = next(
@@ -231,7 +236,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
 
 
 def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
-    from pretrain.components.resume import check_compatible
+    from bertforge.pretrain.components.resume import check_compatible
 
     state = {
         "tokenizer_fingerprint": "aaa",
@@ -272,7 +277,7 @@ def test_help_prints_each_default_once():
 
 
 def test_mfu_peak_matches_the_exact_card():
-    from pretrain.components.metrics import peak_tflops_for
+    from bertforge.pretrain.components.metrics import peak_tflops_for
 
     assert peak_tflops_for("NVIDIA H100 80GB HBM3", "bf16") == 989.0
     assert peak_tflops_for("NVIDIA H100 PCIe", "bf16") == 756.0

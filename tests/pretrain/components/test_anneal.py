@@ -21,19 +21,19 @@ import torch
 from helpers.commands import train_cli
 from helpers.ema import check_ema_of_run
 
-from pretrain.components.anneal import (
+from bertforge.pretrain.components.anneal import (
     AnnealDecay,
     AnnealError,
     check_flags,
     parse_anneal_from,
     source_checkpoint,
 )
-from pretrain.components.metrics import read_metrics
-from pretrain.components.optim import schedule_from_fields
-from pretrain.components.resume import CheckpointError
-from pretrain.components.wsd_schedule import decay_curve
-from pretrain.config.train_config import RunConfig, parse_args
-from pretrain.export.model_card import _anneal, card_facts
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.optim import schedule_from_fields
+from bertforge.pretrain.components.resume import CheckpointError
+from bertforge.pretrain.components.wsd_schedule import decay_curve
+from bertforge.pretrain.config.train_config import RunConfig, parse_args
+from bertforge.pretrain.export.model_card import _anneal, card_facts
 
 SIZES = ("--global_batch_size", "4", "--micro_batch_size", "4", "--eval_batches", "1")
 
@@ -115,7 +115,7 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     check_ema_of_run(anneal, again, steps=3, decay=0.9, no_ema=source)
 
     # The dry run prints the anneal: source, steps, lr start -> floor.
-    from pretrain import main as trainer_main
+    from bertforge.pretrain import main as trainer_main
 
     dry = ["--data", str(english_shards), "--output_dir", str(tmp_path / "dry"), *SIZES, *flags]
     assert trainer_main.main([*dry, "--dry-run"]) == 0
@@ -124,7 +124,7 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     assert f"lr {start:.4g} -> {floor:.4g} (1-sqrt)" in printed
 
     # Before any rendezvous: another vocabulary, and a run folder that holds checkpoints.
-    from pretrain.build import resolve_run
+    from bertforge.pretrain.build import resolve_run
 
     other = parse_args(
         ["--data", str(chinese_shards), "--output_dir", str(tmp_path / "zh")] + flags

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from helpers.commands import REPO
 
-from pretrain.components import checkpoint as ck
-from pretrain.components import checkpoint_files as cf
-from pretrain.components import resume
+from bertforge.pretrain.components import checkpoint as ck
+from bertforge.pretrain.components import checkpoint_files as cf
+from bertforge.pretrain.components import resume
 
 
 def _fake_checkpoint(root: Path, step: int, payload: bytes = b"weights" * 100) -> Path:
@@ -70,7 +70,7 @@ def test_verify_legacy_marker_missing_file_and_size_change(tmp_path):
 
 
 def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(tmp_path, capsys):
-    from pretrain.model.init_source import InitError, locate
+    from bertforge.pretrain.model.init_source import InitError, locate
 
     root = tmp_path / "run" / "checkpoints"
     older, newer = _fake_checkpoint(root, 2), _fake_checkpoint(root, 4)
@@ -95,10 +95,10 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
 
 
 def _tiny_engine(shards: Path, run: Path, *extra: str):
-    from data_prep.reader import ShardReader
-    from pretrain.build import build_encoder, build_engine
-    from pretrain.config.ds_config import resolve_deepspeed_config
-    from pretrain.config.train_config import parse_args
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
+    from bertforge.pretrain.config.train_config import parse_args
 
     cfg = parse_args(
         ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards)]
@@ -115,7 +115,7 @@ def _tiny_engine(shards: Path, run: Path, *extra: str):
 def test_failed_save_leaves_no_checkpoint_and_keeps_the_previous(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
-    from pretrain.components.faults import ENV_VAR
+    from bertforge.pretrain.components.faults import ENV_VAR
 
     cfg, engine = _tiny_engine(english_shards, tmp_path / "run", "--keep_last", "1")
     state = {"config": dataclasses.asdict(cfg.run), "consumed_samples": 0}
@@ -170,15 +170,15 @@ def test_a_real_full_disk_fails_the_save_and_keeps_the_previous(
 
 
 def _losses(run: Path) -> dict[int, float]:
-    from pretrain.components.metrics import read_metrics
+    from bertforge.pretrain.components.metrics import read_metrics
 
     return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
 
 
 def _train(shards: Path, run: Path, *extra: str) -> None:
     """One launch of the trainer, in this process (the one-rank group): main.train(cfg)."""
-    from pretrain.config.train_config import parse_args
-    from pretrain.main import train
+    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.main import train
 
     cfg = parse_args(
         ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards)]
@@ -222,7 +222,7 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
     run warns and goes on, the failed step's folder is gone and the next interval saves."""
     from helpers.launch import COMMON, launch
 
-    from pretrain.components.faults import ENV_VAR
+    from bertforge.pretrain.components.faults import ENV_VAR
 
     run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     args = ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(english_shards)]
@@ -245,10 +245,10 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
 def test_final_save_failing_stops_with_its_exit_status(
     english_shards, tmp_path, one_rank_group, monkeypatch, capsys
 ):
-    from pretrain.components.faults import ENV_VAR
-    from pretrain.config.train_config import parse_args
-    from pretrain.main import train
-    from pretrain.trainer import EXIT_SAVE_FAILED
+    from bertforge.pretrain.components.faults import ENV_VAR
+    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.main import train
+    from bertforge.pretrain.trainer import EXIT_SAVE_FAILED
 
     run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     monkeypatch.setenv(ENV_VAR, "save_enospc@3")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.components import leases
-from pretrain.components.checkpoint import CheckpointManager
-from pretrain.components.checkpoint_files import write_marker
-from pretrain.components.resume import list_complete, tag_for
-from pretrain.config.train_config import CheckpointConfig
+from bertforge.pretrain.components import leases
+from bertforge.pretrain.components.checkpoint import CheckpointManager
+from bertforge.pretrain.components.checkpoint_files import write_marker
+from bertforge.pretrain.components.resume import list_complete, tag_for
+from bertforge.pretrain.config.train_config import CheckpointConfig
 
 
 def fake_checkpoints(run: Path, steps: list[int]) -> None:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def _config(shards, run, *extra: str):
-    from pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.train_config import parse_args
 
     return parse_args(
         [
@@ -46,9 +46,9 @@ def _config(shards, run, *extra: str):
 
 def _engine(cfg, seed: int, *, load_universal: bool = False):
     """A fresh engine for ``cfg`` whose initial weights come from ``seed``."""
-    from data_prep.reader import ShardReader
-    from pretrain.build import build_encoder, build_engine
-    from pretrain.config.ds_config import resolve_deepspeed_config
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
     reader = ShardReader(cfg.run.data_sources[0], "train")
@@ -61,10 +61,10 @@ def _engine(cfg, seed: int, *, load_universal: bool = False):
 
 def _train_two_steps(cfg):
     """Two optimizer steps through the Trainer, saved as step 2; returns the engine."""
-    from pretrain.components.checkpoint import CheckpointManager
-    from pretrain.components.metrics import MetricsWriter
-    from pretrain.data.loader import build_loader
-    from pretrain.trainer import RunOutputs, StepSetup, TrainData, Trainer
+    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.components.metrics import MetricsWriter
+    from bertforge.pretrain.data.loader import build_loader
+    from bertforge.pretrain.trainer import RunOutputs, StepSetup, TrainData, Trainer
 
     engine, _, setup, reader = _engine(cfg, cfg.run.seed)
     loader = build_loader(reader, cfg.data_cfg, cfg.masking, micro_batch_size=4, train=True)
@@ -98,7 +98,7 @@ def _train_two_steps(cfg):
 
 
 def _resume_point(cfg, reader):
-    from pretrain.components.resume import find_resume
+    from bertforge.pretrain.components.resume import find_resume
 
     return find_resume(
         "auto",
@@ -116,7 +116,7 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 def test_restore_puts_back_weights_counters_and_the_schedule(
     english_shards, tmp_path, one_rank_group, capsys
 ):
-    from pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.components.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)
@@ -151,7 +151,7 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
 def test_restore_with_override_puts_the_flags_schedule_in_effect_even_after_a_rollback(
     english_shards, tmp_path, one_rank_group, capsys
 ):
-    from pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.components.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     _train_two_steps(cfg)
@@ -182,8 +182,8 @@ def test_restore_with_override_puts_the_flags_schedule_in_effect_even_after_a_ro
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
     english_shards, tmp_path, one_rank_group
 ):
-    from pretrain.components.checkpoint import CheckpointManager
-    from pretrain.components.resume import ResumePoint
+    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.components.resume import ResumePoint
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)

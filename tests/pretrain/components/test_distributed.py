@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers.commands import REPO
 
-from pretrain.components.distributed import (
+from bertforge.pretrain.components.distributed import (
     EXIT_RENDEZVOUS,
     RendezvousError,
     _ranges,
@@ -23,7 +23,7 @@ from pretrain.components.distributed import (
 # A rank that rendezvous, all-reduces its rank+1 and prints the result: sum over 2 ranks is 3.
 SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from pretrain.components.distributed import init_distributed
+    from bertforge.pretrain.components.distributed import init_distributed
     info = init_distributed(timeout_s=float(sys.argv[1]))
     assert init_distributed(timeout_s=1.0) == info  # a second call reuses the group
     t = torch.tensor([info.rank + 1.0])

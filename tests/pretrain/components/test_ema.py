@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.ema import ema_oracle
 
-from pretrain.components.ema import EMA, EMAError, check_decay, load_ema
+from bertforge.pretrain.components.ema import EMA, EMAError, check_decay, load_ema
 
 
 class _Engine:

@@ -14,10 +14,10 @@ import pytest
 import torch
 from helpers.commands import train_cli
 
-from pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import list_complete, tag_for
-from pretrain.config.train_config import GuardConfig, parse_args
+from bertforge.pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import list_complete, tag_for
+from bertforge.pretrain.config.train_config import GuardConfig, parse_args
 
 # --- the detector ---------------------------------------------------------------------------
 
@@ -142,7 +142,7 @@ def test_a_config_without_zero_is_refused_before_launch_unless_the_guard_is_off(
 ):
     from helpers.commands import REPO
 
-    from pretrain.config.ds_config import ConfigError, resolve_deepspeed_config
+    from bertforge.pretrain.config.ds_config import ConfigError, resolve_deepspeed_config
 
     ds = json.loads((REPO / "ds_configs" / "cpu.json").read_text())
     ds["zero_optimization"] = {"stage": 0}

@@ -17,10 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 def _engine(shards: Path, run: Path):
-    from data_prep.reader import ShardReader
-    from pretrain.build import build_encoder, build_engine
-    from pretrain.config.ds_config import resolve_deepspeed_config
-    from pretrain.config.train_config import parse_args
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
+    from bertforge.pretrain.config.train_config import parse_args
 
     cfg = parse_args(
         [
@@ -52,9 +52,9 @@ def _engine(shards: Path, run: Path):
 def test_latest_never_names_an_incomplete_checkpoint(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
-    from pretrain.components import checkpoint as ck
-    from pretrain.components import checkpoint_files as cf
-    from pretrain.components import resume
+    from bertforge.pretrain.components import checkpoint as ck
+    from bertforge.pretrain.components import checkpoint_files as cf
+    from bertforge.pretrain.components import resume
 
     cfg, engine = _engine(english_shards, tmp_path / "run")
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
@@ -63,7 +63,7 @@ def test_latest_never_names_an_incomplete_checkpoint(
     ckpts.save(engine, 1, state)
     assert latest.read_text() == resume.tag_for(1)
 
-    from pretrain.components import checkpoint_files  # writes COMPLETE
+    from bertforge.pretrain.components import checkpoint_files  # writes COMPLETE
 
     real_write = checkpoint_files.write_text_atomic
 
@@ -107,7 +107,7 @@ def test_show_masks_agrees_with_the_realised_statistics(english_shards):
     import subprocess
     import sys
 
-    from pretrain.dry_run import format_report
+    from bertforge.pretrain.dry_run import format_report
 
     proc = subprocess.run(
         [

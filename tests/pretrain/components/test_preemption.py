@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from pretrain.components import preemption
-from pretrain.components.preemption import PreemptionHandler, parse_signals
-from pretrain.config.cli import parse_args
-from pretrain.config.train_config import CheckpointConfig
+from bertforge.pretrain.components import preemption
+from bertforge.pretrain.components.preemption import PreemptionHandler, parse_signals
+from bertforge.pretrain.config.cli import parse_args
+from bertforge.pretrain.config.train_config import CheckpointConfig
 
 
 def test_preemption_signals_flag_parses_names_and_refuses_others(tmp_path, capsys):
@@ -60,8 +60,8 @@ def test_workers_ignore_the_signals_the_job_stops_on():
     # A worker (here a child process running the loader's worker_init_fn with the signals its
     # rank chose) survives them all; without USR1 in the list, USR1 kills it.
     child = (
-        "import os, signal, sys; from pretrain.components import preemption; "
-        "from pretrain.data.loader import ignore_job_signals; "
+        "import os, signal, sys; from bertforge.pretrain.components import preemption; "
+        "from bertforge.pretrain.data.loader import ignore_job_signals; "
         "preemption.install(sys.argv[1]); ignore_job_signals(0, preemption.job_signals()); "
         "[os.kill(os.getpid(), s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)]; "
         "print('survived')"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from helpers.commands import train_cli
 
-from pretrain.components.metrics import read_metrics
-from pretrain.components.schedule_override import ScheduleResumeError, check_resume_clock
-from pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.schedule_override import ScheduleResumeError, check_resume_clock
+from bertforge.pretrain.config.train_config import OptimConfig
 
 
 def _train(shards, run, *extra: str):
@@ -57,9 +57,9 @@ def test_a_time_clock_checkpoint_resumed_on_the_step_clock_needs_the_override():
 def test_an_override_of_a_time_clock_checkpoint_starts_at_its_step_with_the_guards_cut():
     import torch
 
-    from pretrain.components.optim import WarmupDecay, lr_scheduler_factory
-    from pretrain.components.schedule_override import ScheduleOverride, resume_schedule
-    from pretrain.components.wsd_schedule import WarmupStableDecay
+    from bertforge.pretrain.components.optim import WarmupDecay, lr_scheduler_factory
+    from bertforge.pretrain.components.schedule_override import ScheduleOverride, resume_schedule
+    from bertforge.pretrain.components.wsd_schedule import WarmupStableDecay
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
     sched = lr_scheduler_factory(WarmupDecay(warmup_steps=1, total_steps=10))(opt)

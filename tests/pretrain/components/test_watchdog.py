@@ -15,8 +15,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from pretrain.components.distributed import free_port
-from pretrain.components.watchdog import Watchdog, looks_like_peer_loss
+from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.components.watchdog import Watchdog, looks_like_peer_loss
 
 TIMEOUT, INTERVAL = 1.0, 0.1
 

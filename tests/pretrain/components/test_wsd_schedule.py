@@ -9,15 +9,19 @@ import pytest
 import torch
 
 from bertforge.errors import UserError
-from pretrain.components.budget import TICKS_PER_BUDGET
-from pretrain.components.optim import (
+from bertforge.pretrain.components.budget import TICKS_PER_BUDGET
+from bertforge.pretrain.components.optim import (
     WarmupDecay,
     build_schedule,
     lr_scheduler_factory,
     schedule_from_fields,
 )
-from pretrain.components.wsd_schedule import ScheduleError, WarmupStableDecay, check_schedule_flags
-from pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.components.wsd_schedule import (
+    ScheduleError,
+    WarmupStableDecay,
+    check_schedule_flags,
+)
+from bertforge.pretrain.config.train_config import OptimConfig
 
 PEAK, FLOOR_RATIO = 1e-3, 0.1
 
@@ -95,7 +99,7 @@ def test_a_saved_schedule_is_rebuilt_as_the_class_that_saved_it():
 
 
 def _refused(argv: list[str], capsys) -> str:
-    from pretrain.config.cli import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     with pytest.raises(SystemExit) as e:
         parse_args(["--data", "unused", "--max_steps", "100", *argv])
@@ -126,8 +130,8 @@ def test_schedule_flags_that_cannot_work_are_refused_naming_the_flag(argv, messa
 def test_the_refusals_are_user_errors_and_a_scheduler_block_is_refused(tmp_path):
     from helpers.launch import ds_config
 
-    from pretrain.config.ds_config import ConfigError, resolve_deepspeed_config
-    from pretrain.config.train_config import RunConfig, TrainConfig
+    from bertforge.pretrain.config.ds_config import ConfigError, resolve_deepspeed_config
+    from bertforge.pretrain.config.train_config import RunConfig, TrainConfig
 
     with pytest.raises(UserError):
         check_schedule_flags(OptimConfig(schedule="wsd", decay="constant"))
@@ -139,8 +143,8 @@ def test_the_refusals_are_user_errors_and_a_scheduler_block_is_refused(tmp_path)
 
 
 def test_dry_run_shows_the_lr_at_the_phase_boundaries(english_shards, capsys):
-    from pretrain.config.cli import parse_args
-    from pretrain.dry_run import main as dry_run_main
+    from bertforge.pretrain.config.cli import parse_args
+    from bertforge.pretrain.dry_run import main as dry_run_main
 
     flags = "--schedule wsd --max_steps 100 --warmup_steps 10 --lr 1e-3 --min_lr_ratio 0.1"
     cfg = parse_args(["--data", str(english_shards), "--dry-run", *flags.split()])

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pretrain.config.phase_plan import (
+from bertforge.pretrain.config.phase_plan import (
     PhasePlanError,
     batch_at,
     load_phase_file,
@@ -189,8 +189,8 @@ def test_ramp_in_a_steps_phase_needs_ramp_tokens(tmp_path):
 def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path):
     import torch
 
-    from pretrain.components.optim import ScheduleLR
-    from pretrain.config.phase_plan import PhaseSchedule
+    from bertforge.pretrain.components.optim import ScheduleLR
+    from bertforge.pretrain.config.phase_plan import PhaseSchedule
 
     plan = resolved(tmp_path)
     schedule = PhaseSchedule.for_plan(plan)
@@ -219,11 +219,11 @@ def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path)
 def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
     from types import SimpleNamespace
 
-    from pretrain.components.phases import PhaseTracker
-    from pretrain.config.batching import BatchPlan
-    from pretrain.config.train_config import TrainConfig
-    from pretrain.data.loader import DataConfig
-    from pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.components.phases import PhaseTracker
+    from bertforge.pretrain.config.batching import BatchPlan
+    from bertforge.pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
 
     def tracker(doc, **optim):
         cfg = TrainConfig(data_cfg=DataConfig())
@@ -253,10 +253,10 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
 def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):
     from types import SimpleNamespace
 
-    from pretrain.components.phases import PhaseTracker
-    from pretrain.config.batching import BatchPlan
-    from pretrain.config.train_config import TrainConfig
-    from pretrain.data.loader import DataConfig
+    from bertforge.pretrain.components.phases import PhaseTracker
+    from bertforge.pretrain.config.batching import BatchPlan
+    from bertforge.pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.data.loader import DataConfig
 
     def tracker(doc):
         cfg = TrainConfig(data_cfg=DataConfig())

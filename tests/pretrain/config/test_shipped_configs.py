@@ -7,8 +7,8 @@ import json
 import pytest
 from helpers.commands import REPO
 
-from pretrain.components.optim import configure_optimizer
-from pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.components.optim import configure_optimizer
+from bertforge.pretrain.config.train_config import OptimConfig
 
 
 @pytest.mark.parametrize("name", ["zero2_bf16.json", "zero3_bf16.json", "zero2.json"])

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from helpers.commands import run_cli
 
-from data_prep.reader import ShardError, ShardReader
-from pretrain.config.train_config import parse_args
-from pretrain.data.loader import DataConfig, GlobalSampler, build_loader
-from pretrain.data.masking import IGNORE_INDEX, MaskingConfig
-from pretrain.dry_run import main as dry_run_main
-from pretrain.dry_run import run_dry_run
-from pretrain.model.bert import PRESETS
+from bertforge.data_prep.reader import ShardError, ShardReader
+from bertforge.pretrain.config.train_config import parse_args
+from bertforge.pretrain.data.loader import DataConfig, GlobalSampler, build_loader
+from bertforge.pretrain.data.masking import IGNORE_INDEX, MaskingConfig
+from bertforge.pretrain.dry_run import main as dry_run_main
+from bertforge.pretrain.dry_run import run_dry_run
+from bertforge.pretrain.model.bert import PRESETS
 
 
 def take(loader, n: int) -> list[dict]:
@@ -329,7 +329,7 @@ def test_schedule_in_training_and_fixed_masks_in_validation(english_shards):
 def test_batched_read_gives_the_batches_of_per_sequence_reads(english_shards, whole_word):
     """The loader reads with ShardReader.get_batch; the batch must be what padding the
     per-sequence reads (reader[i]) and masking them gives."""
-    from pretrain.data.masking import Masker
+    from bertforge.pretrain.data.masking import Masker
 
     reader = ShardReader(english_shards)
     cfg = MaskingConfig(whole_word=whole_word)

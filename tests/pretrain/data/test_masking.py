@@ -8,7 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from pretrain.data.masking import IGNORE_INDEX, Masker, MaskingConfig, mask_prob_at, merge_stats
+from bertforge.pretrain.data.masking import (
+    IGNORE_INDEX,
+    Masker,
+    MaskingConfig,
+    mask_prob_at,
+    merge_stats,
+)
 
 SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}  # BERT's layout
 VOCAB = 30522

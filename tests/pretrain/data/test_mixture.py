@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers.commands import run_cli
 
-from data_prep.sample_corpus import write_english_corpus
-from pretrain.data.loader import DataConfig, build_loader
-from pretrain.data.masking import IGNORE_INDEX, MaskingConfig
-from pretrain.data.mixture import (
+from bertforge.data_prep.sample_corpus import write_english_corpus
+from bertforge.pretrain.data.loader import DataConfig, build_loader
+from bertforge.pretrain.data.masking import IGNORE_INDEX, MaskingConfig
+from bertforge.pretrain.data.mixture import (
     MixtureError,
     MixtureReader,
     MixtureSampler,

@@ -12,16 +12,16 @@ import torch
 from helpers.commands import run_cli
 from helpers.tiny_bert import build_tiny_bert
 
-from pretrain.evaluate.__main__ import main as evaluate_main
-from pretrain.evaluate.downstream import evaluate_state_dict, load_downstream_tasks
-from pretrain.evaluate.downstream import main as downstream_main
-from pretrain.evaluate.finetune import encode, recipe_for, score_split
-from pretrain.evaluate.metrics import entity_scores
-from pretrain.evaluate.models import ModelSource
-from pretrain.evaluate.pydoc_tasks import write_tasks
-from pretrain.evaluate.runner import evaluate_pair
-from pretrain.evaluate.snownlp_tasks import bio_characters
-from pretrain.evaluate.tasks import TaskSpec, load_task, load_task_file
+from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
+from bertforge.pretrain.evaluate.downstream import evaluate_state_dict, load_downstream_tasks
+from bertforge.pretrain.evaluate.downstream import main as downstream_main
+from bertforge.pretrain.evaluate.finetune import encode, recipe_for, score_split
+from bertforge.pretrain.evaluate.metrics import entity_scores
+from bertforge.pretrain.evaluate.models import ModelSource
+from bertforge.pretrain.evaluate.pydoc_tasks import write_tasks
+from bertforge.pretrain.evaluate.runner import evaluate_pair
+from bertforge.pretrain.evaluate.snownlp_tasks import bio_characters
+from bertforge.pretrain.evaluate.tasks import TaskSpec, load_task, load_task_file
 
 # a tiny model from random init learns the topic task in a few epochs at a high lr (one dev check
 # at the end, no minimum of steps: these tests are about scoring, not about the recipe)
@@ -178,7 +178,7 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks, tmp_path):
 
     from transformers import AutoTokenizer
 
-    from pretrain.model.bert import PRESETS, build_model
+    from bertforge.pretrain.model.bert import PRESETS, build_model
 
     quick = _quick_tasks(pydoc_tasks, tmp_path / "tasks.json", lrs=[1e-4, 3e-3], min_steps=8)
     tasks = load_downstream_tasks(quick, max_examples=40)
@@ -211,7 +211,7 @@ def test_run_folder_checkpoints_scored_and_plotted(
 ):
     """A real 2-step run of the trainer: RUN@all gives one row per checkpoint, the score-vs-step
     plot, and an HF folder compared in the same table; attention maps work on RUN@STEP."""
-    from pretrain.attention import attention_maps
+    from bertforge.pretrain.attention import attention_maps
 
     run = tmp_path / "run"
     run_cli(
@@ -251,8 +251,8 @@ def test_run_folder_checkpoints_scored_and_plotted(
 
 
 def test_plot_draws_downstream_records(tmp_path):
-    from pretrain.plot import main as plot_main
-    from pretrain.plot import plot_downstream
+    from bertforge.pretrain.plot import main as plot_main
+    from bertforge.pretrain.plot import plot_downstream
 
     metrics = tmp_path / "metrics.jsonl"
     train = [{"step": s, "split": "train", "loss": 5.0 - s / 100} for s in (1, 2, 3)]

@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers.commands import train_cli
 
-from pretrain.components.checkpoint_files import consolidated_state_dict
-from pretrain.export.average import AverageError, average_checkpoints, parse_average
-from pretrain.export.hf_export import main as export_main
+from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+from bertforge.pretrain.export.average import AverageError, average_checkpoints, parse_average
+from bertforge.pretrain.export.hf_export import main as export_main
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +42,8 @@ def test_the_average_of_two_checkpoints_is_the_mean_of_their_weights(run, tmp_pa
     # The command writes that mean, mapped to Hugging Face names, and the card says so.
     from safetensors.torch import load_file
 
-    from pretrain.components.resume import read_state
-    from pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.components.resume import read_state
+    from bertforge.pretrain.model.bert import ModelConfig, build_model
 
     assert export_main([str(run), "--output", str(tmp_path / "hf"), "--average", "last:2"]) == 0
     assert "the mean of the checkpoints of steps 1, 2" in capsys.readouterr().out

@@ -14,15 +14,15 @@ import torch
 import torch.nn.functional as F
 from test_bert import VOCAB, masked_batch
 
-from pretrain.model import attention_paths
-from pretrain.model.attention_paths import (
+from bertforge.pretrain.model import attention_paths
+from bertforge.pretrain.model.attention_paths import (
     DocumentLayout,
     blocked_local_attention,
     dense_document_attention,
     global_document_attention,
 )
-from pretrain.model.bert import PRESETS, build_model
-from pretrain.model.document_attention import document_index
+from bertforge.pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.document_attention import document_index
 
 SEP = 3  # masked_batch's separator
 

@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.reader import ShardReader
-from pretrain.config.cli import config_from_args, trainer_parser
-from pretrain.data.loader import BatchPlan, MaskedBatches
-from pretrain.data.masking import MaskingConfig
-from pretrain.model.bert import build_model
-from pretrain.model.document_attention import (
+from bertforge.data_prep.reader import ShardReader
+from bertforge.pretrain.config.cli import config_from_args, trainer_parser
+from bertforge.pretrain.data.loader import BatchPlan, MaskedBatches
+from bertforge.pretrain.data.masking import MaskingConfig
+from bertforge.pretrain.model.bert import build_model
+from bertforge.pretrain.model.document_attention import (
     AttentionError,
     document_index,
     document_mask,
     resolve_attention,
     unpad,
 )
-from pretrain.model.model_config import ModelConfig
+from bertforge.pretrain.model.model_config import ModelConfig
 
 VOCAB, CLS, SEP, PAD = 100, 2, 3, 0
 TINY = {
@@ -189,8 +189,8 @@ def test_the_flag_resolves_per_arch_and_refuses_unknown_values(capsys):
 def test_the_dry_run_prints_the_attention(english_shards):
     import io
 
-    from pretrain.data.loader import DataConfig
-    from pretrain.dry_run import run_dry_run
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.dry_run import run_dry_run
 
     out = io.StringIO()
     cfg = ModelConfig(attention="document", **TINY)
@@ -208,7 +208,7 @@ def test_the_dry_run_prints_the_attention(english_shards):
 
 
 def test_a_resume_under_the_other_mode_is_refused(tmp_path):
-    from pretrain.components.resume import CheckpointError, check_compatible
+    from bertforge.pretrain.components.resume import CheckpointError, check_compatible
 
     state = {"tokenizer_fingerprint": "f", "vocab_size": 10, "config": {"model_cfg": {}}}
     state["config"]["model_cfg"]["attention"] = "full"
@@ -221,7 +221,7 @@ def test_a_resume_under_the_other_mode_is_refused(tmp_path):
 def test_a_checkpoint_from_before_the_flag_counts_as_full_attention(tmp_path):
     """A run saved before --attention existed had every token see the whole sequence: its
     resume under document attention (modernbert's auto) is refused, under full it goes on."""
-    from pretrain.components.resume import CheckpointError, check_compatible
+    from bertforge.pretrain.components.resume import CheckpointError, check_compatible
 
     state = {
         "tokenizer_fingerprint": "f",

@@ -13,12 +13,12 @@ from helpers.commands import DATA
 from helpers.vocab import extend_with_domain_terms, vocab_with_unused
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForPreTraining, BertModel
 
-from data_prep.sample_corpus import pydoc_documents
-from data_prep.tokenizer import import_tokenizer, train_wordpiece
-from pretrain.data.masking import IGNORE_INDEX
-from pretrain.model.bert import PRESETS, build_model, padded_vocab
-from pretrain.model.init_from import load_initial_weights
-from pretrain.model.init_source import InitError, init_model_config, read_init_config
+from bertforge.data_prep.sample_corpus import pydoc_documents
+from bertforge.data_prep.tokenizer import import_tokenizer, train_wordpiece
+from bertforge.pretrain.data.masking import IGNORE_INDEX
+from bertforge.pretrain.model.bert import PRESETS, build_model, padded_vocab
+from bertforge.pretrain.model.init_from import load_initial_weights
+from bertforge.pretrain.model.init_source import InitError, init_model_config, read_init_config
 
 ARCH = {
     "hidden_size": 32,
@@ -305,8 +305,8 @@ def own_run(request, english_shards, tmp_path_factory) -> Path:
 
 
 def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
-    from pretrain.components.checkpoint_files import consolidated_state_dict
-    from pretrain.components.resume import find_latest
+    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+    from bertforge.pretrain.components.resume import find_latest
 
     ckpt = find_latest(own_run / "checkpoints")
     source = consolidated_state_dict(ckpt)
@@ -322,7 +322,7 @@ def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
 
 @pytest.mark.parametrize("own_run", [2], ids=["zero2"], indirect=True)
 def test_export_then_init_from_gives_identical_logits(own_run, english_shards, tmp_path):
-    from pretrain.export.hf_export import export
+    from bertforge.pretrain.export.hf_export import export
 
     export(own_run, tmp_path / "hf", verify=False)
     model, report = _our_model(
@@ -341,8 +341,8 @@ def test_export_then_init_from_gives_identical_logits(own_run, english_shards, t
 
 @pytest.mark.parametrize("own_run", [2], ids=["zero2"], indirect=True)
 def test_an_export_that_fails_its_check_publishes_nothing(own_run, tmp_path, monkeypatch):
-    from pretrain.components.resume import CheckpointError
-    from pretrain.export import hf_export
+    from bertforge.pretrain.components.resume import CheckpointError
+    from bertforge.pretrain.export import hf_export
 
     def broken(out, nsp, mask_token=None):
         raise CheckpointError(f"exported folder {out} does not load cleanly")
@@ -366,9 +366,9 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
                   LOCAL_RANK="0")
 import dataclasses, torch, deepspeed
 from safetensors.torch import load_file
-from pretrain.model.init_from import load_initial_weights
-from pretrain.model.init_source import init_model_config
-from pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.init_from import load_initial_weights
+from bertforge.pretrain.model.init_source import init_model_config
+from bertforge.pretrain.model.bert import PRESETS, build_model
 folder, vocab = sys.argv[1], int(sys.argv[2])
 deepspeed.init_distributed("gloo")
 model = build_model(init_model_config(folder, PRESETS["tiny"], {}), vocab)
@@ -408,7 +408,7 @@ def test_load_into_a_zero3_partitioned_module(base_tokenizer, tmp_path):
 
 def test_new_continuation_piece_is_split_into_continuation_pieces(base_tokenizer, tmp_path):
     """A hand-made extension may append `##` pieces: their rows come from `##` pieces."""
-    from pretrain.model.init_from import plan_vocabulary
+    from bertforge.pretrain.model.init_from import plan_vocabulary
 
     spec = json.loads((base_tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = spec["model"]["vocab"]
@@ -467,7 +467,7 @@ def _sentence_transformers_folder(tmp: Path, tokenizer: Path, module: str) -> tu
 def test_sentence_transformers_folder_loads_the_encoder_and_says_what_it_drops(
     base_tokenizer, tmp_path, module, capsys
 ):
-    from pretrain.export.model_card import _initial_weights
+    from bertforge.pretrain.export.model_card import _initial_weights
 
     folder, hf = _sentence_transformers_folder(tmp_path, base_tokenizer, module)
     shards_tok = _shards_tokenizer(folder / module, tmp_path / "tok")

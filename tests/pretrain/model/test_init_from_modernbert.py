@@ -17,11 +17,11 @@ from helpers.vocab import extend_with_domain_terms
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, ModernBertForMaskedLM
 
-from data_prep.tokenizer import import_tokenizer
-from kernels import IGNORE_INDEX
-from pretrain.model.bert import PRESETS, build_model, padded_vocab
-from pretrain.model.init_from import load_initial_weights
-from pretrain.model.init_source import InitError, init_model_config, read_init_config
+from bertforge.data_prep.tokenizer import import_tokenizer
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.bert import PRESETS, build_model, padded_vocab
+from bertforge.pretrain.model.init_from import load_initial_weights
+from bertforge.pretrain.model.init_source import InitError, init_model_config, read_init_config
 
 EMB, BIAS = "model.embeddings.tok_embeddings.weight", "decoder.bias"
 BASE = dataclasses.replace(PRESETS["modernbert-tiny"], loss_impl="torch")
@@ -78,7 +78,7 @@ def _batch(vocab: int, mask_id: int, n: int = 3, length: int = 40):
 
 
 def test_masked_lm_folder_loads_exactly_and_gives_transformers_logits(mb_folder, tmp_path):
-    from pretrain.export.model_card import _initial_weights
+    from bertforge.pretrain.export.model_card import _initial_weights
 
     model, report = _our_model(mb_folder, _shards_tokenizer(mb_folder, tmp_path / "tok"))
     src = load_file(str(mb_folder / "model.safetensors"))

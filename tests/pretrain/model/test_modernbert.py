@@ -12,9 +12,9 @@ from helpers.commands import REPO
 from test_bert import VOCAB, masked_batch
 from transformers import ModernBertForMaskedLM
 
-from pretrain.model.attention_paths import ATTN_IMPLEMENTATION
-from pretrain.model.bert import PRESETS, build_model
-from pretrain.model.modernbert import ArchError, check_supported
+from bertforge.pretrain.model.attention_paths import ATTN_IMPLEMENTATION
+from bertforge.pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.modernbert import ArchError, check_supported
 
 PADDED = 2048  # VOCAB 1999 padded to a multiple of 64
 
@@ -143,7 +143,7 @@ def test_the_trainer_refuses_what_modernbert_cannot_train(
     """Exit status 2 from the checks the launch runs before any rendezvous (the dry run runs
     the same ones), the message naming the flags and what to do."""
     from bertforge.errors import USER_ERROR_EXIT
-    from pretrain.main import main
+    from bertforge.pretrain.main import main
 
     flags, named = REFUSED[case]
     shards = english_nsp_shards if case == "nsp" else english_shards
@@ -154,7 +154,7 @@ def test_the_trainer_refuses_what_modernbert_cannot_train(
 
 
 def test_sharing_trains_under_zero2_or_torch_checkpointing():
-    from pretrain.model.modernbert import check_engine
+    from bertforge.pretrain.model.modernbert import check_engine
 
     shared = dataclasses.replace(PRESETS["modernbert-tiny"], share_layers="all")
     for stage, mode in ((2, "deepspeed"), (3, "torch"), (3, "none")):
@@ -165,7 +165,7 @@ def test_sharing_trains_under_zero2_or_torch_checkpointing():
 
 def test_command_line_arch_and_preset(english_shards):
     from bertforge.errors import USER_ERROR_EXIT
-    from pretrain.config.cli import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     data = ["--data", str(english_shards)]
     assert parse_args([*data, "--arch", "modernbert"]).model_cfg.name == "modernbert-tiny"
@@ -178,10 +178,10 @@ def test_command_line_arch_and_preset(english_shards):
 
 
 def test_dry_run_and_memory_estimate_know_the_presets(english_shards):
-    from pretrain.data.loader import DataConfig
-    from pretrain.data.masking import MaskingConfig
-    from pretrain.doctor.memory_estimate import count_params
-    from pretrain.dry_run import run_dry_run
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.doctor.memory_estimate import count_params
+    from bertforge.pretrain.dry_run import run_dry_run
 
     out = io.StringIO()
     report = run_dry_run(

@@ -18,8 +18,8 @@ import torch
 from test_bert import VOCAB, masked_batch
 from test_modernbert import hf_twin
 
-from pretrain.model.bert import PRESETS, build_model
-from pretrain.model.sharing import layer_groups
+from bertforge.pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.sharing import layer_groups
 
 FOUR = dataclasses.replace(
     PRESETS["modernbert-tiny"], num_hidden_layers=4, local_attention=8, loss_impl="torch"
@@ -114,10 +114,10 @@ def test_state_dicts_whose_shared_copies_differ_are_refused():
 
 
 def test_dry_run_and_memory_estimate_count_shared_weights_once(english_shards):
-    from pretrain.data.loader import DataConfig
-    from pretrain.data.masking import MaskingConfig
-    from pretrain.doctor.memory_estimate import count_params
-    from pretrain.dry_run import run_dry_run
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.doctor.memory_estimate import count_params
+    from bertforge.pretrain.dry_run import run_dry_run
 
     cfg = dataclasses.replace(FOUR, share_layers="all")
     n_none, _ = count_params(FOUR, VOCAB, False)
@@ -137,9 +137,9 @@ def test_export_loads_an_ema_that_names_each_shared_weight_once(tmp_path):
     """The EMA (--ema) keeps each Parameter once (named_parameters), so a --share_layers run's
     ema.safetensors lacks the later layers' names; export's load accounts for them (it refused
     the EMA of every shared run before) and still refuses a checkpoint that lacks a weight."""
-    from pretrain.components.ema import ema_step
-    from pretrain.components.resume import CheckpointError
-    from pretrain.export.hf_export import load_weights
+    from bertforge.pretrain.components.ema import ema_step
+    from bertforge.pretrain.components.resume import CheckpointError
+    from bertforge.pretrain.export.hf_export import load_weights
 
     trained = build("groups:2")
     shadow = ema_step(None, dict(trained.named_parameters()), 0.9)

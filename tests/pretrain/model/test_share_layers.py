@@ -20,11 +20,11 @@ import pytest
 import torch
 from helpers.launch import ds_config, launch
 
-from kernels import IGNORE_INDEX
-from pretrain.components.metrics import read_metrics
-from pretrain.components.resume import tag_for
-from pretrain.model.bert import ModelConfig, build_model, preset
-from pretrain.model.sharing import layer_groups
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.resume import tag_for
+from bertforge.pretrain.model.bert import ModelConfig, build_model, preset
+from bertforge.pretrain.model.sharing import layer_groups
 
 VOCAB = 300
 TINY4 = dataclasses.replace(
@@ -110,7 +110,7 @@ def test_loading_unshared_weights_into_a_shared_model_is_refused():
 
 
 def test_memory_estimate_counts_shared_weights_once(tmp_path):
-    from pretrain.doctor.memory_estimate import count_params, estimate_memory, model_shape
+    from bertforge.pretrain.doctor.memory_estimate import count_params, estimate_memory, model_shape
 
     cfg8 = dataclasses.replace(preset("small"), num_hidden_layers=8)
     n_none, _ = count_params(cfg8, 30522, False)
@@ -129,7 +129,7 @@ def _layer_numel(cfg: ModelConfig) -> int:
     """Parameters of one encoder layer, counted from transformers' own BertLayer."""
     from transformers.models.bert.modeling_bert import BertLayer
 
-    from pretrain.model.bert import bert_config
+    from bertforge.pretrain.model.bert import bert_config
 
     with torch.device("meta"):
         return sum(p.numel() for p in BertLayer(bert_config(cfg, 100)).parameters())
@@ -253,8 +253,8 @@ def test_exact_resume_with_shared_layers(shared_runs, english_shards, tmp_path):
 def test_export_copies_shared_weights_and_matches_trained_logits(shared_runs, tmp_path):
     import transformers
 
-    from pretrain.components.checkpoint_files import consolidated_state_dict
-    from pretrain.export.hf_export import export
+    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
+    from bertforge.pretrain.export.hf_export import export
 
     run = shared_runs[3]  # ZeRO-3 shards: the consolidation must restore every layer's name
     res = export(run, tmp_path / "hf")
@@ -287,8 +287,8 @@ def test_export_copies_shared_weights_and_matches_trained_logits(shared_runs, tm
 def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
     from helpers.tiny_bert import build_tiny_bert
 
-    from pretrain.model.init_from import load_initial_weights
-    from pretrain.model.init_source import InitError, init_model_config
+    from bertforge.pretrain.model.init_from import load_initial_weights
+    from bertforge.pretrain.model.init_source import InitError, init_model_config
 
     folder = build_tiny_bert(tmp_path / "bert", layers=2)
     cfg = init_model_config(folder, dataclasses.replace(TINY4, share_layers="all"), {})
@@ -300,9 +300,9 @@ def test_init_from_unshared_bert_into_shared_layers_is_refused(tmp_path):
 
 
 def test_dry_run_reports_distinct_parameters(english_shards):
-    from pretrain.data.loader import DataConfig
-    from pretrain.data.masking import MaskingConfig
-    from pretrain.dry_run import run_dry_run
+    from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.dry_run import run_dry_run
 
     counts, out = {}, io.StringIO()
     for spec in ("none", "groups:2"):
