@@ -12,7 +12,7 @@ TORCH_INDEX ?=
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test bench lint format
+.PHONY: install demo test test-fast test-latest bench lint format
 
 # CPU torch first (unless a torch is already installed, e.g. a CUDA build on a GPU node), so the
 # project's torch requirement is already satisfied and never pulls a CUDA build; constraints.txt
@@ -34,6 +34,27 @@ demo: $(INSTALL)
 TEST_WORKERS ?= 2
 test: $(INSTALL)
 	$(PYTHON) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
+
+# The day-to-day lane: no multi-process runs (no `slow` mark), no end-to-end or benchmark folders;
+# under 4 minutes on 2 cores.
+FAST_TESTS ?= -m "not slow" --ignore=tests/e2e --ignore=tests/benchmarks
+test-fast: $(INSTALL)
+	$(PYTHON) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile $(FAST_TESTS) tests
+
+# The newest versions pyproject.toml admits, without constraints.txt, in a fresh environment: the
+# quick tests and the multi-process runs that check the namespace and a 2-rank job. torch stays the
+# CPU build of constraints.txt (the newest torch PyPI serves is a multi-GB CUDA build). The
+# versions it resolved are written to $(LATEST_ENV)/versions.txt: pyproject.toml's upper bounds are
+# what this passed.
+LATEST_ENV ?= runs/latest-env
+LATEST_SLOW_TESTS ?= tests/bertforge/test_namespace.py tests/e2e/test_resume_on_more_ranks.py
+test-latest:
+	rm -rf $(LATEST_ENV) && $(PYTHON) -m venv $(LATEST_ENV)
+	$(LATEST_ENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
+	$(LATEST_ENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(LATEST_ENV)/bin/python -m pip freeze --exclude-editable > $(LATEST_ENV)/versions.txt
+	$(MAKE) --no-print-directory test-fast INSTALL= PYTHON=$(abspath $(LATEST_ENV))/bin/python
+	$(LATEST_ENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(LATEST_SLOW_TESTS)
 
 # One formatter and linter (ruff, settings in pyproject.toml); CI fails on a finding.
 lint: install

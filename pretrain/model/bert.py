@@ -33,7 +33,7 @@ from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.model.document_attention import document_mask
 from bertforge.pretrain.model.model_config import ARCHES, ModelConfig, export_config, padded_vocab
 
-# The presets' first home: `from bertforge.pretrain.model.bert import PRESETS, preset` keeps working.
+# The presets' first home: `from bertforge.pretrain.model.bert import PRESETS, preset` works.
 from bertforge.pretrain.model.model_config import PRESETS as PRESETS
 from bertforge.pretrain.model.model_config import preset as preset
 from bertforge.pretrain.model.sharing import LayerSharingMixin, layer_groups

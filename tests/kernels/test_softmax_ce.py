@@ -128,8 +128,9 @@ def test_peaked_rows_keep_true_class_gradient(dtype, device):
     margin = torch.log(torch.tensor(0.999 * (V - 1) / 0.001))
     logits[torch.arange(6), labels] = margin
     logits, labels = logits.to(device, dtype), labels.to(device)
-    # torch's fp32 log_softmax route loses ~1e-3 relative on p_y - 1; the kernel does not.
-    grads, ref_grad = check(logits, labels, V, reduction="sum", grad_tol=max(2e-3, GRAD_TOL[dtype]))
+    # torch's fp32 log_softmax route loses 1e-3 to 3e-3 relative on p_y - 1 (its vectorised exp
+    # differs between CPUs: 3.0e-3 on the project machine, 2026-12-03); the kernel does not.
+    grads, ref_grad = check(logits, labels, V, reduction="sum", grad_tol=max(5e-3, GRAD_TOL[dtype]))
     rows, cpu_labels = torch.arange(6), labels.cpu()
     for impl, g in grads.items():
         got, want = g.cpu()[rows, cpu_labels].double(), ref_grad[rows, cpu_labels]

@@ -1,0 +1,121 @@
+"""One import name: the distribution installs `bertforge` and nothing else, and the project runs in
+an environment that also holds Hugging Face's `kernels` package (which transformers imports when it
+is installed, and which our old top-level `kernels` package used to shadow)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomllib
+import transformers.utils.import_utils as hf_imports
+from helpers.commands import REPO
+
+from bertforge.pretrain.config import command_line
+
+#: The folders that install under `bertforge` (pyproject.toml's package-dir).
+FOLDERS = {"bertforge": "bertforge", "kernels": "bertforge.kernels"}
+FOLDERS |= {name: f"bertforge.{name}" for name in ("data_prep", "pretrain")}
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_package_list_is_the_tree():
+    """Every folder of Python code under the four product folders is listed, and nothing else: a new
+    subpackage missing from the list would be left out of the wheel."""
+    tree = set()
+    for folder, name in FOLDERS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.parent.relative_to(REPO / folder)
+            if "__pycache__" not in rel.parts:
+                tree.add(".".join((name, *rel.parts)))
+    assert set(_pyproject()["tool"]["setuptools"]["packages"]) == tree
+
+
+def test_no_package_named_kernels_at_the_repository_root():
+    """`python -m ...` and pytest put the repository root on sys.path: a `kernels/__init__.py` there
+    would win over Hugging Face's `kernels` inside transformers."""
+    assert not (REPO / "kernels" / "__init__.py").exists()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run([*cmd, "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    (path,) = out.glob("bertforge-*.whl")
+    return path
+
+
+def test_wheel_adds_one_top_level_name(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        top_level = next(n for n in names if n.endswith("top_level.txt"))
+        assert z.read(top_level).decode().split() == ["bertforge"]
+    roots = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert roots == {"bertforge"}
+    assert "bertforge/kernels/api.py" in names and "bertforge/pretrain/main.py" in names
+
+
+@pytest.fixture(scope="module")
+def env_with_hf_kernels(wheel, tmp_path_factory) -> Path:
+    """A fresh environment (system packages visible: torch, deepspeed, transformers) holding our
+    wheel, installed non-editable, and Hugging Face's `kernels` in transformers' range."""
+    root = tmp_path_factory.mktemp("env")
+    venv.create(root, system_site_packages=True, with_pip=True)
+    python = root / "bin" / "python"
+    lo, hi = hf_imports.KERNELS_MIN_VERSION, hf_imports.KERNELS_MAX_VERSION
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, f"kernels>={lo},<={hi}"], check=True, timeout=600, capture_output=True)
+    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=300, capture_output=True)
+    return python
+
+
+def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.mark.slow
+def test_runs_beside_hugging_face_kernels(env_with_hf_kernels, english_shards, tmp_path):
+    """The launch that failed with `cannot import name 'IGNORE_INDEX' from 'kernels'`: transformers
+    loads Hugging Face's `kernels`, from the repository root too, and a run trains and exports."""
+    python = env_with_hf_kernels
+    probe = (
+        "import kernels, transformers.modeling_utils, bertforge.kernels.api as ours\n"
+        "assert hasattr(kernels, 'get_kernel'), kernels.__file__\n"
+        "assert ours.IGNORE_INDEX == -100\n"
+        "import bertforge, sys\n"
+        "print(bertforge.__file__)\n"
+    )
+    outside = _run(python, "-c", probe, cwd=tmp_path).stdout
+    assert "site-packages" in outside, "the installed wheel, not the checkout"
+    _run(python, "-c", probe, cwd=REPO)  # the repository root first on sys.path
+    run = tmp_path / "run"
+    cmd = command_line.trainer(
+        ds_config=REPO / "ds_configs" / "cpu.json",
+        data=english_shards,
+        output_dir=run,
+        model="tiny",
+        max_steps=2,
+        eval_interval=2,
+        eval_batches=1,
+        micro_batch_size=4,
+        num_workers=0,
+        progress=False,
+    )
+    _run(python, *cmd[1:], cwd=REPO)
+    _run(python, "-m", "pretrain.export", str(run), "--output", str(tmp_path / "hf"), cwd=REPO)
+    assert re.search(r'"step": 2\b', (run / "metrics.jsonl").read_text())
