@@ -170,7 +170,13 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
         return
     if cfg.tokenizer:
         # quiet: _source_fingerprint imported it first and said what it turned off
-        import_tokenizer(Path(cfg.tokenizer), cfg.lowercase, tok_dir, quiet=True)
+        import_tokenizer(
+            Path(cfg.tokenizer),
+            cfg.lowercase,
+            tok_dir,
+            quiet=True,
+            max_length=cfg.sequences.max_seq_len,
+        )
         return
     log.info(f"training a WordPiece vocabulary of {cfg.vocab_size} on the training documents")
     train_docs = (
@@ -178,8 +184,9 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
         for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
         if not is_validation(d, cfg.validation_fraction)
     )
+    lowercase = cfg.lowercase is not False
     train_wordpiece(
-        train_docs, cfg.vocab_size, cfg.lowercase is not False, tok_dir, cfg.min_frequency
+        train_docs, cfg.vocab_size, lowercase, tok_dir, cfg.min_frequency, cfg.sequences.max_seq_len
     )
 
 

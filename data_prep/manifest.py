@@ -53,7 +53,7 @@ def build_manifest(out: Path, key: dict, records: list[dict], first_part: dict) 
         "command": first_part["command"],
         "args": first_part["args"],
         "build_key": key,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     if "decontaminate" in key:
         total = sum_stats(r["decontamination"] for r in records)

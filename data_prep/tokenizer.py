@@ -60,9 +60,15 @@ class TokenizerInfo:
 
 
 def train_wordpiece(
-    texts: Iterable[str], vocab_size: int, lowercase: bool, out_dir: Path, min_frequency: int = 2
+    texts: Iterable[str],
+    vocab_size: int,
+    lowercase: bool,
+    out_dir: Path,
+    min_frequency: int = 2,
+    max_length: int | None = None,
 ) -> None:
-    """Train BERT's WordPiece pipeline on `texts` (streamed) and save it as a HF folder."""
+    """Train BERT's WordPiece pipeline on `texts` (streamed) and save it as a HF folder whose
+    ``model_max_length`` is ``max_length`` (the build's --max_seq_len)."""
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
@@ -101,14 +107,20 @@ def train_wordpiece(
             mask_token="[MASK]",
             tokenize_chinese_chars=True,
         )
-        _save_hf(hf, out_dir)
+        _save_hf(hf, out_dir, max_length)
 
 
 def import_tokenizer(
-    source: Path, lowercase: bool | None, out_dir: Path, *, quiet: bool = False
+    source: Path,
+    lowercase: bool | None,
+    out_dir: Path,
+    *,
+    quiet: bool = False,
+    max_length: int | None = None,
 ) -> None:
     """Copy an existing tokenizer (HF folder or BERT vocab.txt) into `out_dir` in HF form,
-    truncation and padding off (said unless ``quiet``: a caller that imported it before)."""
+    truncation and padding off (said unless ``quiet``: a caller that imported it before);
+    ``max_length`` (the build's --max_seq_len) replaces its ``model_max_length``."""
     from transformers import AutoTokenizer, BertTokenizerFast
 
     if not source.exists():
@@ -149,7 +161,7 @@ def import_tokenizer(
             "switched on; data_prep turns them off (every document is kept whole and no [PAD] "
             "is stored) and saves the tokenizer without them"
         )
-    _save_hf(hf, out_dir)
+    _save_hf(hf, out_dir, max_length)
 
 
 def _write_hf(hf, folder: Path) -> None:
@@ -159,8 +171,12 @@ def _write_hf(hf, folder: Path) -> None:
         raise TokenizerError(f"saving the tokenizer produced no tokenizer.json in {folder}.")
 
 
-def _save_hf(hf, out_dir: Path) -> None:
-    """Save as ``out_dir``, published only once it holds a tokenizer.json."""
+def _save_hf(hf, out_dir: Path, max_length: int | None = None) -> None:
+    """Save as ``out_dir``, published only once it holds a tokenizer.json. ``max_length``: the
+    ``model_max_length`` it says (transformers' default, 1e30, makes ``truncation=True`` cut
+    nothing, so a long text overruns the model's positions)."""
+    if max_length is not None:
+        hf.model_max_length = int(max_length)
     with publish_dir(out_dir) as tmp:
         _write_hf(hf, tmp)
 

@@ -29,7 +29,10 @@ unchanged.
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.util  # noqa: F401 (its exit handler is registered before ours)
 import signal
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -37,6 +40,7 @@ from functools import partial
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from bertforge.cli import opt
 from bertforge.data_prep.reader import SampleBatch
@@ -288,10 +292,47 @@ def ignore_job_signals(_worker_id: int, signals: tuple[int, ...] = DEFAULT_JOB_S
     ("DataLoader worker (pid N) is killed by signal") before the rank can save at the step
     boundary. Ignoring them leaves the decision to the rank's main process, which saves, exits
     and shuts its workers down (a worker whose rank died exits by itself: torch's worker loop
-    watches its parent).
+    watches its parent; at a normal exit :class:`ShardLoader` stops them through their queues).
     """
     for sig in signals:
         signal.signal(sig, signal.SIG_IGN)
+
+
+# Iterators whose workers are alive; shut down at interpreter exit (see ShardLoader).
+_live_iterators: weakref.WeakSet = weakref.WeakSet()
+
+
+def _shut_down_workers() -> None:
+    """atexit: stop every live iterator's workers before multiprocessing's exit handler runs.
+
+    That handler terminates (SIGTERM) and then joins every child. Our workers ignore SIGTERM
+    (ignore_job_signals), so a program still holding an iterator at exit would wait forever.
+    torch's own shutdown asks them to stop through their queues instead; a worker still alive
+    after it (a batch that takes longer than torch's join timeout) is killed: the program is
+    leaving and nothing reads its batches any more.
+    """
+    for it in list(_live_iterators):
+        it._shutdown_workers()
+        for w in it._workers:
+            if w.is_alive():
+                w.kill()
+                w.join()
+
+
+# atexit runs handlers last-registered first: registered after multiprocessing's exit handler
+# (imported above) and torch's exit flag (torch.utils.data), ours runs before both.
+atexit.register(_shut_down_workers)
+
+
+class ShardLoader(DataLoader):
+    """A DataLoader whose worker processes end when the program ends, whatever iterators are
+    still referenced then (a script's ``it = iter(loader)``)."""
+
+    def __iter__(self):
+        it = super().__iter__()
+        if isinstance(it, _MultiProcessingDataLoaderIter):
+            _live_iterators.add(it)
+        return it
 
 
 def build_loader(
@@ -347,7 +388,7 @@ def build_loader(
         attention=attention,
     )
     workers = data_cfg.num_workers
-    return DataLoader(
+    return ShardLoader(
         dataset,
         batch_sampler=sampler,
         collate_fn=_whole_batch,

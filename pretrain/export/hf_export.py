@@ -46,6 +46,13 @@ from bertforge.pretrain.components.resume import (
     resolve_resume,
 )
 from bertforge.pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
+from bertforge.pretrain.export.hf_extras import (
+    POOLER_KEYS,
+    POOLER_NOTE,
+    adds_pooler,
+    initialised_pooler,
+    trained_length,
+)
 from bertforge.pretrain.export.model_card import write_model_card
 
 log = get_logger(__name__)
@@ -91,20 +98,45 @@ def find_checkpoint(run: Path, checkpoint: str | None = None) -> Path:
     return ckpt
 
 
-def verify_export(out: Path, nsp: bool, mask_token: str | None = None) -> dict[str, Any]:
-    """Load ``out`` with transformers (strict key check) and run fill-mask; returns the result."""
+def _load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The missing, unexpected and mismatched keys of loading ``out`` as ``auto`` (less the
+    ``allowed`` unexpected ones); transformers' own report of them is kept quiet."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        model, info = auto.from_pretrained(str(out), output_loading_info=True)
+    finally:
+        transformers.logging.set_verbosity(level)
+    info["unexpected_keys"] = {k for k in info["unexpected_keys"] if k not in allowed}
+    wanted = ("missing_keys", "unexpected_keys", "mismatched_keys")
+    return {k: v for k, v in info.items() if k in wanted and v} | {"model": model}
+
+
+def verify_export(
+    out: Path, nsp: bool, mask_token: str | None = None, pooler: bool = False
+) -> dict[str, Any]:
+    """Load ``out`` with transformers (strict key check; with ``pooler``, a masked-LM BERT's
+    added pooler is the only key its masked-LM class does not use, and ``AutoModel`` misses
+    nothing) and run fill-mask; returns the result."""
     import transformers
 
     auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM
-    model, info = auto.from_pretrained(str(out), output_loading_info=True)
-    bad = {
-        k: v
-        for k, v in info.items()
-        if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
-    }
+    bad = _load_problems(auto, out, POOLER_KEYS if pooler else ())
+    model = bad.pop("model")
+    if pooler:
+        base = _load_problems(transformers.AutoModel, out)
+        base.pop("model")
+        bad.update({f"AutoModel {k}": v for k, v in base.items() if k == "missing_keys"})
     if bad:
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
-    fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the pooler's report: checked above
+    try:
+        fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
+    finally:
+        transformers.logging.set_verbosity(level)
     mask = mask_token or fill.tokenizer.mask_token
     preds = fill(f"The function returns a {mask} of values.", top_k=3)
     return {"architecture": type(model).__name__, "fill_mask": preds}
@@ -193,6 +225,11 @@ def export(
             f"unexpected {unexpected}"
         )
     hf_model.tie_weights()
+    tok.model_max_length = trained_length(state, conf.max_position_embeddings, tok)
+    pooler = adds_pooler(model.arch, nsp)
+    extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
+    if pooler:
+        hf_model.config.bertforge_pooler = POOLER_NOTE
     output = Path(output)
     result: dict[str, Any] = {
         "checkpoint": str(ckpt),
@@ -206,7 +243,8 @@ def export(
     # reloads cleanly: a failed check leaves the old folder as it was.
     with publish_dir(output, replace=True) as tmp:
         with torch.no_grad():
-            hf_model.save_pretrained(str(tmp), safe_serialization=True)
+            weights = {**hf_model.state_dict(), **extra} if extra else None
+            hf_model.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
         tok.save_pretrained(str(tmp))
         write_model_card(
             tmp,
@@ -214,13 +252,21 @@ def export(
             state,
             architecture=model.hf_architecture,
             tokenizer=tok,
-            parameters=sum(p.numel() for p in hf_model.parameters()),
+            parameters=sum(p.numel() for p in [*hf_model.parameters(), *extra.values()]),
+            pooler=_pooler_line(model.arch, nsp),
             language=language,
             datasets=datasets,
         )
         if verify:
-            result.update(verify_export(tmp, nsp))
+            result.update(verify_export(tmp, nsp, pooler=pooler))
     return result
+
+
+def _pooler_line(arch: str, nsp: bool) -> str | None:
+    """The model card's account of BERT's pooler (ModernBERT has none)."""
+    if arch != "bert":
+        return None
+    return "trained (next-sentence prediction)" if nsp else POOLER_NOTE
 
 
 def main(argv: list[str] | None = None) -> int:

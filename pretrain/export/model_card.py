@@ -11,6 +11,8 @@ the user gives them (``python -m pretrain.export ... --language en --dataset NAM
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.pretrain.components.metrics import read_metrics
 
+_REPOSITORY = Path(__file__).resolve().parents[2]  # pretrain/export/ -> the repository
 LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
 TAGS = ("bert", "fill-mask", "masked-lm", "deepspeed", "bertforge")
 
@@ -48,6 +51,27 @@ def card_facts(run: Path, state: dict[str, Any]) -> dict[str, Any]:
         "averaged_steps": state.get("averaged_steps"),  # set by export --average
         "anneal_from": state.get("anneal_from") or config.get("anneal_from"),
     }
+
+
+# An absolute path in the card's text: "/" at a word's start (not in a URL, "tokens/s" or "1/2").
+_ABSOLUTE = re.compile(r"(?<![\w:/.~-])/[\w.+@%~-]+(?:/[\w.+@%~-]+)*/?")
+
+
+def relative_paths(text: str, run: Path) -> str:
+    """``text`` with each absolute path made relative to the run folder (``checkpoints/...``,
+    ``../shards``) or to the repository (``pretrain/main.py``, ``ds_configs/cpu.json``); one
+    further away is shown by its last name only: the card travels with the weights and says
+    nothing of the machine that trained them."""
+    base = Path(os.path.abspath(run))
+
+    def shown(match: re.Match) -> str:
+        path = Path(match.group(0).rstrip("/"))
+        rel = os.path.relpath(path, base)
+        if rel.split(os.sep).count("..") <= 2:
+            return rel
+        return str(path.relative_to(_REPOSITORY)) if path.is_relative_to(_REPOSITORY) else path.name
+
+    return _ABSOLUTE.sub(shown, text)
 
 
 def _yaml_list(key: str, values: list[str]) -> list[str]:
@@ -196,6 +220,7 @@ def render_card(
     tokenizer: dict[str, Any],
     language: list[str],
     datasets: list[str],
+    pooler: str | None = None,
 ) -> str:
     """README.md text: YAML header, then size, tokenizer, data, training, validation, command."""
     cfg = facts["config"]
@@ -216,12 +241,14 @@ def render_card(
         f"attention heads {model.get('num_attention_heads')}, "
         f"feed-forward {model.get('intermediate_size')}",
         *_sharing(model),
+        *([f"- pooler: {pooler}"] if pooler else []),
         "",
         *_initial_weights(cfg),
         "## Tokenizer",
         "",
         f"- {tokenizer.get('class')}, vocabulary {tokenizer.get('vocab_size'):,}, "
-        f"lowercase {tokenizer.get('lowercase')}",
+        f"lowercase {tokenizer.get('lowercase')}, model_max_length "
+        f"{tokenizer.get('model_max_length')} (the longest sequence trained on)",
         "",
         "## Data",
         "",
@@ -271,12 +298,15 @@ def write_model_card(
     tokenizer,
     language: list[str] | None = None,
     datasets: list[str] | None = None,
+    pooler: str | None = None,
 ) -> Path:
-    """Write ``out/README.md`` for the checkpoint whose trainer ``state`` is given; returns it."""
+    """Write ``out/README.md`` for the checkpoint whose trainer ``state`` is given, paths
+    relative to the run folder (:func:`relative_paths`); returns it."""
     tok = {
         "class": type(tokenizer).__name__,
         "vocab_size": len(tokenizer),
         "lowercase": getattr(tokenizer, "do_lower_case", None),
+        "model_max_length": getattr(tokenizer, "model_max_length", None),
     }
     text = render_card(
         card_facts(run, state),
@@ -285,7 +315,9 @@ def write_model_card(
         tokenizer=tok,
         language=list(language or []),
         datasets=list(datasets or []),
+        pooler=pooler,
     )
+    text = relative_paths(text, run)
     path = out / "README.md"
     path.write_text(text, encoding="utf-8")  # inside export's temporary folder: renamed whole
     return path
