@@ -8,12 +8,12 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 import transformers.utils.import_utils as hf_imports
 from helpers.commands import REPO
 
