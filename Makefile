@@ -19,9 +19,13 @@ DEMO_DIR ?= runs/demo
 # says torch==X without a local label, which 2.13.0+cpu (and +cuXXX) satisfies. A GPU node whose
 # torch is a later 2.x than the tested one: `make install CONSTRAINTS=` keeps it (the doctor then
 # warns that it is untested).
+# DeepSpeed's JIT ops (the CPU all-reduce; fused_adam on GPUs) are built once here, into this
+# environment's own build folder, not by the first run (docs/launching.md, "op builds").
+OPS_CONFIG ?= ds_configs/zero2.json
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install $(CONSTRAINT_FLAG) "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
 	$(PIP) install -q $(CONSTRAINT_FLAG) -e ".[dev]"
+	$(PYTHON) -m pretrain.doctor --build_ops --ds_config $(OPS_CONFIG)
 
 # INSTALL= skips the install step (.ci/run: `make lint` has just installed).
 INSTALL ?= install

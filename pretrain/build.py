@@ -416,7 +416,7 @@ class Training:
 
 def join_ranks(cfg: TrainConfig, run: Resolved) -> StepSetup:
     """The rendezvous, and this rank's device; the engine is filled in by :func:`build_training`."""
-    info = init_distributed(cfg.run.dist_timeout_s, cfg.run.heartbeat_timeout_s)
+    info = init_distributed(cfg.run.dist_timeout_s, cfg.run.heartbeat_timeout_s, run.setup.config)
     device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
     return StepSetup(None, run.setup.batch, device, rank=info.rank, world=info.world_size)
 

@@ -12,7 +12,11 @@
    means one port per job: no second port that could collide with a neighbouring job.
 4. On the CPU accelerator, DeepSpeed's shared-memory all-reduce segments are unlinked as soon as
    every rank has mapped them (`pretrain.components.shm_buffers`), so no exit leaves them behind.
-5. Right after the rendezvous (before the process group, so also before DeepSpeed's CPU
+5. Before the rendezvous, every JIT-built op the run needs (DeepSpeed's CPU all-reduce, the
+   optimizer's op) is built or loaded from this environment's build folder, one process at a
+   time, a wait reported and ended by a stop signal, a stale build lock refused with the command
+   that clears it (`pretrain.components.op_builds`).
+6. Right after the rendezvous (before the process group, so also before DeepSpeed's CPU
    `shm_initialize`, which waits forever for a peer that died), each rank starts its heartbeat
    watchdog (`pretrain.components.watchdog`): a rank that stops beating makes the others exit
    with `EXIT_RENDEZVOUS` instead of waiting `timeout_s` in a collective.
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from bertforge.logs import get_logger
-from bertforge.pretrain.components import shm_buffers, watchdog
+from bertforge.pretrain.components import op_builds, preemption, shm_buffers, watchdog
 
 log = get_logger(__name__)
 
@@ -221,14 +225,18 @@ def _ranges(ranks: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
-def init_distributed(timeout_s: float = 600.0, heartbeat_timeout_s: float = 0.0) -> DistInfo:
+def init_distributed(
+    timeout_s: float = 600.0, heartbeat_timeout_s: float = 0.0, ds_config: dict | None = None
+) -> DistInfo:
     """Start the process group for this rank, or exit with `EXIT_RENDEZVOUS` and a clear message.
 
     `timeout_s` bounds the wait for the other ranks and is the process group's collective timeout.
     `heartbeat_timeout_s` > 0 starts the watchdog (`watchdog.stop()` ends it): a rank silent that
     long makes every other rank exit with `EXIT_RENDEZVOUS`, at any point of the run.
+    `ds_config`: the final DeepSpeed dict, whose optimizer op is built with the others first.
     Works under the DeepSpeed launcher, torchrun, srun (with the variables exported) and plain
-    `python` (a world of one on a free local port).
+    `python` (a world of one on a free local port). A stale op-build lock raises
+    `op_builds.OpBuildError` (a UserError); a stop signal while waiting for a build exits 0.
     """
     import deepspeed
     import torch
@@ -247,6 +255,8 @@ def init_distributed(timeout_s: float = 600.0, heartbeat_timeout_s: float = 0.0)
             os.environ.get("MASTER_ADDR", "127.0.0.1"),
             int(os.environ.get("MASTER_PORT", "0")),
         )
+    # Before the rendezvous: a rank waiting here for another's build honours stop signals.
+    op_builds.prepare(op_builds.needed_ops(ds_config), preemption.installed())
     try:
         info = resolve_env()
         store = rendezvous(info, timeout_s)

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.components import shm_buffers
+from bertforge.pretrain.components import op_builds, shm_buffers
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
@@ -42,6 +43,7 @@ from bertforge.pretrain.doctor.checks import (
     FAIL,
     LOCAL,
     OK,
+    WARN,
     Row,
     batch_plan,
     constraint_rows,
@@ -52,6 +54,7 @@ from bertforge.pretrain.doctor.checks import (
     version_rows,
 )
 from bertforge.pretrain.doctor.memory_estimate import model_shape
+from bertforge.pretrain.doctor.op_rows import build_ops, op_build_rows, run_config
 from bertforge.pretrain.doctor.phase_rows import plan_view
 
 log = get_logger(__name__)
@@ -229,6 +232,37 @@ def host_rows(opts: argparse.Namespace) -> tuple[dict[str, int] | None, list[Row
     return hosts, rows
 
 
+def is_this_machine(host: str) -> bool:
+    """True when ``host`` names this machine (localhost, a loopback address, its host name or
+    one of its own addresses)."""
+    names = {"localhost", socket.gethostname(), socket.getfqdn()}
+    if host in names or host.startswith("127.") or host == "::1":
+        return True
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return False
+    if address.startswith("127."):
+        return True
+    try:
+        return address in socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        return False
+
+
+def one_host_row(host: str, hostfile: str) -> Row:
+    """The ssh row of a hostfile naming only this machine: no ssh needed, with the flags."""
+    return Row(
+        "ssh",
+        host,
+        WARN,
+        f"{hostfile} names only this machine: the ranks start here, no ssh needed, but DeepSpeed's "
+        f"launcher first runs `ssh {host} hostname` unless told not to",
+        f"launch with `deepspeed --hostfile {hostfile} --no_ssh_check --master_addr 127.0.0.1 "
+        "...` (or drop --hostfile and use --num_gpus N)",
+    )
+
+
 def probe_rows(
     cfg: TrainConfig,
     opts: argparse.Namespace,
@@ -245,9 +279,13 @@ def probe_rows(
         opts.python, cwd, exports, {"data": folders, "output_dir": cfg.run.output_dir}
     )
     ssh_args = shlex.split(opts.ssh_args)
+    # One host, this machine: DeepSpeed's launcher starts its ranks here without ssh when told
+    # --no_ssh_check (else it first runs `ssh HOST hostname`), so the probe runs here too.
+    here = len(hosts) == 1 and is_this_machine(next(iter(hosts)))
 
     def probe(host: str) -> tuple[dict | None, str]:
-        return run_probe(None if host == LOCAL else host, command, ssh_args, opts.ssh_timeout)
+        local = host == LOCAL or here
+        return run_probe(None if local else host, command, ssh_args, opts.ssh_timeout)
 
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         results = dict(zip(hosts, pool.map(probe, hosts)))
@@ -267,7 +305,9 @@ def probe_rows(
             rows.append(Row("probe", host, FAIL, err, fix))
         else:
             probes[host] = pr
-            if host != LOCAL:
+            if here and host != LOCAL:
+                rows.append(one_host_row(host, opts.hostfile))
+            elif host != LOCAL:
                 rows.append(Row("ssh", host, OK, f"reached {pr['hostname']} in {pr['cwd']}"))
     return probes, rows
 
@@ -318,6 +358,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
         return rows
     rows += check_deepspeed_env(env_files(cwd))
     rows += shm_rows(shm_buffers.stale_buffers())
+    rows += op_build_rows(run_config(ds, cfg.optim), cfg.run.ds_config)
     plan, batch_found = batch_rows(cfg, ds, sum(hosts.values()))
     phases = plan_view(cfg, plan, sources[0].path)  # --phases: its folders, longest sequences
     probes, found = probe_rows(cfg, opts, hosts, cwd, phases.folders)
@@ -367,6 +408,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         default=os.environ.get("PDSH_SSH_ARGS_APPEND", ""),
         help="extra ssh options (default: $PDSH_SSH_ARGS_APPEND, as pdsh uses them)",
     )
+    g.add_argument(
+        "--build_ops",
+        action="store_true",
+        help="build DeepSpeed's JIT ops that --ds_config needs on this machine, then exit "
+        "(no --data needed; make install runs it)",
+    )
     g.add_argument("--ssh_timeout", type=float, default=10.0, help="ssh connect timeout, seconds")
     g.add_argument(
         "--python",
@@ -381,11 +428,30 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return p, names
 
 
+def build_ops_main(cfg: TrainConfig) -> int:
+    """``--build_ops``: build the ops of ``--ds_config`` now; 0, or 2 with the reason."""
+    try:
+        ds = load_user_config(cfg.run.ds_config)
+        built = build_ops(run_config(ds, cfg.optim))
+    except (OSError, ConfigError) as e:
+        log.error(str(e) if isinstance(e, ConfigError) else f"{cfg.run.ds_config}: {e}")
+        return USER_ERROR_EXIT
+    except UserError as e:  # a stale lock, a failed build: the message names the file
+        log.error(str(e))
+        return USER_ERROR_EXIT
+    root = os.environ[op_builds.ENV_VAR]
+    log.info("ops ready in %s: %s", root, ", ".join(built) or "none needed on this machine")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the checks, print the table; 0 when nothing failed, 1 otherwise."""
     parser, names = build_parser()
     opts = parser.parse_args(argv)
     cfg = config_from_args(opts, names, parser)
+    op_builds.use_environment_folder()  # this environment's build folder, unless the user set one
+    if opts.build_ops:
+        return build_ops_main(cfg)
     if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder the launch will train on")
     try:

@@ -76,3 +76,11 @@ def test_continued_filter_keeps_the_reports_not_the_progress():
     kept = refresh_docs.FILTERS["continued"](lines)
     assert kept[0].startswith("486 docstrings") and kept[-1].startswith("validation step 100")
     assert kept.count("    ...") == 1 and len(kept) == 1 + 5 + 1 + 1
+
+
+def test_page_commands_run_under_the_tests_interpreter(tmp_path):
+    """`python` in a page's command is the interpreter running the tests (tests/docs/conftest.py),
+    whatever `python` the shell's PATH held before."""
+    for name in ("python", "python3"):
+        out = refresh_docs._shell(f'{name} -c "import sys; print(sys.executable)"', tmp_path)
+        assert out.stdout.strip() == sys.executable

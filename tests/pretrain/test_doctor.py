@@ -356,3 +356,24 @@ def test_a_trainer_launch_line_pastes_into_the_doctor(english_shards, tmp_path):
         "-m", "pretrain.doctor", *launch, "--activation_checkpointing", "yes", check=False
     )
     assert bad.returncode == 2 and "--activation_checkpointing" in bad.stderr
+
+
+def test_a_one_host_hostfile_of_this_machine_needs_no_ssh(tmp_path, english_shards):
+    """`localhost slots=2` (issue 36, item 5): no sshd runs here, yet the doctor does not fail on
+    ssh; it probes this machine and names the launcher's flags that skip the ssh check."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    rc, rows = _doctor(
+        "--hostfile",
+        str(hostfile),
+        "--ds_config",
+        str(REPO / "ds_configs" / "cpu.json"),
+        "--data",
+        str(english_shards),
+    )
+    ssh = [r for r in rows if r["check"] == "ssh"]
+    assert [(r["host"], r["status"]) for r in ssh] == [("localhost", "WARN")]
+    assert "--no_ssh_check --master_addr 127.0.0.1" in ssh[0]["fix"]
+    assert _status(rows, "versions", "localhost") == ["ok"]
+    assert _status(rows, "data", "localhost") == ["ok"]
+    assert rc == 0, [r for r in rows if r["status"] == "FAIL"]
