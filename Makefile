@@ -20,8 +20,9 @@ DEMO_DIR ?= runs/demo
 # torch is a later 2.x than the tested one: `make install CONSTRAINTS=` keeps it (the doctor then
 # warns that it is untested).
 # DeepSpeed's JIT ops (the CPU all-reduce; fused_adam on GPUs) are built once here, into this
-# environment's own build folder, not by the first run (docs/launching.md, "op builds").
-OPS_CONFIG ?= ds_configs/zero2.json
+# environment's own build folder, not by the first run (docs/launching.md, "op builds"). The ops of
+# the config a machine runs: zero2.json's on a GPU node, cpu.json's (torch's AdamW) elsewhere.
+OPS_CONFIG ?= $(shell $(PYTHON) -c "import torch; print('ds_configs/' + ('zero2' if torch.cuda.is_available() else 'cpu') + '.json')" 2>/dev/null || echo ds_configs/cpu.json)
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install $(CONSTRAINT_FLAG) "torch==$(TORCH_VERSION)+cpu" $(TORCH_INDEX_FLAG)
 	$(PIP) install -q $(CONSTRAINT_FLAG) -e ".[dev]"
