@@ -38,7 +38,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
     lock = build.take_run_lock(cfg)
     try:
         run = build.resolve_run(cfg)  # every user error fails here, before any rendezvous
-        training = build.build_training(cfg, run, launched, preempt)
+        training = build.build_training(run.cfg, run, launched, preempt)
         try:
             return training.trainer.run(training.start_step, training.consumed)
         finally:

@@ -26,6 +26,43 @@ from bertforge.pretrain.config.train_config import (
 
 _SKIP_FOREIGN = {"preset", "name"}  # the model preset's name comes from --model
 
+#: Other trainers' names for our flags (Hugging Face, Megatron, DeepSpeed), for "did you mean".
+ALIASES = {
+    "--learning_rate": "--lr",
+    "--learning-rate": "--lr",
+    "--lr_warmup_steps": "--warmup_steps",
+    "--lr_warmup_fraction": "--warmup_ratio",
+    "--lr_decay_style": "--decay",
+    "--lr_scheduler_type": "--schedule",
+    "--min_lr": "--min_lr_ratio",
+    "--train_iters": "--max_steps",
+    "--num_train_steps": "--max_steps",
+    "--max_train_steps": "--max_steps",
+    "--train_batch_size": "--global_batch_size",
+    "--global-batch-size": "--global_batch_size",
+    "--per_device_train_batch_size": "--micro_batch_size",
+    "--micro-batch-size": "--micro_batch_size",
+    "--gradient_accumulation_steps": "--grad_accum",
+    "--mlm_probability": "--mask_prob",
+    "--mask-prob": "--mask_prob",
+    "--clip_grad": "--gradient_clipping",
+    "--max_grad_norm": "--gradient_clipping",
+    "--save_steps": "--save_interval",
+    "--save-interval": "--save_interval",
+    "--eval_steps": "--eval_interval",
+    "--eval-interval": "--eval_interval",
+    "--logging_steps": "--log_interval",
+    "--save_total_limit": "--keep_last",
+    "--deepspeed": "--ds_config",
+    "--deepspeed_config": "--ds_config",
+    "--model_name_or_path": "--init_from",
+    "--load": "--resume",
+    "--save": "--output_dir",
+    "--bf16": "--precision",
+    "--fp16": "--precision",
+    "--config": "--recipe",
+}
+
 
 def _flag_names(groups: dict[str, type]) -> dict[tuple[str, str], str]:
     """Map (group, field) -> dest; a field name used by two groups gets the group as prefix."""
@@ -58,6 +95,13 @@ def build_parser(
         default=None,
         help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)",
     )
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="a YAML recipe of the run (recipes/, or a run's RUN/recipe.yaml): its values are "
+        "the defaults of the flags below, a flag given here wins (docs/training.md)",
+    )
+    p.aliases = ALIASES
     names = _flag_names(groups)
     for g, cls in groups.items():
         skip = _SKIP_FOREIGN if g not in CONCERNS else ()
@@ -86,9 +130,12 @@ def trainer_parser(
 def config_from_args(
     ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
 ) -> TrainConfig:
-    """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
-    doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
+    """The :class:`TrainConfig` of parsed flags over the ``--recipe``'s values, values checked;
+    files are not looked at (the doctor reports a missing folder as a finding, the trainer's
+    :func:`parse_args` fails on it)."""
+    sources = _apply_recipe(ns, names, parser)
     cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
+    cfg.sources = sources
     foreign = foreign_concerns()
     flags = _overrides(ns, names, "model_cfg")
     base = _preset_for(cfg, flags, getattr(ns, "model_preset", None) is not None, parser)
@@ -115,6 +162,32 @@ def config_from_args(
         parser.error(str(e))
     _check_values(cfg, parser)
     return cfg
+
+
+def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]:
+    """Fill the flags not given from ``--recipe`` (a flag given wins); returns where each value
+    that is not a default came from: {"section.field": "flag --x" | "recipe FILE"}."""
+    from bertforge.pretrain.config.recipe import RecipeError, load_recipe, section_of
+
+    spelled = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    sources = {
+        f"{section_of(g)}.{f}": f"flag {spelled.get(dest, '--' + dest)}"
+        for (g, f), dest in names.items()
+        if getattr(ns, dest, None) is not None
+    }
+    path = getattr(ns, "recipe", None)
+    if not path:
+        return sources
+    try:
+        values = load_recipe(path, {**CONCERNS, **foreign_concerns()})
+    except RecipeError as e:
+        parser.error(str(e))
+    for (g, f), value in values.items():
+        dest = names[(g, f)]
+        if getattr(ns, dest, None) is None and value is not None:
+            setattr(ns, dest, value)
+            sources[f"{section_of(g)}.{f}"] = f"recipe {path}"
+    return sources
 
 
 def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any:
@@ -243,6 +316,14 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         build_schedule(cfg.optim, cfg.run.max_steps)
     except ScheduleError as e:
         parser.error(str(e))
+    warmup = cfg.optim.warmup_steps
+    if warmup is not None and warmup > cfg.run.max_steps and not cfg.run.phases:
+        parser.error(
+            f"--warmup_steps {warmup}{_where(cfg, 'optim.warmup_steps')} is longer than the run "
+            f"(--max_steps {cfg.run.max_steps}{_where(cfg, 'run.max_steps')}): the lr would "
+            "never reach its peak; shorten the warmup or lengthen the run"
+        )
+
     if cfg.optim.override_lr_schedule and cfg.run.resume == "none":
         parser.error(
             "--override_lr_schedule replaces a resumed checkpoint's lr schedule: it goes with "
@@ -253,6 +334,12 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             "--override_lr_schedule is not needed with --schedule_clock time: the time clock "
             "keeps no schedule state, so a resume always follows this launch's flags; drop it"
         )
+
+
+def _where(cfg: TrainConfig, key: str) -> str:
+    """`` (from recipe FILE)`` when a value came from the recipe, so an error names the file."""
+    source = cfg.sources.get(key, "")
+    return f" (from {source})" if source.startswith("recipe") else ""
 
 
 def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:

@@ -323,6 +323,9 @@ class TrainConfig:
     # ModelConfig fields the command line set on purpose (a given --model counts for all of its
     # architecture): --init_from lists those that disagree with the checkpoint.
     explicit_model: dict[str, Any] = field(default_factory=dict)
+    # Where each value that is not a default came from ({"optim.lr": "flag --lr"}; "recipe F",
+    # "checkpoint C", the DeepSpeed JSON): the dry run prints it beside the value.
+    sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every concern (saved as RUN/config.json and in checkpoints)."""

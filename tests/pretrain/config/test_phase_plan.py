@@ -235,7 +235,9 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
 
     doc = {"phases": THREE["phases"][:2]}
     cfg, t = tracker(doc)
-    assert cfg.run.max_steps == 7  # the plan's length replaces the default
+    # the plan's length replaces the default at resolution (pretrain.build.resolve_run), in a new
+    # config: the parsed one is not edited
+    assert t.plan[-1].end_step == 7 and cfg.run.max_steps == 100
     assert [t.batch_plan(s, c).grad_accum for s, c in [(0, 0), (2, 16), (5, 80)]] == [1, 2, 2]
     with pytest.raises(PhasePlanError, match="--schedule, --warmup_steps"):
         tracker(doc, schedule="wsd", warmup_steps=3)
