@@ -45,7 +45,7 @@ from bertforge.pretrain.config.ds_config import (
     DeepSpeedSetup,
     resolve_deepspeed_config,
 )
-from bertforge.pretrain.config.recipe import dump_recipe
+from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import open_training, parse_mixture, validation_readers
@@ -215,35 +215,6 @@ def _override_peak(cfg: TrainConfig, point: ResumePoint) -> TrainConfig:
 def _with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
     """A copy of ``cfg`` whose run lasts ``steps`` optimizer steps."""
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_steps=steps))
-
-
-def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
-    """``cfg.to_dict()`` with the values the DeepSpeed config decided filled in where the flags
-    left them unset (batch sizes, optimizer, lr, weight decay, clipping, precision)."""
-    out = cfg.to_dict()
-    ds, plan = setup.config, setup.batch
-    params = ds.get("optimizer", {}).get("params", {})
-    filled = {
-        "batch": {
-            "global_batch_size": plan.global_batch,
-            "micro_batch_size": plan.micro_batch,
-            "grad_accum": plan.grad_accum,
-        },
-        "optim": {
-            "optimizer": ds.get("optimizer", {}).get("type"),
-            "lr": params.get("lr"),
-            "weight_decay": params.get("weight_decay"),
-            "gradient_clipping": ds.get("gradient_clipping"),
-        },
-        "precision": {"precision": setup.precision},
-        "memory": {"activation_checkpointing": setup.activation_checkpointing},
-    }
-    for concern, values in filled.items():
-        section = out.get(concern, {})
-        for key, value in values.items():
-            if section.get(key) is None:
-                section[key] = value
-    return out
 
 
 def build_encoder(
@@ -440,17 +411,6 @@ def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: di
     if run.phases:
         write_json_atomic(folder / "phases.json", run.phases.as_dict(), indent=2)
     write_text_atomic(folder / "recipe.yaml", resolved_recipe(cfg, setup))
-
-
-def resolved_recipe(cfg: TrainConfig, setup: DeepSpeedSetup) -> str:
-    """RUN/recipe.yaml: every setting as this launch resolved it (the DeepSpeed JSON's batch
-    sizes and lr filled in), which reproduces the run: ``--recipe RUN/recipe.yaml --output_dir
-    NEW``."""
-    header = (
-        "The resolved recipe of this run, written by pretrain/main.py. Reproduce the run with\n"
-        "  python pretrain/main.py --recipe THIS_FILE --output_dir NEW_RUN"
-    )
-    return dump_recipe(resolved_flags(cfg, setup), header)
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.build import resolve_run, resolved_flags
+from bertforge.pretrain.build import resolve_run
+from bertforge.pretrain.config.recipe import resolved_flags
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
 from bertforge.pretrain.data.mixture import open_training, parse_mixture
@@ -136,9 +137,7 @@ def run_dry_run(
     recipe: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Build reader, model and loader; draw `num_batches` training batches; print and return
-    the report.
-
-    extra_config: further resolved settings (e.g. the trainer's) merged under "config".
+    the report. extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
     show_masks: also decode that many training sequences with each masked position marked
     (:mod:`pretrain.data.show_masks`; under "show_masks" in the report).
@@ -404,6 +403,8 @@ def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
     if run.anneal is not None:
         by["run.max_steps"] = by["optim.lr"] = f"anneal_from {parsed.run.anneal_from}"
     cfg = run.cfg
+    # values resolution set (the checkpoint's peak lr for --override_lr_schedule)
+    by.update({k: v for k, v in cfg.sources.items() if k not in parsed.sources})
     if run.point is not None and not cfg.optim.override_lr_schedule and run.phases is None:
         saved = run.point.state.get("config", {}).get("optim", {})
         for key, value in saved.items():  # the schedule that continues is the checkpoint's

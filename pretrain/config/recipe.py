@@ -20,12 +20,16 @@ from __future__ import annotations
 import dataclasses
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from bertforge.cli import base_type, suggest
 from bertforge.errors import UserError
+
+if TYPE_CHECKING:
+    from bertforge.pretrain.config.ds_config import DeepSpeedSetup
+    from bertforge.pretrain.config.train_config import TrainConfig
 
 #: recipe section -> the TrainConfig attribute it fills
 SECTIONS = {
@@ -184,3 +188,47 @@ def value_sources(
 
 def _norm(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
+
+
+def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
+    """``cfg.to_dict()`` with the values the DeepSpeed config decided filled in where the flags
+    left them unset (batch sizes, optimizer, lr, weight decay, clipping, precision)."""
+    out = cfg.to_dict()
+    ds, plan = setup.config, setup.batch
+    params = ds.get("optimizer", {}).get("params", {})
+    filled = {
+        "batch": {
+            "global_batch_size": plan.global_batch,
+            "micro_batch_size": plan.micro_batch,
+            "grad_accum": plan.grad_accum,
+        },
+        "optim": {
+            "optimizer": ds.get("optimizer", {}).get("type"),
+            "lr": params.get("lr"),
+            "weight_decay": params.get("weight_decay"),
+            "gradient_clipping": ds.get("gradient_clipping"),
+        },
+        "precision": {"precision": setup.precision},
+        "memory": {"activation_checkpointing": setup.activation_checkpointing},
+    }
+    for concern, values in filled.items():
+        section = out.get(concern, {})
+        for key, value in values.items():
+            if section.get(key) is None:
+                section[key] = value
+    return out
+
+
+def resolved_recipe(cfg: TrainConfig, setup: DeepSpeedSetup) -> str:
+    """RUN/recipe.yaml: every setting as this launch resolved it (the DeepSpeed JSON's batch
+    sizes and lr filled in), which reproduces the run: ``--recipe RUN/recipe.yaml --output_dir
+    NEW``."""
+    header = (
+        "The resolved recipe of this run, written by pretrain/main.py. Reproduce the run with\n"
+        "  python pretrain/main.py --recipe THIS_FILE --output_dir NEW_RUN"
+    )
+    values = resolved_flags(cfg, setup)
+    kind = str(values["optim"].get("optimizer") or "").lower()
+    # --optimizer names adamw or lamb; another type stays the DeepSpeed JSON's own
+    values["optim"]["optimizer"] = kind if kind in ("adamw", "lamb") else None
+    return dump_recipe(values, header)
