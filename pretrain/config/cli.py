@@ -20,6 +20,7 @@ from bertforge.cli import ArgumentParser, add_fields
 from bertforge.pretrain.config.train_config import (
     CONCERNS,
     GuardConfig,
+    RunConfig,
     TrainConfig,
     foreign_concerns,
 )
@@ -132,36 +133,53 @@ def config_from_args(
 ) -> TrainConfig:
     """The :class:`TrainConfig` of parsed flags over the ``--recipe``'s values, values checked;
     files are not looked at (the doctor reports a missing folder as a finding, the trainer's
-    :func:`parse_args` fails on it)."""
+    :func:`parse_args` fails on it). Built in one go: the config is frozen from here on."""
     sources = _apply_recipe(ns, names, parser)
-    cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
-    cfg.sources = sources
-    foreign = foreign_concerns()
     flags = _overrides(ns, names, "model_cfg")
-    base = _preset_for(cfg, flags, getattr(ns, "model_preset", None) is not None, parser)
-    cfg.model_cfg = dataclasses.replace(base, **flags)
+    model_given = getattr(ns, "model_preset", None) is not None
+    base = _preset_for(ns, flags, model_given, parser)
+    _normalize_progress(ns, names, parser)
+    concerns = {g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()}
     from bertforge.pretrain.model.document_attention import AttentionError, resolve_attention
 
+    model = dataclasses.replace(base, **flags)
     try:  # the run's config.json records what auto meant for this arch
-        mode = resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch)
+        model = dataclasses.replace(model, attention=resolve_attention(model.attention, model.arch))
     except AttentionError as e:
         parser.error(str(e))
-    cfg.model_cfg = dataclasses.replace(cfg.model_cfg, attention=mode)
-    chosen = dataclasses.asdict(base) if getattr(ns, "model_preset", None) is not None else {}
-    cfg.explicit_model = {**{k: v for k, v in chosen.items() if k != "name"}, **flags}
+    chosen = dataclasses.asdict(base) if model_given else {}
+    foreign = foreign_concerns()
     data_over = _overrides(ns, names, "data_cfg")
     mask_over = _overrides(ns, names, "masking")
     # One --seed drives data order and masking too, unless they are given their own seeds.
     for over, cls in ((data_over, foreign["data_cfg"]), (mask_over, foreign["masking"])):
         if "seed" in {f.name for f in dataclasses.fields(cls)}:
-            over.setdefault("seed", cfg.run.seed)
+            over.setdefault("seed", concerns["run"].seed)
     try:
-        cfg.data_cfg = foreign["data_cfg"](**data_over)
-        cfg.masking = foreign["masking"](**mask_over)
+        cfg = TrainConfig(
+            **concerns,
+            model_cfg=model,
+            data_cfg=foreign["data_cfg"](**data_over),
+            masking=foreign["masking"](**mask_over),
+            explicit_model={**{k: v for k, v in chosen.items() if k != "name"}, **flags},
+            sources=sources,
+        )
     except ValueError as e:
         parser.error(str(e))
     _check_values(cfg, parser)
     return cfg
+
+
+def _normalize_progress(ns: argparse.Namespace, names: dict, parser) -> None:
+    """--progress true/false as auto/off (checked before the config is built)."""
+    from bertforge.data_prep.progress import normalize_mode
+
+    dest = names[("log", "progress")]
+    try:
+        value = getattr(ns, dest, None)
+        setattr(ns, dest, None if value is None else normalize_mode(value))
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]:
@@ -190,7 +208,7 @@ def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]
     return sources
 
 
-def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any:
+def _preset_for(ns: argparse.Namespace, flags: dict, model_given: bool, parser) -> Any:
     """The preset the model starts from: --model's, or --arch's tiny one when only --arch is
     given; a --model of the other arch is refused (naming both flags)."""
     from bertforge.pretrain.model.model_config import ARCHES, DEFAULT_PRESET, preset
@@ -199,14 +217,15 @@ def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any
     if arch is not None and arch not in ARCHES:
         parser.error(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     if arch is not None and not model_given:
-        cfg.run.model_preset = DEFAULT_PRESET[arch]
+        ns.model_preset = DEFAULT_PRESET[arch]  # --arch alone: its tiny preset
+    name = ns.model_preset or RunConfig().model_preset
     try:
-        base = preset(cfg.run.model_preset)
+        base = preset(name)
     except ValueError as e:
         parser.error(str(e))
     if arch is not None and base.arch != arch:
         parser.error(
-            f"--model {cfg.run.model_preset} is a {base.arch} preset but --arch is {arch}: "
+            f"--model {name} is a {base.arch} preset but --arch is {arch}: "
             f"choose a {arch} preset (--model {DEFAULT_PRESET[arch]}, ...) or drop --arch"
         )
     return base
@@ -249,12 +268,6 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--decay must be linear, poly or constant, got {cfg.optim.decay!r}")
     if cfg.optim.optimizer not in (None, "adamw", "lamb"):
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
-    from bertforge.data_prep.progress import normalize_mode
-
-    try:
-        cfg.log.progress = normalize_mode(cfg.log.progress)
-    except ValueError as e:
-        parser.error(str(e))
     if cfg.run.show_masks < 0 or (cfg.run.show_masks and not cfg.run.dry_run):
         parser.error(
             "--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "

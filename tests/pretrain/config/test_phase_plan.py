@@ -221,15 +221,18 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
 
     from bertforge.pretrain.components.phases import PhaseTracker
     from bertforge.pretrain.config.batching import BatchPlan
-    from bertforge.pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.config.train_config import OptimConfig, RunConfig, TrainConfig
     from bertforge.pretrain.data.loader import DataConfig
     from bertforge.pretrain.data.masking import MaskingConfig
 
     def tracker(doc, **optim):
-        cfg = TrainConfig(data_cfg=DataConfig())
-        cfg.run.phases = str(write(tmp_path, doc))
-        for k, v in optim.items():
-            setattr(cfg.optim if hasattr(cfg.optim, k) else cfg.run, k, v)
+        run = {"phases": str(write(tmp_path, doc))}
+        run.update({k: v for k, v in optim.items() if not hasattr(OptimConfig, k)})
+        cfg = TrainConfig(
+            run=RunConfig(**run),
+            optim=OptimConfig(**{k: v for k, v in optim.items() if hasattr(OptimConfig, k)}),
+            data_cfg=DataConfig(),
+        )
         setup = SimpleNamespace(batch=BatchPlan(16, 4, 2, 2))
         return cfg, PhaseTracker.for_run(cfg, setup, SEQ, "bert")
 
@@ -257,12 +260,11 @@ def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):
 
     from bertforge.pretrain.components.phases import PhaseTracker
     from bertforge.pretrain.config.batching import BatchPlan
-    from bertforge.pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.config.train_config import RunConfig, TrainConfig
     from bertforge.pretrain.data.loader import DataConfig
 
     def tracker(doc):
-        cfg = TrainConfig(data_cfg=DataConfig())
-        cfg.run.phases = str(write(tmp_path, doc))
+        cfg = TrainConfig(run=RunConfig(phases=str(write(tmp_path, doc))), data_cfg=DataConfig())
         return PhaseTracker.for_run(cfg, SimpleNamespace(batch=BatchPlan(16, 4, 2, 2)), SEQ, "bert")
 
     doc = {"phases": THREE["phases"][:2]}
