@@ -391,6 +391,13 @@ def _import_deepspeed_quietly() -> None:
         sys.stdout = saved
 
 
+_BATCH_KEYS = {
+    "global_batch_size": "train_batch_size",
+    "micro_batch_size": "train_micro_batch_size_per_gpu",
+    "grad_accum": "gradient_accumulation_steps",
+}
+
+
 def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
     """The resolved recipe's values that are not defaults, each with where it came from (a
     flag, the recipe file, the DeepSpeed JSON, the phase plan, the anneal, the checkpoint)."""
@@ -403,6 +410,13 @@ def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
     if run.anneal is not None:
         by["run.max_steps"] = by["optim.lr"] = f"anneal_from {parsed.run.anneal_from}"
     cfg = run.cfg
+    from bertforge.pretrain.config.ds_config import load_user_config
+
+    user = load_user_config(cfg.run.ds_config)
+    ranks = run.setup.batch.world_size
+    for key, ds_key in _BATCH_KEYS.items():  # a batch size neither file gives is derived
+        if f"batch.{key}" not in cfg.sources and ds_key not in user:
+            by[f"batch.{key}"] = f"derived from the other batch sizes for {ranks} rank(s)"
     # values resolution set (the checkpoint's peak lr for --override_lr_schedule)
     by.update({k: v for k, v in cfg.sources.items() if k not in parsed.sources})
     if run.point is not None and not cfg.optim.override_lr_schedule and run.phases is None:
