@@ -37,6 +37,8 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._is_subcommand = False
+        # Other tools' names of our flags ({"--learning_rate": "--lr"}): "did you mean" by meaning.
+        self.aliases: dict[str, str] = {}
 
     def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction:
         """As argparse's; each subcommand's parser reports its own unknown flags."""
@@ -78,7 +80,7 @@ class ArgumentParser(argparse.ArgumentParser):
             message = "unrecognized arguments: " + " ".join(unknown)  # the likely cause
         self.exit(
             USER_ERROR_EXIT,
-            f"{self.prog}: error: {explain(message, self.option_strings())}\n"
+            f"{self.prog}: error: {explain(message, self.option_strings(), self.aliases)}\n"
             f"see `{help_command(self.prog)}`\n",
         )
 
@@ -100,15 +102,16 @@ def suggest(word: str, choices: Iterable[str]) -> str | None:
     return close[0] if close else None
 
 
-def explain(message: str, options: Iterable[str]) -> str:
-    """argparse's message, reduced to the one offending flag with a "did you mean"."""
+def explain(message: str, options: Iterable[str], aliases: Mapping[str, str] | None = None) -> str:
+    """argparse's message, reduced to the one offending flag with a "did you mean" (``aliases``:
+    a flag's known other names first, then the closest spelling)."""
     if message.startswith("unrecognized arguments: "):
         extras = message.removeprefix("unrecognized arguments: ").split()
         bad = next((x for x in extras if x.startswith("-") and x != "--"), extras[0])
         if not bad.startswith("-"):
             return f"unexpected argument {bad!r} (a value without its flag, or one value too many)"
         flag = bad.split("=", 1)[0]
-        guess = suggest(flag, options)
+        guess = (aliases or {}).get(flag) or suggest(flag, options)
         if guess is None:
             return f"unrecognized argument {flag}"
         if guess.startswith(flag):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from bertforge.data_prep.lock import FolderLock
-from bertforge.files import publish_dir, write_json_atomic
+from bertforge.files import publish_dir, write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger, process_rank
 from bertforge.pretrain.components import anneal, watchdog
 from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
@@ -45,6 +45,7 @@ from bertforge.pretrain.config.ds_config import (
     DeepSpeedSetup,
     resolve_deepspeed_config,
 )
+from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import open_training, parse_mixture, validation_readers
@@ -120,7 +121,8 @@ def verify_shards_once(
 
 @dataclass
 class Resolved:
-    """A run's inputs, all checked before any rendezvous: shards, resume point, DeepSpeed dict."""
+    """A run's inputs, all checked before any rendezvous: the resolved config, shards, resume
+    point, DeepSpeed dict."""
 
     train_reader: Any  # ShardReader, or MixtureReader for a weighted mixture
     val_readers: list  # [(source name, validation reader)]
@@ -129,29 +131,36 @@ class Resolved:
     accel: str  # DeepSpeed's accelerator name ("cuda", "cpu", ...)
     anneal: anneal.AnnealPlan | None = None  # --anneal_from's plan
     phases: PhaseTracker | None = None  # --phases: the resolved plan
+    cfg: TrainConfig | None = None  # the config as it runs (nothing edits it after this)
+
+
+def _model_for_shards(cfg: TrainConfig, max_seq_len: int):
+    """The architecture this run builds: --init_from's, or ModernBERT's positions grown to
+    longer shards (rotary positions: no table to grow)."""
+    if cfg.run.init_from:  # the architecture is the checkpoint's
+        return init_architecture(cfg, max_seq_len)
+    longer = extend_context(cfg.model_cfg, max_seq_len)
+    if longer is not cfg.model_cfg:
+        log.info(
+            "--arch modernbert: max_position_embeddings %d -> %d, the shards' max_seq_len "
+            "(rotary positions: nothing to grow)",
+            cfg.model_cfg.max_position_embeddings,
+            longer.max_position_embeddings,
+        )
+    return longer
 
 
 def resolve_run(cfg: TrainConfig) -> Resolved:
     """Everything that can fail on the user's input fails here, before any rendezvous (the dry
-    run calls this too, so it fails the same way)."""
+    run calls this too, so it fails the same way). ``cfg`` is not edited: the config as it will
+    run (architecture from --init_from, length from --phases or --anneal_from) is ``.cfg``."""
     from deepspeed.accelerator import get_accelerator  # lazy: see the module docstring
 
     world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_readers = open_shards(cfg)
     # what --arch modernbert cannot do yet, before any rendezvous
     check_supported(cfg.model_cfg, nsp=train_reader.format == "nsp")
-    if cfg.run.init_from:  # the architecture is the checkpoint's
-        cfg.model_cfg = init_architecture(cfg, train_reader.max_seq_len)
-    else:  # ModernBERT from scratch on longer shards: rotary positions have no table to grow
-        longer = extend_context(cfg.model_cfg, train_reader.max_seq_len)
-        if longer is not cfg.model_cfg:
-            log.info(
-                "--arch modernbert: max_position_embeddings %d -> %d, the shards' max_seq_len "
-                "(rotary positions: nothing to grow)",
-                cfg.model_cfg.max_position_embeddings,
-                longer.max_position_embeddings,
-            )
-            cfg.model_cfg = longer
+    cfg = dataclasses.replace(cfg, model_cfg=_model_for_shards(cfg, train_reader.max_seq_len))
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
     point = find_resume(
         cfg.run.resume,
@@ -162,6 +171,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     )
     if point is not None:
         check_resume_clock(cfg.optim, point.state)
+        cfg = _override_peak(cfg, point)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
     stage = int(setup.config.get("zero_optimization", {}).get("stage", 0))
@@ -169,7 +179,10 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     phases = tracker_for_run(cfg, setup, train_reader)
     if phases is not None:
         if cfg.run.init_from and point is None:  # ModernBERT: the longest phase's context
-            cfg.model_cfg = extend_context(cfg.model_cfg, phases.max_seq_len)
+            cfg = dataclasses.replace(
+                cfg, model_cfg=extend_context(cfg.model_cfg, phases.max_seq_len)
+            )
+        cfg = _with_steps(cfg, phases.plan[-1].end_step)  # the run's length is the plan's
         val_readers = phases.validation(val_readers, cfg.data_cfg.verify)
         phases.check_positions(resolve_config(cfg.model_cfg, train_reader.vocab_size))
         phases.check_resume(point, cfg.optim.override_lr_schedule)
@@ -178,36 +191,30 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     plan = anneal.resolve(
         cfg, train_reader, described, point, setup.batch.global_batch, setup.config
     )
-    return Resolved(train_reader, val_readers, point, setup, accel, plan, phases)
+    if plan is not None:
+        cfg = _with_steps(cfg, plan.steps)  # the anneal's length is its tokens'
+    return Resolved(train_reader, val_readers, point, setup, accel, plan, phases, cfg)
 
 
-def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
-    """``cfg.to_dict()`` with the values the DeepSpeed config decided filled in where the flags
-    left them unset (batch sizes, optimizer, lr, weight decay, clipping, precision)."""
-    out = cfg.to_dict()
-    ds, plan = setup.config, setup.batch
-    params = ds.get("optimizer", {}).get("params", {})
-    filled = {
-        "batch": {
-            "global_batch_size": plan.global_batch,
-            "micro_batch_size": plan.micro_batch,
-            "grad_accum": plan.grad_accum,
-        },
-        "optim": {
-            "optimizer": ds.get("optimizer", {}).get("type"),
-            "lr": params.get("lr"),
-            "weight_decay": params.get("weight_decay"),
-            "gradient_clipping": ds.get("gradient_clipping"),
-        },
-        "precision": {"precision": setup.precision},
-        "memory": {"activation_checkpointing": setup.activation_checkpointing},
-    }
-    for concern, values in filled.items():
-        section = out.get(concern, {})
-        for key, value in values.items():
-            if section.get(key) is None:
-                section[key] = value
-    return out
+def _override_peak(cfg: TrainConfig, point: ResumePoint) -> TrainConfig:
+    """--override_lr_schedule without a peak lr of its own keeps the checkpoint's peak (not the
+    DeepSpeed JSON's placeholder lr): the override changes the schedule's shape."""
+    if not cfg.optim.override_lr_schedule or cfg.optim.lr is not None:
+        return cfg
+    saved = point.state.get("config", {}).get("optim", {}).get("lr")
+    if saved is None:
+        raise ConfigError(
+            f"--override_lr_schedule: {point.path} does not record its peak lr (written by an "
+            "older version); give the peak with --lr (recipe optim.lr)"
+        )
+    sources = {**cfg.sources, "optim.lr": f"checkpoint {point.path}"}
+    optim = dataclasses.replace(cfg.optim, lr=float(saved))
+    return dataclasses.replace(cfg, optim=optim, sources=sources)
+
+
+def _with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
+    """A copy of ``cfg`` whose run lasts ``steps`` optimizer steps."""
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_steps=steps))
 
 
 def build_encoder(
@@ -254,15 +261,15 @@ def build_engine(
     plan: anneal.AnnealPlan | None = None,
     phases: PhaseTracker | None = None,
 ):
-    """The DeepSpeed engine and our LR schedule (None when the config brings its scheduler;
-    an anneal's own with --anneal_from; the plan's with --phases). A time-clock schedule is not
+    """The DeepSpeed engine and our LR schedule (an anneal's own with --anneal_from; the plan's
+    with --phases). A time-clock schedule is not
     given to DeepSpeed: the trainer's TimeClockLR applies it."""
     import deepspeed  # lazy: see the module docstring
 
-    schedule = None if "scheduler" in ds_config else build_schedule(cfg.optim, cfg.run.max_steps)
+    schedule = build_schedule(cfg.optim, cfg.run.max_steps)  # a "scheduler" block is refused
     if plan is not None:
         schedule = plan.schedule()
-    if phases is not None and schedule is not None:
+    if phases is not None:
         schedule = phases.schedule()
     by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
@@ -300,7 +307,7 @@ def run_state(
     """What every checkpoint of this run records besides the step and data position."""
     return {
         **({"anneal_from": plan.to_dict()} if plan else {}),
-        "config": cfg.to_dict(),
+        "config": resolved_flags(cfg, setup),  # the lr and batch as they ran (a dry run reads it)
         "vocab_size": reader.vocab_size,
         "tokenizer_fingerprint": reader.manifest["tokenizer"]["fingerprint"],
         "precision": setup.precision,
@@ -403,6 +410,7 @@ def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: di
     )
     if run.phases:
         write_json_atomic(folder / "phases.json", run.phases.as_dict(), indent=2)
+    write_text_atomic(folder / "recipe.yaml", resolved_recipe(cfg, setup))
 
 
 @dataclass

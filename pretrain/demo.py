@@ -40,6 +40,7 @@ from bertforge.pretrain.config import command_line
 log = get_logger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "demo.yaml"  # the run's settings; the demo's flags override them
 MARKER = "demo.json"  # written into the output folder: marks it as ours (safe to redo)
 SENTENCES = (
     "The {mask} statement causes the current function to return a value.",
@@ -101,11 +102,13 @@ def run_step(name: str, cmd: list[str], log: Path, stream: bool = False) -> floa
 def train_command(
     args: argparse.Namespace, shards: Path, run: Path, max_steps: int, resume: str, port: int
 ) -> list[str]:
-    """The DeepSpeed launcher on `args.ranks` local ranks (`deepspeed --num_gpus N ...`)."""
+    """The DeepSpeed launcher on `args.ranks` local ranks (`deepspeed --num_gpus N ...`) running
+    recipes/demo.yaml; the demo's own flags (whose defaults are the recipe's values) override it."""
     return command_line.trainer(
         ranks=args.ranks,
         master_addr="127.0.0.1",
         master_port=port,
+        recipe=RECIPE,
         ds_config=args.ds_config,
         data=shards,
         model=args.model,
@@ -116,9 +119,7 @@ def train_command(
         micro_batch_size=args.global_batch_size // args.ranks,
         lr=args.lr,
         warmup_steps=args.warmup_steps,
-        decay="constant",
         eval_interval=args.eval_interval,
-        log_interval=10,
     )
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.build import resolve_run, resolved_flags
+from bertforge.pretrain.build import resolve_run
+from bertforge.pretrain.config.recipe import resolved_flags
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
 from bertforge.pretrain.data.mixture import open_training, parse_mixture
@@ -133,16 +134,16 @@ def run_dry_run(
     show_masks: int = 0,
     reader=None,
     lr_schedule: dict[str, Any] | None = None,
+    recipe: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Build reader, model and loader; draw `num_batches` training batches; print and return
-    the report.
-
-    extra_config: further resolved settings (e.g. the trainer's) merged under "config".
+    the report. extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
     show_masks: also decode that many training sequences with each masked position marked
     (:mod:`pretrain.data.show_masks`; under "show_masks" in the report).
     reader: the training reader of ``data`` when the caller opened it already.
     lr_schedule: the phases of :func:`lr_phases` (under "lr_schedule").
+    recipe: :func:`recipe_lines` (under "recipe": each non-default value and its source).
     """
     stream = stream or sys.stdout
     if reader is None:
@@ -185,6 +186,7 @@ def run_dry_run(
         "shards": shards_summary(reader),
         "masking": masking,
         **({"lr_schedule": lr_schedule} if lr_schedule else {}),
+        **({"recipe": recipe} if recipe is not None else {}),
     }
     report = rounded(report)
     if show_masks > 0:
@@ -274,6 +276,12 @@ def format_report(r: dict[str, Any]) -> str:
     ]
     if "lr_schedule" in r:  # before the long config line
         lines.insert(len(lines) - 1, format_lr_phases(r["lr_schedule"]))
+    if "recipe" in r:
+        lines.append("recipe  the values that are not defaults, and where each came from:")
+        lines += [
+            f"        {e['key']} = {json.dumps(e['value'], default=str)}   ({e['source']})"
+            for e in r["recipe"]
+        ]
     if "show_masks" in r:
         lines.append(format_shown(r["show_masks"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
@@ -298,12 +306,10 @@ def format_lr_phases(sched: dict[str, Any]) -> str:
 
 
 def _schedule_report(cfg, run) -> dict[str, Any] | None:
-    """:func:`lr_phases` of the flags' schedule (None when the DeepSpeed config brings its own
-    scheduler block); a resume says which schedule will apply."""
+    """:func:`lr_phases` of the schedule this launch will follow: the anneal's, the phase
+    plan's, on a resume the checkpoint's (unless --override_lr_schedule), else the flags'."""
     from bertforge.pretrain.components.optim import build_schedule
 
-    if "scheduler" in run.setup.config:
-        return None
     if run.anneal is not None:  # --anneal_from: the source's lr decays to the floor
         plan = run.anneal
         out = lr_phases(plan.schedule(), plan.peak_lr * plan.guard_factor, "steps")
@@ -312,13 +318,41 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
     peak = float(run.setup.config["optimizer"]["params"]["lr"])
     if run.phases is not None:
         return phase_plan_report(run.phases.plan, peak)
-    out = lr_phases(build_schedule(cfg.optim, cfg.run.max_steps), peak, cfg.optim.schedule_clock)
-    if run.point is not None and cfg.optim.schedule_clock == "steps":
-        out["note"] = f"resuming {run.point.path}: " + (
-            "these flags' schedule replaces the checkpoint's (--override_lr_schedule)"
-            if cfg.optim.override_lr_schedule
-            else "the checkpoint's schedule continues (--override_lr_schedule applies this one)"
+    clock = cfg.optim.schedule_clock
+    if run.point is not None and clock == "steps" and not cfg.optim.override_lr_schedule:
+        return checkpoint_schedule(run.point, peak, cfg.run.max_steps)
+    out = lr_phases(build_schedule(cfg.optim, cfg.run.max_steps), peak, clock)
+    if run.point is not None and clock == "steps":
+        out["note"] = (
+            f"resuming {run.point.path}: these flags' schedule replaces the checkpoint's "
+            "(--override_lr_schedule)"
         )
+    return out
+
+
+def checkpoint_schedule(point, launch_peak: float, max_steps: int) -> dict[str, Any]:
+    """The schedule a resume continues: the one its checkpoint's run resolved (with the guard's
+    lr cut it carries), not this launch's flags."""
+    from bertforge.pretrain.components.optim import build_schedule
+    from bertforge.pretrain.components.schedule_override import guard_factor
+    from bertforge.pretrain.config.train_config import OptimConfig
+
+    saved = point.state.get("config", {})
+    names = {f.name for f in dataclasses.fields(OptimConfig)}
+    optim = OptimConfig(**{k: v for k, v in saved.get("optim", {}).items() if k in names})
+    total = int(saved.get("run", {}).get("max_steps", max_steps))
+    peak = optim.lr
+    unknown = peak is None  # a checkpoint written before its config recorded the resolved lr
+    factor = guard_factor(point.state)
+    shown = (launch_peak if unknown else peak) * factor
+    out = lr_phases(build_schedule(optim, total), shown, "steps")
+    out["note"] = (
+        f"resuming {point.path}: its schedule continues ({total} steps"
+        + (f", the guard's lr cut x{factor:g}" if factor != 1.0 else "")
+        + f"); this launch stops at step {max_steps} (--max_steps); --override_lr_schedule "
+        "takes the flags' schedule instead"
+        + ("; its peak lr is not recorded: shown with this launch's" if unknown else "")
+    )
     return out
 
 
@@ -357,11 +391,56 @@ def _import_deepspeed_quietly() -> None:
         sys.stdout = saved
 
 
+_BATCH_KEYS = {
+    "global_batch_size": "train_batch_size",
+    "micro_batch_size": "train_micro_batch_size_per_gpu",
+    "grad_accum": "gradient_accumulation_steps",
+}
+
+
+def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
+    """The resolved recipe's values that are not defaults, each with where it came from (a
+    flag, the recipe file, the DeepSpeed JSON, the phase plan, the anneal, the checkpoint)."""
+    from bertforge.pretrain.config.recipe import defaults, value_sources
+    from bertforge.pretrain.config.train_config import CONCERNS, foreign_concerns
+
+    by: dict[str, str] = {}
+    if run.phases is not None:
+        by["run.max_steps"] = f"phases {parsed.run.phases}"
+    if run.anneal is not None:
+        by["run.max_steps"] = by["optim.lr"] = f"anneal_from {parsed.run.anneal_from}"
+    cfg = run.cfg
+    from bertforge.pretrain.config.ds_config import load_user_config
+
+    user = load_user_config(cfg.run.ds_config)
+    ranks = run.setup.batch.world_size
+    for key, ds_key in _BATCH_KEYS.items():  # a batch size neither file gives is derived
+        if f"batch.{key}" not in cfg.sources and ds_key not in user:
+            by[f"batch.{key}"] = f"derived from the other batch sizes for {ranks} rank(s)"
+    # values resolution set (the checkpoint's peak lr for --override_lr_schedule)
+    by.update({k: v for k, v in cfg.sources.items() if k not in parsed.sources})
+    if run.point is not None and not cfg.optim.override_lr_schedule and run.phases is None:
+        saved = run.point.state.get("config", {}).get("optim", {})
+        for key, value in saved.items():  # the schedule that continues is the checkpoint's
+            if key in resolved["optim"] and value is not None and value != resolved["optim"][key]:
+                resolved["optim"][key] = value
+                by[f"optim.{key}"] = f"checkpoint {run.point.path}"
+    table = value_sources(
+        resolved,
+        parsed.to_dict(),
+        cfg.sources,
+        defaults({**CONCERNS, **foreign_concerns()}),
+        by,
+    )
+    return [{"key": k, "value": v, "source": w} for k, v, w in table]
+
+
 def main(cfg) -> int:
     """Dry run for the trainer's parsed TrainConfig (`pretrain/main.py --dry-run [--json]`)."""
     _import_deepspeed_quietly()
     try:
         run = resolve_run(cfg)  # the launch's own checks, before any rendezvous
+        parsed, cfg = cfg, run.cfg  # the config as it will run
         flags = resolved_flags(cfg, run.setup)
         extra = {k: v for k, v in flags.items() if k not in ("model_cfg", "masking", "data_cfg")}
         extra["world_size"] = run.setup.batch.world_size
@@ -371,6 +450,7 @@ def main(cfg) -> int:
             cfg.masking,
             cfg.data_cfg,
             as_json=cfg.run.json,
+            recipe=recipe_lines(parsed, run, flags),
             micro_batch_size=run.setup.batch.micro_batch,
             extra_config=extra,
             show_masks=cfg.run.show_masks,

@@ -1,14 +1,12 @@
 #!/usr/bin/env python
 """Pretrain a BERT-style masked LM on DeepSpeed (ZeRO-2/3, fp16/bf16/fp32, exact resume).
 
-    deepspeed pretrain/main.py --ds_config ds_configs/zero2.json --data SHARDS --model base \
-        --output_dir RUN [--max_steps N --save_interval N --eval_interval N --resume auto ...]
+    deepspeed pretrain/main.py --recipe recipes/bert-base-zero2-fp16.yaml --data SHARDS \
+        --output_dir RUN [--max_steps N --resume auto ...: any recipe field's flag]
 
-Also runs under ``torchrun`` and as a plain ``python pretrain/main.py`` (one process).
-``python pretrain/main.py --help`` lists every flag.
-
-It reads parse -> build -> run: flags into a TrainConfig (:mod:`pretrain.config.train_config`);
-the inputs checked before any rendezvous, then data, model, engine and resume point
+Also runs under ``torchrun`` and as a plain ``python`` (one process). Parse -> resolve -> build
+-> run: the recipe and flags into a TrainConfig (:mod:`pretrain.config.cli`); the inputs checked
+and the config resolved before any rendezvous, then data, model, engine and resume point
 (:mod:`pretrain.build`); then the loop (:class:`pretrain.trainer.Trainer`).
 """
 
@@ -38,7 +36,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
     lock = build.take_run_lock(cfg)
     try:
         run = build.resolve_run(cfg)  # every user error fails here, before any rendezvous
-        training = build.build_training(cfg, run, launched, preempt)
+        training = build.build_training(run.cfg, run, launched, preempt)
         try:
             return training.trainer.run(training.start_step, training.consumed)
         finally:

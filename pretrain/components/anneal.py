@@ -285,7 +285,8 @@ def resolve(
     cfg, reader, described: list[dict[str, Any]], point, global_batch: int, ds_config: dict
 ):
     """The anneal plan of this launch (None without --anneal_from), before any rendezvous; sets
-    ``cfg.run.max_steps`` to its steps and ``ds_config``'s optimizer lr to the source's. A
+    ``ds_config``'s optimizer lr to the source's (the run's length, ``plan.steps``, replaces
+    ``cfg.run.max_steps`` in pretrain.build.resolve_run). A
     fresh anneal needs an --output_dir without checkpoints; ``--resume auto`` of an anneal run
     continues the plan its checkpoint records."""
     if not cfg.run.anneal_from:
@@ -305,7 +306,6 @@ def resolve(
             "anneal with --resume auto, or give a new --output_dir"
         )
     plan = plan_anneal(cfg, reader, described, global_batch, resumed)
-    cfg.run.max_steps = plan.steps
     params = ds_config["optimizer"]["params"]
     if cfg.optim.lr is not None and not math.isclose(cfg.optim.lr, plan.peak_lr, rel_tol=1e-9):
         log.warning(

@@ -129,8 +129,7 @@ class PhaseTracker:
             min_lr_ratio=cfg.optim.min_lr_ratio,
             arch=arch,
         )
-        check_flags(cfg, plan[-1].end_step)
-        cfg.run.max_steps = plan[-1].end_step
+        check_flags(cfg, plan[-1].end_step)  # the run's length is the plan's (build.resolve_run)
         return cls(plan, target, readers, run_reader, path)
 
     @property

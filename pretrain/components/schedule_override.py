@@ -115,6 +115,22 @@ def guard_factor(state: dict[str, Any]) -> float:
     return float(state.get("guard", {}).get("lr_factor", 1.0))
 
 
+def _kept_warning(changes: dict[str, str], listed: str, where: str, steps: Any) -> str:
+    """The warning of a resume that keeps the checkpoint's schedule: which flags it ignores for
+    the lr; --max_steps is not among them (it still ends the run), only the schedule's length."""
+    ignored = [flag for name, flag in _FLAGS.items() if name in changes and name != "total steps"]
+    parts = [f"the learning-rate schedule continues as saved in {where} ({listed})"]
+    if ignored:
+        verb = "is" if len(ignored) == 1 else "are"
+        parts.append(f"this launch's {', '.join(ignored)} {verb} ignored for the lr")
+    if "total steps" in changes:
+        parts.append(
+            f"--max_steps {steps} still ends this run at step {steps}, but the lr keeps the "
+            "checkpoint's schedule length"
+        )
+    return "; ".join(parts) + ". Pass --override_lr_schedule to take the schedule from the flags."
+
+
 def resume_schedule(
     scheduler, state: dict[str, Any], flags: Any, flags_peak: float, *, override: bool, where: str
 ) -> ScheduleOverride | None:
@@ -133,12 +149,7 @@ def resume_schedule(
     listed = "; ".join(f"{k} {v}" for k, v in changes.items())
     if not override:
         if changes:
-            ignored = [flag for name, flag in _FLAGS.items() if name in changes]
-            log.warning(
-                f"the learning-rate schedule continues as saved in {where}, so this launch's "
-                f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored ({listed})."
-                " Pass --override_lr_schedule to take the schedule from the flags instead."
-            )
+            log.warning(_kept_warning(changes, listed, where, new.get("total steps")))
         return None
     plan = ScheduleOverride(copy.deepcopy(flags), flags_peak)
     lrs = plan.apply(scheduler, state)

@@ -20,11 +20,49 @@ from bertforge.cli import ArgumentParser, add_fields
 from bertforge.pretrain.config.train_config import (
     CONCERNS,
     GuardConfig,
+    RunConfig,
     TrainConfig,
     foreign_concerns,
 )
 
 _SKIP_FOREIGN = {"preset", "name"}  # the model preset's name comes from --model
+
+#: Other trainers' names for our flags (Hugging Face, Megatron, DeepSpeed), for "did you mean".
+ALIASES = {
+    "--learning_rate": "--lr",
+    "--learning-rate": "--lr",
+    "--lr_warmup_steps": "--warmup_steps",
+    "--lr_warmup_fraction": "--warmup_ratio",
+    "--lr_decay_style": "--decay",
+    "--lr_scheduler_type": "--schedule",
+    "--min_lr": "--min_lr_ratio",
+    "--train_iters": "--max_steps",
+    "--num_train_steps": "--max_steps",
+    "--max_train_steps": "--max_steps",
+    "--train_batch_size": "--global_batch_size",
+    "--global-batch-size": "--global_batch_size",
+    "--per_device_train_batch_size": "--micro_batch_size",
+    "--micro-batch-size": "--micro_batch_size",
+    "--gradient_accumulation_steps": "--grad_accum",
+    "--mlm_probability": "--mask_prob",
+    "--mask-prob": "--mask_prob",
+    "--clip_grad": "--gradient_clipping",
+    "--max_grad_norm": "--gradient_clipping",
+    "--save_steps": "--save_interval",
+    "--save-interval": "--save_interval",
+    "--eval_steps": "--eval_interval",
+    "--eval-interval": "--eval_interval",
+    "--logging_steps": "--log_interval",
+    "--save_total_limit": "--keep_last",
+    "--deepspeed": "--ds_config",
+    "--deepspeed_config": "--ds_config",
+    "--model_name_or_path": "--init_from",
+    "--load": "--resume",
+    "--save": "--output_dir",
+    "--bf16": "--precision",
+    "--fp16": "--precision",
+    "--config": "--recipe",
+}
 
 
 def _flag_names(groups: dict[str, type]) -> dict[tuple[str, str], str]:
@@ -58,6 +96,13 @@ def build_parser(
         default=None,
         help="set by the DeepSpeed launcher (LOCAL_RANK is read from the environment)",
     )
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="a YAML recipe of the run (recipes/, or a run's RUN/recipe.yaml): its values are "
+        "the defaults of the flags below, a flag given here wins (docs/training.md)",
+    )
+    p.aliases = ALIASES
     names = _flag_names(groups)
     for g, cls in groups.items():
         skip = _SKIP_FOREIGN if g not in CONCERNS else ()
@@ -86,38 +131,84 @@ def trainer_parser(
 def config_from_args(
     ns: argparse.Namespace, names: dict, parser: argparse.ArgumentParser
 ) -> TrainConfig:
-    """The :class:`TrainConfig` of parsed flags, values checked; files are not looked at (the
-    doctor reports a missing folder as a finding, the trainer's :func:`parse_args` fails on it)."""
-    cfg = TrainConfig(**{g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()})
-    foreign = foreign_concerns()
+    """The :class:`TrainConfig` of parsed flags over the ``--recipe``'s values, values checked;
+    files are not looked at (the doctor reports a missing folder as a finding, the trainer's
+    :func:`parse_args` fails on it). Built in one go: the config is frozen from here on."""
+    sources = _apply_recipe(ns, names, parser)
     flags = _overrides(ns, names, "model_cfg")
-    base = _preset_for(cfg, flags, getattr(ns, "model_preset", None) is not None, parser)
-    cfg.model_cfg = dataclasses.replace(base, **flags)
+    model_given = getattr(ns, "model_preset", None) is not None
+    base = _preset_for(ns, flags, model_given, parser)
+    _normalize_progress(ns, names, parser)
+    concerns = {g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()}
     from bertforge.pretrain.model.document_attention import AttentionError, resolve_attention
 
+    model = dataclasses.replace(base, **flags)
     try:  # the run's config.json records what auto meant for this arch
-        mode = resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch)
+        model = dataclasses.replace(model, attention=resolve_attention(model.attention, model.arch))
     except AttentionError as e:
         parser.error(str(e))
-    cfg.model_cfg = dataclasses.replace(cfg.model_cfg, attention=mode)
-    chosen = dataclasses.asdict(base) if getattr(ns, "model_preset", None) is not None else {}
-    cfg.explicit_model = {**{k: v for k, v in chosen.items() if k != "name"}, **flags}
+    chosen = dataclasses.asdict(base) if model_given else {}
+    foreign = foreign_concerns()
     data_over = _overrides(ns, names, "data_cfg")
     mask_over = _overrides(ns, names, "masking")
     # One --seed drives data order and masking too, unless they are given their own seeds.
     for over, cls in ((data_over, foreign["data_cfg"]), (mask_over, foreign["masking"])):
         if "seed" in {f.name for f in dataclasses.fields(cls)}:
-            over.setdefault("seed", cfg.run.seed)
+            over.setdefault("seed", concerns["run"].seed)
     try:
-        cfg.data_cfg = foreign["data_cfg"](**data_over)
-        cfg.masking = foreign["masking"](**mask_over)
+        cfg = TrainConfig(
+            **concerns,
+            model_cfg=model,
+            data_cfg=foreign["data_cfg"](**data_over),
+            masking=foreign["masking"](**mask_over),
+            explicit_model={**{k: v for k, v in chosen.items() if k != "name"}, **flags},
+            sources=sources,
+        )
     except ValueError as e:
         parser.error(str(e))
     _check_values(cfg, parser)
     return cfg
 
 
-def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any:
+def _normalize_progress(ns: argparse.Namespace, names: dict, parser) -> None:
+    """--progress true/false as auto/off (checked before the config is built)."""
+    from bertforge.data_prep.progress import normalize_mode
+
+    dest = names[("log", "progress")]
+    try:
+        value = getattr(ns, dest, None)
+        setattr(ns, dest, None if value is None else normalize_mode(value))
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]:
+    """Fill the flags not given from ``--recipe`` (a flag given wins); returns where each value
+    that is not a default came from: {"section.field": "flag --x" | "recipe FILE"}."""
+    from bertforge.pretrain.config.recipe import RecipeError, load_recipe, section_of
+
+    spelled = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    sources = {
+        f"{section_of(g)}.{f}": f"flag {spelled.get(dest, '--' + dest)}"
+        for (g, f), dest in names.items()
+        if getattr(ns, dest, None) is not None
+    }
+    path = getattr(ns, "recipe", None)
+    if not path:
+        return sources
+    try:
+        values = load_recipe(path, {**CONCERNS, **foreign_concerns()})
+    except RecipeError as e:
+        parser.error(str(e))
+    for (g, f), value in values.items():
+        dest = names[(g, f)]
+        if getattr(ns, dest, None) is None and value is not None:
+            setattr(ns, dest, value)
+            sources[f"{section_of(g)}.{f}"] = f"recipe {path}"
+    return sources
+
+
+def _preset_for(ns: argparse.Namespace, flags: dict, model_given: bool, parser) -> Any:
     """The preset the model starts from: --model's, or --arch's tiny one when only --arch is
     given; a --model of the other arch is refused (naming both flags)."""
     from bertforge.pretrain.model.model_config import ARCHES, DEFAULT_PRESET, preset
@@ -126,14 +217,15 @@ def _preset_for(cfg: TrainConfig, flags: dict, model_given: bool, parser) -> Any
     if arch is not None and arch not in ARCHES:
         parser.error(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     if arch is not None and not model_given:
-        cfg.run.model_preset = DEFAULT_PRESET[arch]
+        ns.model_preset = DEFAULT_PRESET[arch]  # --arch alone: its tiny preset
+    name = ns.model_preset or RunConfig().model_preset
     try:
-        base = preset(cfg.run.model_preset)
+        base = preset(name)
     except ValueError as e:
         parser.error(str(e))
     if arch is not None and base.arch != arch:
         parser.error(
-            f"--model {cfg.run.model_preset} is a {base.arch} preset but --arch is {arch}: "
+            f"--model {name} is a {base.arch} preset but --arch is {arch}: "
             f"choose a {arch} preset (--model {DEFAULT_PRESET[arch]}, ...) or drop --arch"
         )
     return base
@@ -176,12 +268,6 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--decay must be linear, poly or constant, got {cfg.optim.decay!r}")
     if cfg.optim.optimizer not in (None, "adamw", "lamb"):
         parser.error(f"--optimizer must be adamw or lamb, got {cfg.optim.optimizer!r}")
-    from bertforge.data_prep.progress import normalize_mode
-
-    try:
-        cfg.log.progress = normalize_mode(cfg.log.progress)
-    except ValueError as e:
-        parser.error(str(e))
     if cfg.run.show_masks < 0 or (cfg.run.show_masks and not cfg.run.dry_run):
         parser.error(
             "--show_masks N (N >= 0) goes with --dry-run: it prints masked sequences "
@@ -243,6 +329,14 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         build_schedule(cfg.optim, cfg.run.max_steps)
     except ScheduleError as e:
         parser.error(str(e))
+    warmup = cfg.optim.warmup_steps
+    if warmup is not None and warmup > cfg.run.max_steps and not cfg.run.phases:
+        parser.error(
+            f"--warmup_steps {warmup}{_where(cfg, 'optim.warmup_steps')} is longer than the run "
+            f"(--max_steps {cfg.run.max_steps}{_where(cfg, 'run.max_steps')}): the lr would "
+            "never reach its peak; shorten the warmup or lengthen the run"
+        )
+
     if cfg.optim.override_lr_schedule and cfg.run.resume == "none":
         parser.error(
             "--override_lr_schedule replaces a resumed checkpoint's lr schedule: it goes with "
@@ -253,6 +347,12 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             "--override_lr_schedule is not needed with --schedule_clock time: the time clock "
             "keeps no schedule state, so a resume always follows this launch's flags; drop it"
         )
+
+
+def _where(cfg: TrainConfig, key: str) -> str:
+    """`` (from recipe FILE)`` when a value came from the recipe, so an error names the file."""
+    source = cfg.sources.get(key, "")
+    return f" (from {source})" if source.startswith("recipe") else ""
 
 
 def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:

@@ -81,10 +81,12 @@ def resolve_deepspeed_config(
         )
         if wanted
     ]
-    if "scheduler" in ds and ours:
+    if "scheduler" in ds:  # the lr schedule's one home is the recipe (docs/training.md)
         raise ConfigError(
             f'{src}: a "scheduler" block steps the lr by itself; remove it to use '
-            + " and ".join(ours)
+            + (" and ".join(ours) or "the recipe's schedule")
+            + " (the schedule lives in the recipe: optim.lr, optim.schedule, "
+            "optim.warmup_steps, optim.decay, or run.phases)"
         )
     plan = resolve_batch(
         ds,

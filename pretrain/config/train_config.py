@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 _FROM_DS = "from the DeepSpeed config"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     """Where the run reads and writes, and how long it lasts."""
 
@@ -101,7 +101,7 @@ class RunConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchConfig:
     """Batch-size overrides; unset values come from the DeepSpeed config (see
     pretrain.config.batching)."""
@@ -117,7 +117,7 @@ class BatchConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     """Optimizer and learning-rate schedule."""
 
@@ -169,7 +169,7 @@ class OptimConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrecisionConfig:
     """Numeric precision; the DeepSpeed config's fp16/bf16 blocks decide unless overridden."""
 
@@ -183,7 +183,7 @@ class PrecisionConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryConfig:
     """Trading compute for memory."""
 
@@ -195,7 +195,7 @@ class MemoryConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     """When checkpoints are written and how many are kept."""
 
@@ -213,7 +213,7 @@ class CheckpointConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class GuardConfig:
     """The stability guard (pretrain.components.guard): skip a loss spike's update, roll back on
     divergence."""
@@ -246,7 +246,7 @@ class GuardConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogConfig:
     """Metrics and validation cadence."""
 
@@ -304,9 +304,11 @@ def foreign_concerns() -> dict[str, type]:
     return {"model_cfg": ModelConfig, "data_cfg": DataConfig, "masking": MaskingConfig}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Everything the trainer needs, one field per concern."""
+    """Everything the trainer needs, one field per concern. Frozen, as each concern: built once
+    by :func:`pretrain.config.cli.config_from_args`, resolution makes new ones
+    (``dataclasses.replace``) and nothing edits a config afterwards."""
 
     run: RunConfig = field(default_factory=RunConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
@@ -323,6 +325,9 @@ class TrainConfig:
     # ModelConfig fields the command line set on purpose (a given --model counts for all of its
     # architecture): --init_from lists those that disagree with the checkpoint.
     explicit_model: dict[str, Any] = field(default_factory=dict)
+    # Where each value that is not a default came from ({"optim.lr": "flag --lr"}; "recipe F",
+    # "checkpoint C", the DeepSpeed JSON): the dry run prints it beside the value.
+    sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every concern (saved as RUN/config.json and in checkpoints)."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shlex
 from collections import Counter
+from pathlib import Path
 
 import pytest
-from helpers.commands import run_cli
+import yaml
+from helpers.commands import REPO, run_cli
 from helpers.tiny_bert import build_tiny_bert
 from tokenizers import Tokenizer
 
@@ -47,8 +49,11 @@ def test_plan_lists_every_step_with_its_command(tmp_path):
         and resume[resume.index("--resume") + 1] == "auto"
     )
     assert "--num_gpus" in train and train[train.index("--num_gpus") + 1] == "2"
-    # Same schedule in both launches: constant lr after warmup, so stopping changes nothing.
-    assert train[train.index("--decay") + 1] == "constant"
+    # Both launches run recipes/demo.yaml; the same schedule in both: constant lr after warmup,
+    # so stopping changes nothing.
+    recipe = Path(train[train.index("--recipe") + 1])
+    assert recipe == REPO / "recipes" / "demo.yaml" and resume.count(str(recipe)) == 1
+    assert yaml.safe_load(recipe.read_text())["optim"]["decay"] == "constant"
     assert not out.exists()  # --plan writes nothing
 
 

@@ -139,11 +139,13 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
         assert torch.equal(_weights(engine)[name], w), name
     sched = engine.lr_scheduler
     assert sched.last_epoch == saved.lr_scheduler.last_epoch == 2
-    # The schedule continues as saved, and the launch is told that its --max_steps 10 is not used.
+    # The schedule continues as saved, and the launch is told that its --max_steps 10 ends the run
+    # but does not stretch the lr (before: "--max_steps is ignored", then it was honoured).
     assert [f.total_steps for f in sched.lr_lambdas] == [2] * len(sched.lr_lambdas)
     assert sched.get_last_lr() == saved.lr_scheduler.get_last_lr()
     out = capsys.readouterr().out
-    assert "schedule continues as saved" in out and "--max_steps is ignored" in out
+    assert "schedule continues as saved" in out and "--max_steps is ignored" not in out
+    assert "--max_steps 10 still ends this run at step 10" in out
     assert "(total steps 2 -> 10)" in out and "Pass --override_lr_schedule" in out
     assert engine._config.load_universal_checkpoint is False
 

@@ -221,21 +221,26 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
 
     from bertforge.pretrain.components.phases import PhaseTracker
     from bertforge.pretrain.config.batching import BatchPlan
-    from bertforge.pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.config.train_config import OptimConfig, RunConfig, TrainConfig
     from bertforge.pretrain.data.loader import DataConfig
     from bertforge.pretrain.data.masking import MaskingConfig
 
     def tracker(doc, **optim):
-        cfg = TrainConfig(data_cfg=DataConfig())
-        cfg.run.phases = str(write(tmp_path, doc))
-        for k, v in optim.items():
-            setattr(cfg.optim if hasattr(cfg.optim, k) else cfg.run, k, v)
+        run = {"phases": str(write(tmp_path, doc))}
+        run.update({k: v for k, v in optim.items() if not hasattr(OptimConfig, k)})
+        cfg = TrainConfig(
+            run=RunConfig(**run),
+            optim=OptimConfig(**{k: v for k, v in optim.items() if hasattr(OptimConfig, k)}),
+            data_cfg=DataConfig(),
+        )
         setup = SimpleNamespace(batch=BatchPlan(16, 4, 2, 2))
         return cfg, PhaseTracker.for_run(cfg, setup, SEQ, "bert")
 
     doc = {"phases": THREE["phases"][:2]}
     cfg, t = tracker(doc)
-    assert cfg.run.max_steps == 7  # the plan's length replaces the default
+    # the plan's length replaces the default at resolution (pretrain.build.resolve_run), in a new
+    # config: the parsed one is not edited
+    assert t.plan[-1].end_step == 7 and cfg.run.max_steps == 100
     assert [t.batch_plan(s, c).grad_accum for s, c in [(0, 0), (2, 16), (5, 80)]] == [1, 2, 2]
     with pytest.raises(PhasePlanError, match="--schedule, --warmup_steps"):
         tracker(doc, schedule="wsd", warmup_steps=3)
@@ -255,12 +260,11 @@ def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):
 
     from bertforge.pretrain.components.phases import PhaseTracker
     from bertforge.pretrain.config.batching import BatchPlan
-    from bertforge.pretrain.config.train_config import TrainConfig
+    from bertforge.pretrain.config.train_config import RunConfig, TrainConfig
     from bertforge.pretrain.data.loader import DataConfig
 
     def tracker(doc):
-        cfg = TrainConfig(data_cfg=DataConfig())
-        cfg.run.phases = str(write(tmp_path, doc))
+        cfg = TrainConfig(run=RunConfig(phases=str(write(tmp_path, doc))), data_cfg=DataConfig())
         return PhaseTracker.for_run(cfg, SimpleNamespace(batch=BatchPlan(16, 4, 2, 2)), SEQ, "bert")
 
     doc = {"phases": THREE["phases"][:2]}
