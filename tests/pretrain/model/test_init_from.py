@@ -344,7 +344,7 @@ def test_an_export_that_fails_its_check_publishes_nothing(own_run, tmp_path, mon
     from bertforge.pretrain.components.resume import CheckpointError
     from bertforge.pretrain.export import hf_export
 
-    def broken(out, nsp, mask_token=None):
+    def broken(out, nsp, **_):
         raise CheckpointError(f"exported folder {out} does not load cleanly")
 
     monkeypatch.setattr(hf_export, "verify_export", broken)
