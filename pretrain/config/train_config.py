@@ -244,6 +244,11 @@ class GuardConfig:
         "multiply the learning rate by this at each rollback (kept across resumes; 1.0 = "
         "unchanged)",
     )
+    guard_anchor_checkpoint: bool = opt(
+        True,
+        "without --save_interval: save one checkpoint after the lr warmup and --guard_window "
+        "steps (the later) when the run has none yet, so that a rollback has a target",
+    )
 
 
 @dataclass
