@@ -14,6 +14,9 @@ optimizer step and the global grad norm *after* it, so every rank decides the sa
   of 2-20x the median come and go); without clipping it counts towards a burst.
 - ``guard_spikes`` counted spikes within ``guard_spike_window`` steps, a non-finite loss, or a
   non-finite grad norm of an applied step -> ``"rollback"`` to the newest complete checkpoint.
+- **Loss climb**: the median of the last ``guard_min_history`` losses above ``guard_climb``
+  times the lowest such median of the run (or of its phase) -> ``"rollback"``: a divergence
+  whose loss rises step by step, each step too small to be a spike.
 - A rollback after ``guard_max_rollbacks`` of them -> ``"give_up"`` (exit :data:`EXIT_GAVE_UP`).
 - A rollback with no checkpoint to go back to yet is taken in place (:meth:`in_place`): the
   step's update is dropped, the lr is multiplied by ``guard_lr_factor``, and it counts as a
@@ -81,6 +84,9 @@ class StabilityGuard:
         self.losses.extend(state.get("losses", []))
         self.norms.extend(state.get("grad_norms", []))
         self.spike_steps.extend(state.get("spike_steps", []))
+        self.last_in_place = -math.inf  # the step of the last rollback taken in place
+        best = state.get("best_loss")  # the lowest recent median so far (None: none yet)
+        self.best_loss = math.inf if best is None else float(best)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: rollback count, lr factor, the skipped steps and sample
@@ -93,7 +99,18 @@ class StabilityGuard:
             "losses": list(self.losses),
             "grad_norms": list(self.norms),
             "spike_steps": list(self.spike_steps),
+            "best_loss": None if math.isinf(self.best_loss) else self.best_loss,
         }
+
+    def restore_windows(self, state: dict[str, Any]) -> None:
+        """After a rollback: the windows and the best loss as the checkpoint saved them (the
+        healthy values of that time, not those of the abandoned steps)."""
+        self.losses.clear()
+        self.losses.extend(state.get("losses", []))
+        self.norms.clear()
+        self.norms.extend(state.get("grad_norms", []))
+        best = state.get("best_loss")
+        self.best_loss = math.inf if best is None else float(best)
 
     def _spike(self, value: float, window: deque[float]) -> tuple[bool, float, float]:
         if len(window) < self.cfg.guard_min_history:
@@ -136,11 +153,33 @@ class StabilityGuard:
             )
         spike, median, z = self._spike(loss, self.losses)
         if not spike:
+            climb = self._climb(step, loss)
+            if climb is not None:
+                return climb
             self._pending_loss = loss
             return Verdict("ok")
         action = self._escalate(step) if self._count_spike(step) else "skip"
         kind = "loss_spike" if action == "skip" else "spikes_in_window"
         return Verdict(action, self._event(step, kind, loss, median, z, action))
+
+    def _climb(self, step: int, loss: float) -> Verdict | None:
+        """A rollback verdict when the recent median (this loss and the last healthy ones)
+        climbed above ``guard_climb`` x the best recent median; None otherwise."""
+        k = self.cfg.guard_min_history
+        if self.cfg.guard_climb <= 0 or len(self.losses) < k:
+            return None
+        recent = statistics.median([*list(self.losses)[len(self.losses) - k + 1 :], loss])
+        self.best_loss = min(self.best_loss, recent)
+        if recent <= self.cfg.guard_climb * self.best_loss:
+            return None
+        action = self._escalate(step)
+        event = self._event(step, "loss_climb", recent, self.best_loss, math.nan, action)
+        return Verdict(action, event)
+
+    def new_phase(self) -> None:
+        """A phase of a --phases plan began (new data, length or mask rate): its loss level
+        may differ, so the climb is judged against this phase's best only."""
+        self.best_loss = math.inf
 
     def _stats(self) -> tuple[float, float]:
         return (statistics.median(self.losses) if self.losses else math.nan), math.nan
@@ -183,6 +222,9 @@ class StabilityGuard:
         self.rollbacks += 1
         self.lr_factor *= self.cfg.guard_lr_factor
         self.spike_steps.clear()
+        self.last_in_place = event["step"]
+        if event["event"] == "loss_climb":  # judge the climb afresh, at the lowered lr
+            self.losses.clear()
         event.update(action="skip", rollbacks=self.rollbacks, lr_factor=self.lr_factor)
         event["reason"] = (
             f"no complete checkpoint to roll back to: skipped in place, rollback "

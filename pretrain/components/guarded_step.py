@@ -33,6 +33,7 @@ class GuardedStep:
     ):
         self.guard, self.place, self.outputs, self.clock = guard, place, outputs, clock
         self.anchor_step = anchor_step  # 0: no anchor checkpoint (--guard_anchor_checkpoint)
+        self.phase: str | None = None  # the --phases plan's phase of the last step judged
 
     @classmethod
     def for_run(
@@ -69,10 +70,19 @@ class GuardedStep:
         return cls(guard, place, outputs, clock, anchor_step(run_cfg, engine, clock))
 
     def anchor_due(self, step: int) -> bool:
-        """True after ``anchor_step`` when the run has no checkpoint yet (the same on every
-        rank): the trainer then saves one, so that a rollback has a target early on."""
-        due = self.anchor_step and step == self.anchor_step
-        return bool(due) and self.outputs.ckpts.last_saved_step is None
+        """True once, at ``anchor_step`` or the first calm step after it, when the run has no
+        checkpoint yet (the same on every rank): the trainer then saves one, so that a rollback
+        has a target. Calm: no rollback in place within ``guard_window`` steps (a diverging run's
+        weights make a poor target)."""
+        if not self.anchor_step or step < self.anchor_step:
+            return False
+        if self.outputs.ckpts.last_saved_step is not None:
+            self.anchor_step = 0  # a checkpoint exists: no anchor needed
+            return False
+        if step - self.guard.last_in_place < self.guard.cfg.guard_window:
+            return False
+        self.anchor_step = 0  # once (a failed save warns, as a periodic one does)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         """The guard's state for a checkpoint (:meth:`StabilityGuard.state_dict`)."""
@@ -96,6 +106,10 @@ class GuardedStep:
         """The guard's final word on the step just taken, acted on and logged: (action, step to
         continue from); action is "ok", "skip", "rollback" or "give_up"."""
         guard = self.guard
+        phase = rec.get("phase")
+        if phase != self.phase and self.phase is not None:
+            guard.new_phase()
+        self.phase = phase
         if verdict.action == "ok":  # the loss was fine: judge the grad norm of the update
             verdict = guard.check_grad_norm(rec["step"], rec["grad_norm"])
         event, action = verdict.event, verdict.action
@@ -138,6 +152,7 @@ class GuardedStep:
         ckpts.last_saved_step = to_step
         saved_factor = float(state.get("guard", {}).get("lr_factor", 1.0))
         old_factor = self.guard.lr_factor
+        self.guard.restore_windows(state.get("guard", {}))
         factor = self.guard.rolled_back(event, to_step, int(state["consumed_samples"]), consumed)
         event["checkpoint"] = str(path)
         self._rescale_lr(factor, old_factor, saved_factor)

@@ -124,6 +124,28 @@ def test_clipped_grad_norm_spikes_are_recorded_and_never_escalate():
     assert guard.check_grad_norm(12, math.nan).action == "rollback"  # non-finite: still caught
 
 
+def test_a_loss_that_climbs_rolls_back_a_falling_or_noisy_one_never():
+    """A divergence whose every step is too small to be a spike (+2% a step, as an absurd lr
+    gave: 8.5 -> 10.3 in 20 steps) is caught by the recent median against the run's best; a
+    falling curve with noise and a level shift at a new phase are not."""
+    guard = _guard(guard_min_history=5, guard_climb=1.2)
+    falling = [8.6 - 0.01 * i + (0.15 if i % 3 == 0 else -0.1) for i in range(240)]
+    assert set(_feed(guard, falling, norm=0.6)) == {"ok"}
+    assert guard.best_loss == pytest.approx(min(falling), abs=0.3)
+    actions, loss, step = [], falling[-1], 241
+    while "rollback" not in actions:
+        loss *= 1.02
+        actions += _feed(guard, [loss], norm=0.6, first_step=step)
+        step += 1
+    assert actions[:-1] == ["ok"] * (len(actions) - 1) and loss < 1.5 * falling[-1]
+    verdict = guard.check_loss(step, loss * 1.02)
+    assert verdict.event["event"] == "loss_climb" and verdict.event["median"] == guard.best_loss
+    guard.new_phase()  # a new --phases phase: its own level
+    assert guard.check_loss(step + 1, loss).action == "ok"
+    off = _guard(guard_min_history=5, guard_climb=0.0)
+    assert set(_feed(off, [7.0 * 1.02**i for i in range(20)])) == {"ok"}
+
+
 def test_without_a_checkpoint_the_step_is_skipped_in_place_lr_cut_counted_as_rollback():
     guard = _guard(guard_spikes=2, guard_max_rollbacks=2, guard_lr_factor=0.5)
     verdict = guard.check_loss(1, math.nan)
@@ -135,6 +157,22 @@ def test_without_a_checkpoint_the_step_is_skipped_in_place_lr_cut_counted_as_rol
     verdict = guard.check_loss(2, math.nan)
     assert guard.in_place(verdict.event, 16, 32) == 0.25 and guard.rollbacks == 2
     assert guard.check_loss(3, math.nan).action == "give_up"  # a divergence that persists
+
+
+def test_the_anchor_waits_for_a_calm_step_and_is_taken_once():
+    from types import SimpleNamespace
+
+    from bertforge.pretrain.components.guarded_step import GuardedStep
+
+    guard = _guard(guard_window=10)
+    ckpts = SimpleNamespace(last_saved_step=None)
+    step = GuardedStep(guard, None, SimpleNamespace(ckpts=ckpts), None, anchor_step=5)
+    assert not step.anchor_due(4)
+    guard.in_place(guard.check_loss(3, math.nan).event, 32, 48)  # a rollback in place at 3
+    assert [s for s in range(5, 20) if step.anchor_due(s)] == [13]  # 10 steps after it, once
+    with_ckpt = GuardedStep(guard, None, SimpleNamespace(ckpts=SimpleNamespace(last_saved_step=4)),
+                            None, anchor_step=5)  # fmt: skip
+    assert not any(with_ckpt.anchor_due(s) for s in range(5, 30))
 
 
 def test_state_round_trip_keeps_counts_factor_and_windows():
