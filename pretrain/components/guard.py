@@ -11,7 +11,7 @@ optimizer step and the global grad norm *after* it, so every rank decides the sa
 - **Loss spike** -> ``"skip"``: the step's update is not applied (:func:`discard_update`).
 - **Grad-norm spike** (known only after the update): recorded. With gradient clipping on, the
   update was bounded, so it counts for nothing else (on a healthy run at lr 1e-3..3e-3 such spikes
-  of 2-20x the median come and go); without clipping it counts towards a burst.
+  of up to 25x the median come and go); without clipping it counts towards a burst.
 - ``guard_spikes`` counted spikes within ``guard_spike_window`` steps, a non-finite loss, or a
   non-finite grad norm of an applied step -> ``"rollback"`` to the newest complete checkpoint.
 - **Loss climb**: the median of the last ``guard_min_history`` losses above ``guard_climb``
