@@ -483,7 +483,7 @@ def build_training(
         outputs,
         clock,
         downstream=DownstreamJobs.for_run(cfg, place.rank, metrics),
-        guard=GuardedStep.for_run(cfg.guard, place, outputs, clock, guard_state),
+        guard=GuardedStep.for_run(cfg, place, outputs, clock, guard_state),
         preempt=preempt,
         phases=run.phases,
     )

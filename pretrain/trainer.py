@@ -40,7 +40,8 @@ from bertforge.pretrain.model.document_attention import resolve_attention
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
-PERIODIC_SAVES = ("interval", "time")  # a failed one warns; the run retries at the next interval
+# A failed one warns; the run retries at the next interval ("guard": the guard's anchor).
+PERIODIC_SAVES = ("interval", "time", "guard")
 
 # Per-rank sums over one optimizer step, all-reduced together (one collective, no host sync per
 # micro-batch): MLM loss (already normalised by the global masked count), correct predictions,
@@ -243,6 +244,8 @@ class Trainer:
                 if eval_interval and step % eval_interval == 0 and step < max_steps:
                     self.evaluate(step)
                 reason = self.ckpts.save_due(step, preempt, self.budget)
+                if reason is None and self.guard and self.guard.anchor_due(step):
+                    reason = "guard"  # the guard's first rollback target, after warmup
                 if reason == "budget":
                     self.metrics.info(
                         f"time budget of {self.cfg.run.max_time_hours} "

@@ -9,12 +9,18 @@ optimizer step and the global grad norm *after* it, so every rank decides the sa
   times the median (so a flat curve, MAD ~ 0, never triggers). Judged once ``guard_min_history``
   healthy steps are known. Only upward moves count.
 - **Loss spike** -> ``"skip"``: the step's update is not applied (:func:`discard_update`).
-- **Grad-norm spike** (known only after the update, which gradient clipping bounds) -> counted.
-- ``guard_spikes`` spikes within ``guard_spike_window`` steps, a non-finite loss, or a non-finite
-  grad norm of an applied step -> ``"rollback"`` to the newest complete checkpoint.
+- **Grad-norm spike** (known only after the update): recorded. With gradient clipping on, the
+  update was bounded, so it counts for nothing else (on a healthy run at lr 1e-3..3e-3 such spikes
+  of up to 25x the median come and go); without clipping it counts towards a burst.
+- ``guard_spikes`` counted spikes within ``guard_spike_window`` steps, a non-finite loss, or a
+  non-finite grad norm of an applied step -> ``"rollback"`` to the newest complete checkpoint.
+- **Loss climb**: the median of the last ``guard_min_history`` losses above ``guard_climb``
+  times the lowest such median of the run (or of its phase) -> ``"rollback"``: a divergence
+  whose loss rises step by step, each step too small to be a spike.
 - A rollback after ``guard_max_rollbacks`` of them -> ``"give_up"`` (exit :data:`EXIT_GAVE_UP`).
-- A rollback with no checkpoint to go back to yet: a one-off is skipped (and counted as a spike);
-  ``guard_spikes`` of them within the window give up.
+- A rollback with no checkpoint to go back to yet is taken in place (:meth:`in_place`): the
+  step's update is dropped, the lr is multiplied by ``guard_lr_factor``, and it counts as a
+  rollback, so a divergence that persists still gives up after ``guard_max_rollbacks``.
 
 Under fp16 the loss scaler owns non-finite values (it skips the step and lowers the scale); the
 guard judges spikes only. Its state (rollbacks, skipped sample ranges, lr factor) goes into every
@@ -58,8 +64,15 @@ class Verdict:
 class StabilityGuard:
     """The decision of the stability guard for one run (see the module docstring)."""
 
-    def __init__(self, cfg: GuardConfig, state: dict[str, Any] | None = None, fp16: bool = False):
+    def __init__(
+        self,
+        cfg: GuardConfig,
+        state: dict[str, Any] | None = None,
+        fp16: bool = False,
+        clipping: float = 0.0,
+    ):
         self.cfg, self.fp16 = cfg, fp16
+        self.clipping = float(clipping or 0.0)  # DeepSpeed's gradient_clipping (0: none)
         self.losses: deque[float] = deque(maxlen=cfg.guard_window)
         self.norms: deque[float] = deque(maxlen=cfg.guard_window)
         self.spike_steps: deque[int] = deque()
@@ -71,6 +84,9 @@ class StabilityGuard:
         self.losses.extend(state.get("losses", []))
         self.norms.extend(state.get("grad_norms", []))
         self.spike_steps.extend(state.get("spike_steps", []))
+        self.last_in_place = -math.inf  # the step of the last rollback taken in place
+        best = state.get("best_loss")  # the lowest recent median so far (None: none yet)
+        self.best_loss = math.inf if best is None else float(best)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: rollback count, lr factor, the skipped steps and sample
@@ -83,7 +99,18 @@ class StabilityGuard:
             "losses": list(self.losses),
             "grad_norms": list(self.norms),
             "spike_steps": list(self.spike_steps),
+            "best_loss": None if math.isinf(self.best_loss) else self.best_loss,
         }
+
+    def restore_windows(self, state: dict[str, Any]) -> None:
+        """After a rollback: the windows and the best loss as the checkpoint saved them (the
+        healthy values of that time, not those of the abandoned steps)."""
+        self.losses.clear()
+        self.losses.extend(state.get("losses", []))
+        self.norms.clear()
+        self.norms.extend(state.get("grad_norms", []))
+        best = state.get("best_loss")
+        self.best_loss = math.inf if best is None else float(best)
 
     def _spike(self, value: float, window: deque[float]) -> tuple[bool, float, float]:
         if len(window) < self.cfg.guard_min_history:
@@ -126,11 +153,33 @@ class StabilityGuard:
             )
         spike, median, z = self._spike(loss, self.losses)
         if not spike:
+            climb = self._climb(step, loss)
+            if climb is not None:
+                return climb
             self._pending_loss = loss
             return Verdict("ok")
         action = self._escalate(step) if self._count_spike(step) else "skip"
         kind = "loss_spike" if action == "skip" else "spikes_in_window"
         return Verdict(action, self._event(step, kind, loss, median, z, action))
+
+    def _climb(self, step: int, loss: float) -> Verdict | None:
+        """A rollback verdict when the recent median (this loss and the last healthy ones)
+        climbed above ``guard_climb`` x the best recent median; None otherwise."""
+        k = self.cfg.guard_min_history
+        if self.cfg.guard_climb <= 0 or len(self.losses) < k:
+            return None
+        recent = statistics.median([*list(self.losses)[len(self.losses) - k + 1 :], loss])
+        self.best_loss = min(self.best_loss, recent)
+        if recent <= self.cfg.guard_climb * self.best_loss:
+            return None
+        action = self._escalate(step)
+        event = self._event(step, "loss_climb", recent, self.best_loss, math.nan, action)
+        return Verdict(action, event)
+
+    def new_phase(self) -> None:
+        """A phase of a --phases plan began (new data, length or mask rate): its loss level
+        may differ, so the climb is judged against this phase's best only."""
+        self.best_loss = math.inf
 
     def _stats(self) -> tuple[float, float]:
         return (statistics.median(self.losses) if self.losses else math.nan), math.nan
@@ -152,6 +201,12 @@ class StabilityGuard:
                 action, self._event(step, "grad_norm_nonfinite", norm, *self._stats(), action)
             )
         spike, median, z = self._spike(norm, self.norms)
+        if spike and self.clipping > 0:  # a clipped update: recorded, never escalated
+            event = self._event(step, "grad_norm_spike", norm, median, z, "ok")
+            event["clipped_at"] = self.clipping
+            self.losses.append(loss)  # its loss was judged healthy already, and the norm
+            self.norms.append(norm)  # joins too: a lasting rise of the norm becomes the median
+            return Verdict("ok", event)
         if spike:
             action = self._escalate(step) if self._count_spike(step) else "ok"
             kind = "grad_norm_spike" if action == "ok" else "spikes_in_window"
@@ -160,12 +215,23 @@ class StabilityGuard:
         self.norms.append(norm)
         return Verdict("ok")
 
-    def without_checkpoint(self, event: dict[str, Any]) -> str:
-        """A rollback was due but there is no checkpoint to go back to: "skip" a one-off (the
-        step's update is dropped already), "give_up" when spikes pile up in the window."""
-        if event["event"] == "spikes_in_window" or self._count_spike(event["step"]):
-            return "give_up"
-        return "skip"
+    def in_place(self, event: dict[str, Any], first_sample: int, end_sample: int) -> float:
+        """A rollback was due but there is no checkpoint to go back to: the step's update is
+        dropped already (a skip), the lr is multiplied by ``guard_lr_factor`` and it counts as a
+        rollback (``guard_max_rollbacks`` still bounds a divergence). Returns the new lr factor."""
+        self.rollbacks += 1
+        self.lr_factor *= self.cfg.guard_lr_factor
+        self.spike_steps.clear()
+        self.last_in_place = event["step"]
+        if event["event"] == "loss_climb":  # judge the climb afresh, at the lowered lr
+            self.losses.clear()
+        event.update(action="skip", rollbacks=self.rollbacks, lr_factor=self.lr_factor)
+        event["reason"] = (
+            f"no complete checkpoint to roll back to: skipped in place, rollback "
+            f"{self.rollbacks} of {self.cfg.guard_max_rollbacks}, lr x {self.lr_factor:g}"
+        )
+        self.skipped(event, first_sample, end_sample)
+        return self.lr_factor
 
     def skipped(self, event: dict[str, Any], first_sample: int, end_sample: int) -> None:
         """Note a skipped step's sample range [first_sample, end_sample) in the event and state."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from bertforge.pretrain.components.guard import StabilityGuard, Verdict, can_discard, discard_update
 from bertforge.pretrain.components.resume import find_latest, read_state
 from bertforge.pretrain.config.ds_config import ConfigError
-from bertforge.pretrain.config.train_config import GuardConfig
+from bertforge.pretrain.config.train_config import TrainConfig
 
 if TYPE_CHECKING:  # the trainer's groups (pretrain.trainer imports this module)
     from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup
@@ -24,14 +24,21 @@ class GuardedStep:
     """The guard's optimizer step, verdicts and rollbacks for one run."""
 
     def __init__(
-        self, guard: StabilityGuard, place: StepSetup, outputs: RunOutputs, clock: RunClock
+        self,
+        guard: StabilityGuard,
+        place: StepSetup,
+        outputs: RunOutputs,
+        clock: RunClock,
+        anchor_step: int = 0,
     ):
         self.guard, self.place, self.outputs, self.clock = guard, place, outputs, clock
+        self.anchor_step = anchor_step  # 0: no anchor checkpoint (--guard_anchor_checkpoint)
+        self.phase: str | None = None  # the --phases plan's phase of the last step judged
 
     @classmethod
     def for_run(
         cls,
-        cfg: GuardConfig,
+        cfg: TrainConfig,
         place: StepSetup,
         outputs: RunOutputs,
         clock: RunClock,
@@ -40,6 +47,7 @@ class GuardedStep:
         """The guard of a run with a resumed run's ``state`` (None without --stability_guard);
         its lr factor is already in the restored schedule's base lrs, or is applied here to a
         time clock's peak."""
+        run_cfg, cfg = cfg, cfg.guard
         if not cfg.stability_guard:
             return None
         engine = place.engine
@@ -55,10 +63,26 @@ class GuardedStep:
                     "--guard_lr_factor needs the trainer's own lr schedule; the DeepSpeed config "
                     "brings a scheduler block. Remove it, or keep --guard_lr_factor 1.0."
                 )
-        guard = StabilityGuard(cfg, state, fp16=engine.fp16_enabled())
+        clipping = engine.gradient_clipping() or 0.0
+        guard = StabilityGuard(cfg, state, fp16=engine.fp16_enabled(), clipping=clipping)
         if clock.lr_clock is not None:
             clock.lr_clock.peak_lr *= guard.lr_factor
-        return cls(guard, place, outputs, clock)
+        return cls(guard, place, outputs, clock, anchor_step(run_cfg, engine, clock))
+
+    def anchor_due(self, step: int) -> bool:
+        """True once, at ``anchor_step`` or the first calm step after it, when the run has no
+        checkpoint yet (the same on every rank): the trainer then saves one, so that a rollback
+        has a target. Calm: no rollback in place within ``guard_window`` steps (a diverging run's
+        weights make a poor target)."""
+        if not self.anchor_step or step < self.anchor_step:
+            return False
+        if self.outputs.ckpts.last_saved_step is not None:
+            self.anchor_step = 0  # a checkpoint exists: no anchor needed
+            return False
+        if step - self.guard.last_in_place < self.guard.cfg.guard_window:
+            return False
+        self.anchor_step = 0  # once (a failed save warns, as a periodic one does)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         """The guard's state for a checkpoint (:meth:`StabilityGuard.state_dict`)."""
@@ -82,6 +106,10 @@ class GuardedStep:
         """The guard's final word on the step just taken, acted on and logged: (action, step to
         continue from); action is "ok", "skip", "rollback" or "give_up"."""
         guard = self.guard
+        phase = rec.get("phase")
+        if phase != self.phase and self.phase is not None:
+            guard.new_phase()
+        self.phase = phase
         if verdict.action == "ok":  # the loss was fine: judge the grad norm of the update
             verdict = guard.check_grad_norm(rec["step"], rec["grad_norm"])
         event, action = verdict.event, verdict.action
@@ -95,10 +123,9 @@ class GuardedStep:
             to_step = self.rollback(event, consumed)
             if to_step is not None:
                 step = to_step
-            else:  # nothing to go back to: a one-off is skipped, a pile-up gives up
-                action = event["action"] = guard.without_checkpoint(event)
-                if action == "skip":
-                    guard.skipped(event, first, consumed)
+            else:  # nothing to go back to: skipped in place, lr cut, counted as a rollback
+                action, old_factor = "skip", guard.lr_factor
+                self._rescale_lr(guard.in_place(event, first, consumed), old_factor, old_factor)
         self.outputs.metrics.guard(event)
         if action == "give_up":
             self.outputs.metrics.error(self.give_up_message(event))
@@ -125,6 +152,7 @@ class GuardedStep:
         ckpts.last_saved_step = to_step
         saved_factor = float(state.get("guard", {}).get("lr_factor", 1.0))
         old_factor = self.guard.lr_factor
+        self.guard.restore_windows(state.get("guard", {}))
         factor = self.guard.rolled_back(event, to_step, int(state["consumed_samples"]), consumed)
         event["checkpoint"] = str(path)
         self._rescale_lr(factor, old_factor, saved_factor)
@@ -155,3 +183,15 @@ class GuardedStep:
             "last checkpoint (if any). Lower --lr, set --guard_lr_factor, save more often "
             "(--save_interval), or turn the guard off with --no_stability_guard."
         )
+
+
+def anchor_step(cfg: TrainConfig, engine: Any, clock: RunClock) -> int:
+    """The step after which the guard's anchor checkpoint is due: the end of the lr warmup of a
+    step schedule or ``guard_window`` steps, whichever is later (the guard judges by then); 0
+    (none) with ``--guard_anchor_checkpoint false`` or a ``--save_interval`` (its saves are the
+    targets)."""
+    if not cfg.guard.guard_anchor_checkpoint or cfg.checkpoint.save_interval > 0:
+        return 0
+    lambdas = getattr(engine.lr_scheduler, "lr_lambdas", None) or [None]
+    warmup = getattr(lambdas[0], "warmup_steps", 0) if clock.lr_clock is None else 0
+    return max(int(warmup or 0), cfg.guard.guard_window)

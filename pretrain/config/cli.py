@@ -371,6 +371,8 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
         )
     if not 0.0 < g.guard_lr_factor <= 1.0:
         parser.error(f"--guard_lr_factor must be in (0, 1], got {g.guard_lr_factor}")
+    if g.guard_climb != 0 and g.guard_climb <= 1.0:
+        parser.error(f"--guard_climb must be above 1.0 (or 0: off), got {g.guard_climb}")
 
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:

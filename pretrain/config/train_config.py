@@ -244,6 +244,16 @@ class GuardConfig:
         "multiply the learning rate by this at each rollback (kept across resumes; 1.0 = "
         "unchanged)",
     )
+    guard_climb: float = opt(
+        1.2,
+        "a divergence (rollback): the median of the last --guard_min_history losses is above "
+        "this multiple of the lowest such median of the run or its phase (0 = off)",
+    )
+    guard_anchor_checkpoint: bool = opt(
+        True,
+        "without --save_interval: save one checkpoint after the lr warmup and --guard_window "
+        "steps (the later) when the run has none yet, so that a rollback has a target",
+    )
 
 
 @dataclass(frozen=True)

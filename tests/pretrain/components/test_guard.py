@@ -16,7 +16,7 @@ from helpers.commands import train_cli
 
 from bertforge.pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import list_complete, tag_for
+from bertforge.pretrain.components.resume import list_complete, read_state, tag_for
 from bertforge.pretrain.config.train_config import GuardConfig, parse_args
 
 # --- the detector ---------------------------------------------------------------------------
@@ -107,12 +107,72 @@ def test_grad_norm_spike_is_counted_not_skipped():
     assert guard.check_grad_norm(7, 50.0).action == "rollback"  # the second spike in the window
 
 
-def test_without_a_checkpoint_a_one_off_is_skipped_a_pile_up_gives_up():
+def test_clipped_grad_norm_spikes_are_recorded_and_never_escalate():
+    """Issue 36: grad-norm spikes of 2-25x the median on healthy runs (updates clipped at 1.0)
+    piled up into "spikes_in_window" and ended runs whose loss was falling."""
     guard = _guard(guard_spikes=2)
+    guard.clipping = 1.0
+    _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0], norm=0.58)
+    for step, norm in enumerate([5.5, 14.0, 3.0, 9.0, 20.0], start=6):
+        assert guard.check_loss(step, 6.5).action == "ok"
+        verdict = guard.check_grad_norm(step, norm)
+        assert verdict.action == "ok" and verdict.event["event"] == "grad_norm_spike"
+        assert verdict.event["clipped_at"] == 1.0
+    assert not guard.spike_steps and guard.rollbacks == 0
+    assert guard.check_loss(11, 70.0).action == "skip"  # a loss spike is still skipped
+    assert guard.check_loss(12, 6.4).action == "ok"
+    assert guard.check_grad_norm(12, math.nan).action == "rollback"  # non-finite: still caught
+
+
+def test_a_loss_that_climbs_rolls_back_a_falling_or_noisy_one_never():
+    """A divergence whose every step is too small to be a spike (+2% a step, as an absurd lr
+    gave: 8.5 -> 10.3 in 20 steps) is caught by the recent median against the run's best; a
+    falling curve with noise and a level shift at a new phase are not."""
+    guard = _guard(guard_min_history=5, guard_climb=1.2)
+    falling = [8.6 - 0.01 * i + (0.15 if i % 3 == 0 else -0.1) for i in range(240)]
+    assert set(_feed(guard, falling, norm=0.6)) == {"ok"}
+    assert guard.best_loss == pytest.approx(min(falling), abs=0.3)
+    actions, loss, step = [], falling[-1], 241
+    while "rollback" not in actions:
+        loss *= 1.02
+        actions += _feed(guard, [loss], norm=0.6, first_step=step)
+        step += 1
+    assert actions[:-1] == ["ok"] * (len(actions) - 1) and loss < 1.5 * falling[-1]
+    verdict = guard.check_loss(step, loss * 1.02)
+    assert verdict.event["event"] == "loss_climb" and verdict.event["median"] == guard.best_loss
+    guard.new_phase()  # a new --phases phase: its own level
+    assert guard.check_loss(step + 1, loss).action == "ok"
+    off = _guard(guard_min_history=5, guard_climb=0.0)
+    assert set(_feed(off, [7.0 * 1.02**i for i in range(20)])) == {"ok"}
+
+
+def test_without_a_checkpoint_the_step_is_skipped_in_place_lr_cut_counted_as_rollback():
+    guard = _guard(guard_spikes=2, guard_max_rollbacks=2, guard_lr_factor=0.5)
     verdict = guard.check_loss(1, math.nan)
-    assert verdict.action == "rollback" and guard.without_checkpoint(verdict.event) == "skip"
+    assert verdict.action == "rollback"
+    assert guard.in_place(verdict.event, 0, 16) == 0.5
+    assert verdict.event["action"] == "skip" and verdict.event["rollbacks"] == 1
+    assert "skipped in place, rollback 1 of 2, lr x 0.5" in verdict.event["reason"]
+    assert guard.events[-1]["skipped_samples"] == [0, 16]
     verdict = guard.check_loss(2, math.nan)
-    assert guard.without_checkpoint(verdict.event) == "give_up"  # two within the window
+    assert guard.in_place(verdict.event, 16, 32) == 0.25 and guard.rollbacks == 2
+    assert guard.check_loss(3, math.nan).action == "give_up"  # a divergence that persists
+
+
+def test_the_anchor_waits_for_a_calm_step_and_is_taken_once():
+    from types import SimpleNamespace
+
+    from bertforge.pretrain.components.guarded_step import GuardedStep
+
+    guard = _guard(guard_window=10)
+    ckpts = SimpleNamespace(last_saved_step=None)
+    step = GuardedStep(guard, None, SimpleNamespace(ckpts=ckpts), None, anchor_step=5)
+    assert not step.anchor_due(4)
+    guard.in_place(guard.check_loss(3, math.nan).event, 32, 48)  # a rollback in place at 3
+    assert [s for s in range(5, 20) if step.anchor_due(s)] == [13]  # 10 steps after it, once
+    with_ckpt = GuardedStep(guard, None, SimpleNamespace(ckpts=SimpleNamespace(last_saved_step=4)),
+                            None, anchor_step=5)  # fmt: skip
+    assert not any(with_ckpt.anchor_due(s) for s in range(5, 30))
 
 
 def test_state_round_trip_keeps_counts_factor_and_windows():
@@ -209,7 +269,8 @@ def test_loss_spike_is_skipped_without_touching_the_weights(spike_run):
     first, event = read_metrics(spike_run / "metrics.jsonl", "guard")
     # A NaN before the first checkpoint: nothing to roll back to, so the step is skipped.
     assert (first["step"], first["event"], first["action"]) == (1, "loss_nonfinite", "skip")
-    assert first["reason"] == "no complete checkpoint to roll back to"
+    assert first["reason"].startswith("no complete checkpoint to roll back to: skipped in place")
+    assert first["rollbacks"] == 1 and first["lr_factor"] == 1.0  # --guard_lr_factor 1.0
     assert (event["step"], event["event"], event["action"]) == (6, "loss_spike", "skip")
     assert event["skipped_samples"] == [80, 96] and event["loss"] > 100 * event["median"]
     train = {r["step"]: r for r in read_metrics(spike_run / "metrics.jsonl")}
@@ -283,3 +344,18 @@ def test_nan_after_every_rollback_gives_up(english_shards, tmp_path):
     actions = [r["action"] for r in read_metrics(run / "metrics.jsonl", "guard")]
     assert actions == ["rollback", "rollback", "give_up"]
     assert [s for s, _ in list_complete(run / "checkpoints")] == [4]  # nothing saved after
+
+
+def test_without_save_interval_the_anchor_checkpoint_gives_a_nan_its_rollback(
+    english_shards, tmp_path
+):
+    """No --save_interval: the guard saves one checkpoint after warmup and --guard_window steps
+    (here 4), and a NaN at step 6 rolls back to it instead of being skipped in place."""
+    run = tmp_path / "run"
+    proc = _run(run, english_shards, "loss_nan@6", "--max_steps", "7", "--guard_window", "4")
+    assert f"checkpoint (guard) step 4: {run / 'checkpoints' / tag_for(4)}" in proc.stdout
+    (event,) = read_metrics(run / "metrics.jsonl", "guard")
+    assert (event["event"], event["action"], event["to_step"]) == ("loss_nonfinite", "rollback", 4)
+    assert event["skipped_samples"] == [64, 96]
+    assert [s for s, _ in list_complete(run / "checkpoints")] == [4, 7]
+    assert read_state(run / "checkpoints" / tag_for(4))["reason"] == "guard"
