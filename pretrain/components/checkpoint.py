@@ -4,6 +4,8 @@ Layout of ``RUN/checkpoints/``::
 
     step_00000010/                 DeepSpeed tag folder (model/optimizer shards, all ranks write)
         trainer_state.json         step, consumed samples, world size, config, tokenizer fingerprint
+        README.md                  which command gives Hugging Face weights (the export), and why
+                                   DeepSpeed's zero_to_fp32 / ds_to_universal do not
         rng/rank_00000.pt          each rank's torch / numpy / python RNG states
         COMPLETE                   written last, atomically, by rank 0 after every rank finished
     universal/step_00000010/       DeepSpeed universal checkpoint (made on a world-size change)
@@ -63,6 +65,7 @@ from bertforge.pretrain.components.checkpoint_files import (
     is_complete,
     verify,
     write_marker,
+    write_readme,
     written_sizes,
 )
 from bertforge.pretrain.components.distributed import sum_across_ranks
@@ -220,6 +223,9 @@ class CheckpointManager:
                 text = json.dumps(full_state, indent=2, default=str)
                 write_text_atomic(path / STATE_FILE, text)
                 written.append(path / STATE_FILE)
+                model = engine.module  # the README names this model's padded rows
+                rows = model.config.vocab_size
+                written.append(write_readme(path, model.arch, model.true_vocab_size, rows))
             if error is None and self.ema is not None and (ema := self.ema.save(path)):
                 written.append(ema)  # in the COMPLETE manifest: a torn write is incomplete
             return written_sizes(path, written), error

@@ -174,3 +174,53 @@ def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+
+
+README = "README.md"
+
+
+def readme_text(tag: str, arch: str, vocab: int, rows: int) -> str:
+    """What ``README.md`` of checkpoint ``tag`` tells a user: the export for Hugging Face weights,
+    and what each of DeepSpeed's own tools gives on this checkpoint (``rows`` embedding rows for
+    a ``vocab``-token vocabulary) and why it is not that."""
+    padded = rows != vocab
+    fp32_loads = (
+        f"`from_pretrained` refuses it next to the exported `config.json` (size mismatch: "
+        f"{rows} embedding and decoder rows here, {vocab} tokens in the vocabulary)"
+        if padded
+        else "it loads next to the exported `config.json` (no rows were padded here), "
+        "but it has no config, tokenizer or model card"
+    )
+    return f"""# Checkpoint {tag} ({arch}): DeepSpeed training state, not a Hugging Face model
+
+Complete only when `COMPLETE` exists (it lists every file with its size). It holds the ZeRO
+shards (weights, optimizer, lr schedule), `trainer_state.json` (step, data position, config) and
+`rng/` (each rank's random states). Resume with `--resume auto` (or this folder) on any number of
+ranks.
+
+## Hugging Face weights: use the export
+
+    python -m pretrain.export RUN --checkpoint RUN/checkpoints/{tag} --output HF_DIR
+
+(RUN: the run folder, two levels above this file.) It writes `config.json`, `model.safetensors`
+with the vocabulary's {vocab} rows, the tokenizer and a model card, and checks that
+transformers loads the folder.
+
+## DeepSpeed's own tools on this checkpoint
+
+- `python zero_to_fp32.py . OUT --tag {tag}` (in `RUN/checkpoints`) writes `OUT/pytorch_model.bin`:
+  the training module's fp32 weights, {rows} embedding rows and the tied decoder as a key of its
+  own; {fp32_loads}.
+- `zero_to_fp32.py ... --safe_serialization` fails ("Some tensors share memory"): the decoder is
+  tied to the word embeddings. The export writes safetensors with the tie.
+- `python -m deepspeed.checkpoint.ds_to_universal` makes a universal checkpoint for resuming on
+  another number of ranks, not weights to load elsewhere; the trainer makes it itself on such a
+  resume (`RUN/checkpoints/universal/{tag}`).
+"""
+
+
+def write_readme(folder: Path, arch: str, vocab: int, rows: int) -> Path:
+    """Write ``README.md`` into checkpoint ``folder`` (atomic); returns its path."""
+    path = folder / README
+    write_text_atomic(path, readme_text(folder.name, arch, vocab, rows))
+    return path

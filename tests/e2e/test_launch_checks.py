@@ -162,27 +162,28 @@ def test_dry_run_fails_on_a_malformed_deepspeed_config_as_the_launch_does(
 
 
 def test_dry_run_reports_what_the_deepspeed_config_resolves(english_shards, tmp_path, capsys):
-    """cpu.json: 32 sequences a step, micro-batch 8, AdamW at lr 5e-4; the masking statistics are
-    drawn at that micro-batch, and the mask rate prints as given (0.2, not 0.19999999999999998)."""
+    """cpu.json: micro-batch 8 x accumulation 2 per rank (16 sequences a step on one process),
+    AdamW at lr 5e-4; the masking statistics are drawn at that micro-batch, and the mask rate
+    prints as given (0.2, not 0.19999999999999998)."""
     args = ("--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--mask_prob", "0.2", "--json")
     code, out, _ = _dry_run(english_shards, tmp_path / "dry", *args, capsys=capsys)
     assert code == 0
     report = json.loads(out)
     batch, optim = report["config"]["batch"], report["config"]["optim"]
-    assert batch == {"global_batch_size": 32, "micro_batch_size": 8, "grad_accum": 4}
+    assert batch == {"global_batch_size": 16, "micro_batch_size": 8, "grad_accum": 2}
     assert optim["lr"] == 0.0005 and optim["optimizer"] == "AdamW" and optim["weight_decay"] == 0.01
     assert report["config"]["precision"]["precision"] == "fp32"
     assert report["masking"]["micro_batch_size"] == 8
     assert report["masking"]["sequences"] == 8 * 8  # 8 batches of the resolved micro-batch
     assert report["masking"]["mask_prob"] == 0.2 and report["masking"]["mask_prob_start"] == 0.2
     assert "99999" not in out
-    # A flag still wins over the config, as in the launch.
+    # A flag still wins over the config, as in the launch: the config's accumulation stays.
     code, out, _ = _dry_run(
         english_shards, tmp_path / "dry", *args, "--micro_batch_size", "4", capsys=capsys
     )
     report = json.loads(out)
     assert (
-        report["masking"]["micro_batch_size"] == 4 and report["config"]["batch"]["grad_accum"] == 8
+        report["masking"]["micro_batch_size"] == 4 and report["config"]["batch"]["grad_accum"] == 2
     )
     code, human, _ = _dry_run(english_shards, tmp_path / "dry", *args[:-1], capsys=capsys)
     assert code == 0 and "over 8 batches of 8:" in human and '"lr": 0.0005' in human

@@ -175,7 +175,7 @@ def ssh_hosts(tmp_path_factory):
     harness.close()
 
 
-def _two_host_doctor(ssh_hosts, shards, tmp_path, hosts=("127.0.0.1", "127.0.0.2")):
+def _two_host_doctor(ssh_hosts, shards, tmp_path, hosts=("127.0.0.1", "127.0.0.2"), *extra):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts))
     return _doctor(
@@ -191,6 +191,7 @@ def _two_host_doctor(ssh_hosts, shards, tmp_path, hosts=("127.0.0.1", "127.0.0.2
         ssh_hosts.ssh_args,
         "--ssh_timeout",
         "5",
+        *extra,
     )
 
 
@@ -216,7 +217,7 @@ def test_two_hosts_good_setup_passes(ssh_hosts, english_shards, tmp_path):
 @pytest.mark.slow
 def test_two_hosts_each_broken_one_is_reported(ssh_hosts, english_shards, tmp_path):
     """One run, four faults: node 2 has an older transformers and no data, a third host is
-    unreachable, and three ranks cannot split the config's batch (global 32, micro 8)."""
+    unreachable, and three ranks cannot split a global batch of 32 at the config's micro 8."""
     # Node 2 sees an older transformers first on its path (its user site-packages) ...
     site = (
         tmp_path
@@ -246,7 +247,11 @@ def test_two_hosts_each_broken_one_is_reported(ssh_hosts, english_shards, tmp_pa
     try:
         # 127.0.0.3 is loopback too, but nothing listens there on the harness port.
         rc, rows = _two_host_doctor(
-            ssh_hosts, english_shards, tmp_path, ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+            ssh_hosts,
+            english_shards,
+            tmp_path,
+            ("127.0.0.1", "127.0.0.2", "127.0.0.3"),
+            *("--global_batch_size", "32"),  # cpu.json alone states the batch per rank
         )
     finally:
         ssh_hosts.set_node2(NORMAL_NODE2)
