@@ -20,6 +20,9 @@ from helpers.commands import REPO, run_cli, train_cli
 from bertforge.pretrain.components.checkpoint_files import README, readme_text
 from bertforge.pretrain.components.resume import find_latest
 
+# Each tool runs in its own process, on two trained checkpoints: minutes, not the quick lane.
+pytestmark = pytest.mark.slow
+
 ARCHS = {"bert": ("tiny", 2000), "modernbert": ("modernbert-tiny", 2048)}
 
 
