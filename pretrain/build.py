@@ -27,6 +27,7 @@ import torch.distributed as dist
 from bertforge.data_prep.lock import FolderLock
 from bertforge.files import publish_dir, write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger, process_rank
+from bertforge.preemption import PreemptionHandler
 from bertforge.pretrain.components import anneal, watchdog
 from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
 from bertforge.pretrain.components.checkpoint import CheckpointManager
@@ -37,7 +38,6 @@ from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from bertforge.pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
 from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
-from bertforge.pretrain.components.preemption import PreemptionHandler
 from bertforge.pretrain.components.resume import ResumePoint, find_resume
 from bertforge.pretrain.components.schedule_override import check_resume_clock
 from bertforge.pretrain.config.ds_config import (

@@ -16,11 +16,11 @@ import os
 import sys
 from pathlib import Path
 
+from bertforge import preemption, watchdog
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
+from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler
 from bertforge.pretrain import build, dry_run
-from bertforge.pretrain.components import preemption, watchdog
-from bertforge.pretrain.components.preemption import EXIT_INTERRUPTED, PreemptionHandler
 from bertforge.pretrain.components.resume import find_latest
 from bertforge.pretrain.config.train_config import TrainConfig, parse_args
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
             return USER_ERROR_EXIT
     # The stop signals set a flag from here on, through the rendezvous, the engine build and the
     # checkpoint load, to the process's exit: none ends the run by its default action
-    # (pretrain.components.preemption says what each moment does with it).
+    # (bertforge.preemption says what each moment does with it).
     preempt = preemption.install(cfg.checkpoint.preemption_signals)
     try:
         status = train(cfg, preempt)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.preemption import PreemptionHandler
 from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
 from bertforge.pretrain.components.checkpoint import CheckpointManager, CheckpointSaveError
 from bertforge.pretrain.components.distributed import sum_across_ranks
@@ -31,7 +32,6 @@ from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
 from bertforge.pretrain.components.optim import current_lr
 from bertforge.pretrain.components.phases import PhaseTracker
-from bertforge.pretrain.components.preemption import PreemptionHandler
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
@@ -175,7 +175,7 @@ class Trainer:
         phases: PhaseTracker | None = None,
     ):
         self.cfg, self.place, self.data, self.outputs = cfg, place, data, outputs
-        # main's handler, installed before the rendezvous (pretrain.components.preemption); None:
+        # main's handler, installed before the rendezvous (bertforge.preemption); None:
         # run() installs one of its own for the loop (a trainer built by a test or a benchmark).
         self.preempt = preempt
         self.clock = clock or RunClock(TimeBudget(cfg.run.max_time_hours))

@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from bertforge.files import publish_dir, write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
+from bertforge.preemption import PreemptionHandler  # noqa: F401 - its old home
 from bertforge.pretrain.components.checkpoint_files import (
     MARKER,
     DeferredWriteErrors,
@@ -71,7 +72,6 @@ from bertforge.pretrain.components.checkpoint_files import (
 from bertforge.pretrain.components.distributed import sum_across_ranks
 from bertforge.pretrain.components.faults import FaultPlan
 from bertforge.pretrain.components.leases import live_leases
-from bertforge.pretrain.components.preemption import PreemptionHandler  # noqa: F401 - its old home
 from bertforge.pretrain.components.resume import (
     STATE_FILE,
     TAG_RE,

@@ -13,7 +13,7 @@ message, so a build killed midway used to hang every later run silently. Here:
   a time per op (an ``flock`` on ``<op>/bertforge.lock``, which the kernel drops when its holder
   dies, so it can never go stale). A process that waits says so within
   :data:`REPORT_AFTER_S` seconds, names the file and the pid building, and keeps honouring the
-  job's stop signals (:mod:`pretrain.components.preemption`): it stops with exit 0, as any stop
+  job's stop signals (:mod:`bertforge.preemption`): it stops with exit 0, as any stop
   during start-up does.
 * A torch ``lock`` is judged **stale** when no process on this machine holds it open (torch's
   builder keeps the file's descriptor open for the whole build) during :data:`STALE_CONFIRM_S`

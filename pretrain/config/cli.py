@@ -276,7 +276,7 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     _check_guard(cfg.guard, parser)
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
-    from bertforge.pretrain.components.preemption import parse_signals
+    from bertforge.preemption import parse_signals
 
     try:
         parse_signals(cfg.checkpoint.preemption_signals)

@@ -44,7 +44,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from bertforge.cli import opt
 from bertforge.data_prep.reader import SampleBatch
-from bertforge.pretrain.components.preemption import job_signals
+from bertforge.preemption import job_signals
 from bertforge.pretrain.data.masking import Masker, MaskingConfig
 from bertforge.pretrain.model.document_attention import document_index
 
@@ -285,7 +285,7 @@ DEFAULT_JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def ignore_job_signals(_worker_id: int, signals: tuple[int, ...] = DEFAULT_JOB_SIGNALS) -> None:
     """worker_init_fn: a worker ignores the job's stop signals (SIGTERM and SIGINT by default,
-    all of --preemption_signals: :func:`pretrain.components.preemption.job_signals`).
+    all of --preemption_signals: :func:`bertforge.preemption.job_signals`).
 
     Schedulers (SLURM on scancel, preemption or ``--signal=USR1@120``) and a terminal's Ctrl-C
     signal every process of the job, workers included. A worker killed by it makes its rank fail

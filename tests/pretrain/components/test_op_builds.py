@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.commands import REPO, run_cli
 
+from bertforge.preemption import PreemptionHandler
 from bertforge.pretrain.components import op_builds
-from bertforge.pretrain.components.preemption import PreemptionHandler
 from bertforge.pretrain.doctor.op_rows import lock_rows
 
 # Holds a file open the way torch's FileBaton does while it builds (O_CREAT | O_EXCL, fd open).

@@ -1,4 +1,4 @@
-"""--preemption_signals and the stop-signal handler (pretrain/components/preemption.py)."""
+"""--preemption_signals and the stop-signal handler (bertforge/preemption.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bertforge.pretrain.components import preemption
-from bertforge.pretrain.components.preemption import PreemptionHandler, parse_signals
+from bertforge import preemption
+from bertforge.preemption import PreemptionHandler, parse_signals
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import CheckpointConfig
 
@@ -60,7 +60,7 @@ def test_workers_ignore_the_signals_the_job_stops_on():
     # A worker (here a child process running the loader's worker_init_fn with the signals its
     # rank chose) survives them all; without USR1 in the list, USR1 kills it.
     child = (
-        "import os, signal, sys; from bertforge.pretrain.components import preemption; "
+        "import os, signal, sys; from bertforge import preemption; "
         "from bertforge.pretrain.data.loader import ignore_job_signals; "
         "preemption.install(sys.argv[1]); ignore_job_signals(0, preemption.job_signals()); "
         "[os.kill(os.getpid(), s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)]; "
