@@ -1,4 +1,4 @@
-"""One log voice for ``data_prep``, ``pretrain`` and ``benchmarks``.
+"""One log voice for ``data_prep``, ``pretrain``, ``benchmarks`` and ``experiments``.
 
 Modules log through the standard :mod:`logging` module (``log = get_logger(__name__)``); every
 line reads ``[package] message`` and, for warnings and errors, ``[package] WARNING: message``,
@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable
 
 #: The top-level packages whose loggers get the project's handler.
-PACKAGES = ("bertforge", "benchmarks", "pretrain", "data_prep")
+PACKAGES = ("bertforge", "benchmarks", "experiments", "pretrain", "data_prep")
 
 
 def process_rank() -> int:
@@ -78,3 +79,13 @@ def get_logger(name: str) -> logging.Logger:
         root.setLevel(logging.INFO)
         root.propagate = False  # one line per record, whatever the root logger does
     return logging.getLogger(name)
+
+
+def report(lines: str | Iterable[str], stream=None) -> None:
+    """Write a report a user reads (a table, a summary, JSON, a path another command takes) as
+    plain, unprefixed lines on stdout (or ``stream``): the one writer of such output, so that
+    messages go through a logger and only reports bypass it. Every rank writes what it is given."""
+    text = lines if isinstance(lines, str) else "\n".join(lines)
+    out = stream or sys.stdout
+    out.write(text + "\n")
+    out.flush()

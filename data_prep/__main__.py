@@ -14,7 +14,7 @@ from bertforge.data_prep import extend_tokenizer
 from bertforge.data_prep.build import build, prepare
 from bertforge.data_prep.build_config import BuildConfig
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, report
 
 log = get_logger(__name__)
 
@@ -75,31 +75,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_built(m: dict, out: Path) -> None:
-    for split, s in m["splits"].items():
-        print(
-            f"{split}: {s['documents']:,} documents, {s['sequences']:,} sequences, "
-            f"{s['tokens']:,} tokens in {len(s['shards'])} shards"
-        )
+def _report_built(m: dict, out: Path) -> None:
+    lines = [
+        f"{split}: {s['documents']:,} documents, {s['sequences']:,} sequences, "
+        f"{s['tokens']:,} tokens in {len(s['shards'])} shards"
+        for split, s in m["splits"].items()
+    ]
     if m["dropped"]:
         from bertforge.data_prep.report import bad_records, bad_records_line
 
-        print(bad_records_line(bad_records(m)) + " (manifest.json: bad_records)")
+        lines.append(bad_records_line(bad_records(m)) + " (manifest.json: bad_records)")
     if "decontamination" in m:
         d = m["decontamination"]
-        print(
+        lines.append(
             f"decontamination: {d['train_documents_dropped']:,} of "
             f"{d['train_documents_checked']:,} training documents dropped as near-duplicates "
             f"of {d['validation_documents_indexed']:,} validation documents"
         )
-    print(f"wrote {out / 'manifest.json'}")
+    report([*lines, f"wrote {out / 'manifest.json'}"])
 
 
 def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
     cfg = from_args(BuildConfig, args)
     if args.command == "prepare":
         out = prepare(cfg)
-        print(
+        log.info(
             f"prepared {out} (tokenizer{' and decontamination index' * bool(cfg.decontaminate)})"
             f"; now run each part: python -m data_prep build <the same arguments> "
             "--num_partitions N --partition K"
@@ -107,31 +107,31 @@ def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
         return
     m = build(cfg, argv=["python", "-m", "data_prep", *(argv or sys.argv[1:])])
     if m is None:
-        print(
+        log.info(
             f"part {cfg.partition} of {cfg.num_partitions} done; the manifest is written when "
             f"the last part finishes (or: python -m data_prep merge {cfg.output})"
         )
     else:
-        _print_built(m, cfg.output)
+        _report_built(m, cfg.output)
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
     """Run one parsed command other than extend-tokenizer (a UserError is the user's to fix)."""
-    from bertforge.data_prep.report import print_summary, summary, verify
+    from bertforge.data_prep.report import summary, summary_lines, verify
 
     if args.command in ("build", "prepare"):
         _build_or_prepare(args, argv)
     elif args.command == "merge":
         from bertforge.data_prep.build import merge
 
-        _print_built(merge(args.root), args.root)
+        _report_built(merge(args.root), args.root)
     elif args.command == "check-overlap":
-        from bertforge.data_prep.overlap import overlap_report, print_report
+        from bertforge.data_prep.overlap import overlap_lines, overlap_report
 
         r = overlap_report(
             args.a, args.b, args.threshold, tuple(args.splits_a), tuple(args.splits_b)
         )
-        print(json.dumps(r, indent=1, ensure_ascii=False)) if args.json else print_report(r)
+        report(json.dumps(r, indent=1, ensure_ascii=False) if args.json else overlap_lines(r))
     elif args.command == "inspect":
         s = summary(
             args.root,
@@ -139,10 +139,10 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
             terms_file=args.protected_terms,
             term_scan=args.term_scan,
         )
-        print(json.dumps(s, indent=1, ensure_ascii=False)) if args.json else print_summary(s)
+        report(json.dumps(s, indent=1, ensure_ascii=False) if args.json else summary_lines(s))
     else:
         files = verify(args.root)
-        print(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
+        report(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
 
 
 def main(argv: list[str] | None = None) -> int:

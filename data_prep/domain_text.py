@@ -2,7 +2,7 @@
 
     python -m data_prep.domain_text --packages email http urllib --output domain.txt
 
-The README's continued-pretraining recipe and benchmarks.learning.continued use it as the
+The README's continued-pretraining recipe and experiments.continued use it as the
 "domain" next to the demo's general corpus (the pydoc topic pages): email, HTTP and URL handling
 have their own vocabulary (MIME, multipart, charset, header, payload, ...), written by the same
 kind of authors. The contract:

@@ -34,6 +34,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
+from bertforge import logs
 from bertforge.data_prep.inputs import DropCounter, InputConfig, expand_inputs, iter_documents
 from bertforge.data_prep.tokenizer import TokenizerError, _lowercases, _write_hf, import_tokenizer
 from bertforge.data_prep.wordstart import _CJK_RE, read_protected_terms
@@ -312,30 +313,28 @@ def extend_tokenizer(cfg: ExtendConfig) -> ExtensionReport:
     return report
 
 
-def print_report(report: ExtensionReport, show: int = 20) -> None:
-    """Human summary on stdout."""
+def report_lines(report: ExtensionReport, show: int = 20) -> list[str]:
+    """Human summary, one string per line."""
     n = report.new_tokens
     unused = sum(t.slot == "unused" for t in n)
-    print(
+    out = [
         f"added {len(n)} tokens ({unused} in [unused*] slots, {len(n) - unused} appended): "
         f"vocabulary {report.base_vocab_size} -> {report.new_vocab_size}"
-    )
-    for t in n[:show]:
-        print(
-            f"  {t.id:>6} {t.token!r:<28} {t.kind:<5} {t.source:<5} {t.count:>7} x "
-            f"{t.pieces} pieces"
-        )
+    ]
+    out += [
+        f"  {t.id:>6} {t.token!r:<28} {t.kind:<5} {t.source:<5} {t.count:>7} x {t.pieces} pieces"
+        for t in n[:show]
+    ]
     if len(n) > show:
-        print(f"  ... {len(n) - show} more in {report.output}/{REPORT_FILE}")
-    for term, why in report.skipped_terms.items():
-        print(f"  term {term!r} skipped: {why}")
+        out.append(f"  ... {len(n) - show} more in {report.output}/{REPORT_FILE}")
+    out += [f"  term {term!r} skipped: {why}" for term, why in report.skipped_terms.items()]
     b, a = report.before, report.after
-    print(
+    out.append(
         f"tokens per character: {b['tokens_per_char']:.4f} -> {a['tokens_per_char']:.4f} "
         f"({b['tokens']:,} -> {a['tokens']:,} tokens); [UNK] rate {b['unk_rate']:.4%} -> "
         f"{a['unk_rate']:.4%}"
     )
-    print(f"wrote {report.output}")
+    return [*out, f"wrote {report.output}"]
 
 
 def add_parser(sub) -> None:
@@ -394,7 +393,7 @@ def run_command(args) -> int:
         input=InputConfig(text_field=args.text_field, one_doc_per_line=args.one_doc_per_line),
     )
     try:
-        print_report(extend_tokenizer(cfg))
+        logs.report(report_lines(extend_tokenizer(cfg)))
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT

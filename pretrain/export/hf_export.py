@@ -32,7 +32,7 @@ from typing import Any
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, report
 from bertforge.pretrain.components.checkpoint_files import (
     MARKER,
     consolidated_state_dict,
@@ -318,14 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     if res["averaged_steps"]:
         steps = ", ".join(str(s) for s in res["averaged_steps"])
         what = f"the mean of the checkpoints of steps {steps} of {args.run}"
-    print(f"exported {what} as {res['architecture']} to {res['output']}")
+    lines = [f"exported {what} as {res['architecture']} to {res['output']}"]
     if res["share_layers"] != "none":
-        print(
+        lines.append(
             f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "
             "into every layer of the exported model"
         )
-    for pred in res.get("fill_mask", []):
-        print(f"  fill-mask: {pred['token_str']!r} {pred['score']:.3f}")
+    lines += [f"  fill-mask: {p['token_str']!r} {p['score']:.3f}" for p in res.get("fill_mask", [])]
+    report(lines)
     return 0
 
 

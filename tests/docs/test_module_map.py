@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("bertforge", "data_prep", "kernels", "pretrain", "benchmarks")
+PACKAGES = ("bertforge", "data_prep", "kernels", "pretrain", "benchmarks", "experiments")
 
 
 def _module_map() -> str:

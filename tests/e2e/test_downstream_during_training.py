@@ -35,7 +35,7 @@ def _train(shards: Path, run: Path, *extra: str):
 
 
 def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_shards, tmp_path):
-    from bertforge.pretrain.evaluate.pydoc_tasks import write_tasks
+    from benchmarks.tasks.pydoc_tasks import write_tasks
 
     tasks = write_tasks(tmp_path / "tasks", topics=2, per_topic=20)
     spec = json.loads(tasks.read_text())

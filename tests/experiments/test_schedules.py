@@ -1,4 +1,4 @@
-"""benchmarks.training.schedules: the quick form prints one row per arm of every comparison
+"""experiments.schedules: the quick form prints one row per arm of every comparison
 (the phase plan's and the anneal's included) and writes a summary with no absolute path of this
 machine."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from helpers.commands import run_cli
 
-from benchmarks.training.schedules import SCHEDULE_ARMS
+from experiments.schedules import SCHEDULE_ARMS
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def _rows(table: str, title: str) -> dict[str, str]:
 
 def test_quick_reports_every_arm_and_writes_portable_json(tmp_path):
     out = tmp_path / "sched"
-    table = run_cli("-m", "benchmarks.training.schedules", "--out", str(out), "--quick").stdout
+    table = run_cli("-m", "experiments.schedules", "--out", str(out), "--quick").stdout
     arms = _rows(table, "(a)-(d): validation loss at the last step")
     assert list(arms) == list(SCHEDULE_ARMS)
     for arm, row in arms.items():

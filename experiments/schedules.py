@@ -1,6 +1,6 @@
 """Learning-rate and batch phase schedules on this CPU: held-out MLM loss at equal steps (issue 25).
 
-    python -m benchmarks.training.schedules [--out /work/exp/schedules] [--steps 600] [--seeds 3]
+    python -m experiments.schedules [--out /work/exp/schedules] [--steps 600] [--seeds 3]
         [--average_last 3] [--quick]
 
 Data: CPython's pydoc topics (general English, ``data_prep.sample_corpus``) and standard-library
@@ -43,13 +43,13 @@ import time
 from pathlib import Path
 
 from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, write_results
-from benchmarks.learning.arms import paired_difference, pretraining_record
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.components.resume import find_latest, tag_for
 from bertforge.pretrain.config import command_line
+from experiments.arms import paired_difference, pretraining_record
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
@@ -174,7 +174,7 @@ def heldout_loss(folder: Path, run: Path, shards: Path, micro_batch_size: int) -
     """Mean MLM loss of the HF folder over every masked position of the validation split of
     `shards`, masked by the project's Masker with `run`'s masking settings and seed (the masks
     the trainer's own validation uses): the new-token benchmark's evaluator with no new ids."""
-    from benchmarks.learning.new_tokens import new_token_loss, validation_batches
+    from experiments.new_tokens import new_token_loss, validation_batches
 
     batches = validation_batches(shards, run, 1, micro_batch_size)
     scored = new_token_loss(folder, batches, [])
@@ -356,7 +356,7 @@ def annealing(b: Bench, gs: Path, ds: Path) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(
-        prog="python -m benchmarks.training.schedules",
+        prog="python -m experiments.schedules",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         tables.append(markdown(f"annealing, {src} validation", summary["annealing"][src]))
     summary["seconds"] = round(time.monotonic() - start, 1)  # this launch (done stages skipped)
     summary["command"] = " ".join(
-        ["python -m benchmarks.training.schedules", *(argv if argv is not None else sys.argv[1:])]
+        ["python -m experiments.schedules", *(argv if argv is not None else sys.argv[1:])]
     )
     write_results(b.out / "summary.json", summary, b.out)
     table = "\n".join(tables)

