@@ -102,7 +102,7 @@ def random_bert_mlm(preset: str, vocab_size: int, seed: int = 0, **config: Any):
     import torch
     import transformers
 
-    from bertforge.pretrain.model.model_config import PRESETS
+    from bertforge.pretrain.model.registry import PRESETS
 
     shape = PRESETS[preset]
     conf = transformers.BertConfig(

@@ -50,11 +50,12 @@ from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import open_training, parse_mixture, validation_readers
 from bertforge.pretrain.data.shard_check import verify_once
-from bertforge.pretrain.model.bert import build_model, resolve_config
+from bertforge.pretrain.model.bert import resolve_config
 from bertforge.pretrain.model.document_attention import resolve_attention
 from bertforge.pretrain.model.init_from import load_initial_weights
 from bertforge.pretrain.model.init_source import extend_context, init_architecture
-from bertforge.pretrain.model.modernbert import check_engine, check_supported
+from bertforge.pretrain.model.registry import build_model, check_engine, check_supported
+from bertforge.pretrain.model.specs import objective_for_format
 from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
@@ -142,8 +143,9 @@ def _model_for_shards(cfg: TrainConfig, max_seq_len: int):
     longer = extend_context(cfg.model_cfg, max_seq_len)
     if longer is not cfg.model_cfg:
         log.info(
-            "--arch modernbert: max_position_embeddings %d -> %d, the shards' max_seq_len "
+            "--arch %s: max_position_embeddings %d -> %d, the shards' max_seq_len "
             "(rotary positions: nothing to grow)",
+            cfg.model_cfg.arch,
             cfg.model_cfg.max_position_embeddings,
             longer.max_position_embeddings,
         )
@@ -158,9 +160,9 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
 
     world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
     train_reader, val_readers = open_shards(cfg)
-    # what --arch modernbert cannot do yet, before any rendezvous
-    check_supported(cfg.model_cfg, nsp=train_reader.format == "nsp")
     cfg = dataclasses.replace(cfg, model_cfg=_model_for_shards(cfg, train_reader.max_seq_len))
+    # what the arch cannot train (the shards' objective, a flag), before any rendezvous
+    check_supported(cfg.model_cfg, objective_for_format(train_reader.format))
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
     point = find_resume(
         cfg.run.resume,
@@ -236,7 +238,7 @@ def build_encoder(
     model = build_model(
         cfg.model_cfg,
         vocab_size=reader.vocab_size,
-        nsp=reader.format == "nsp",
+        objective=objective_for_format(reader.format),
         max_seq_len=max_seq_len,
     )
     report = None

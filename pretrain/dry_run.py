@@ -26,8 +26,10 @@ from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_s
 from bertforge.pretrain.data.mixture import open_training, parse_mixture
 from bertforge.pretrain.data.show_masks import format_shown
 from bertforge.pretrain.data.show_masks import show_masks as shown_masks
-from bertforge.pretrain.model.bert import ModelConfig, build_model, padded_vocab, resolve_config
+from bertforge.pretrain.model.bert import ModelConfig, padded_vocab, resolve_config
 from bertforge.pretrain.model.document_attention import resolve_attention
+from bertforge.pretrain.model.registry import ARCHES, build_model
+from bertforge.pretrain.model.specs import objective_for_format
 
 log = get_logger(__name__)
 DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)
@@ -153,7 +155,10 @@ def run_dry_run(
         resolved, attention=resolve_attention(resolved.attention, resolved.arch)
     )
     model = build_model(
-        resolved, reader.vocab_size, nsp=reader.format == "nsp", max_seq_len=reader.max_seq_len
+        resolved,
+        reader.vocab_size,
+        objective=objective_for_format(reader.format),
+        max_seq_len=reader.max_seq_len,
     )
     seq_len = reader.max_seq_len
     # Batches come from the main process here: the report needs no worker processes.
@@ -208,8 +213,8 @@ def _sharing(model_cfg: dict[str, Any]) -> str:
 
 
 def _attention(model_cfg: dict[str, Any], fmt: str) -> str:
-    """The --attention line: what a token sees (document or full) and, for modernbert, where
-    the layers attend and their rotary bases."""
+    """The --attention line: what a token sees (document or full) and, where the arch's spec
+    says more (ModelSpec.describe_layers), how its layers attend."""
     mode = model_cfg.get("attention", "full")
     if mode == "document":
         seen = (
@@ -220,13 +225,8 @@ def _attention(model_cfg: dict[str, Any], fmt: str) -> str:
     else:
         seen = "full: a token sees its whole packed sequence"
     line = f"\n        attention {seen}"
-    if model_cfg.get("arch", "bert") != "modernbert":
-        return line
-    return line + (
-        f"\n        layers: global every {model_cfg['global_attn_every_n_layers']} layers, "
-        f"the others a window of {model_cfg['local_attention']} tokens; rope theta "
-        f"{model_cfg['global_rope_theta']:g} global, {model_cfg['local_rope_theta']:g} local"
-    )
+    layers = ARCHES[model_cfg.get("arch", "bert")].describe_layers(model_cfg)
+    return line + (f"\n        {layers}" if layers else "")
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -133,8 +133,8 @@ def init_weights(args, tokenizer: Path, out: Path, max_len: int) -> Path:
     import torch
     from transformers import AutoTokenizer, ModernBertForMaskedLM
 
-    from bertforge.pretrain.model.model_config import preset
     from bertforge.pretrain.model.modernbert import modernbert_config, set_tokenizer_ids
+    from bertforge.pretrain.model.registry import preset
 
     if (out / "config.json").is_file():
         return out

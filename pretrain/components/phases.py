@@ -14,9 +14,10 @@ samples; a later phase without ``data`` continues that stream. Validation covers
 source of the run and of its phases (records per source name), so the forgetting of the general
 text in a domain phase shows.
 
-A phase's ``rope_theta`` (``--arch modernbert``) is the global layers' rotary base from its first
-step on (the local layers keep --local_rope_theta), as ModernBERT raised it for its 8k context
-extension; later phases inherit it, and a resume sets the theta of the phase it starts in.
+A phase's ``rope_theta`` (a rotary ``--arch``: ModernBERT) is the global layers' rotary base
+from its first step on (the local layers keep --local_rope_theta), as ModernBERT raised it for
+its 8k context extension; later phases inherit it, and a resume sets the theta of the phase it
+starts in.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]
 def _preset_for(ns: argparse.Namespace, flags: dict, model_given: bool, parser) -> Any:
     """The preset the model starts from: --model's, or --arch's tiny one when only --arch is
     given; a --model of the other arch is refused (naming both flags)."""
-    from bertforge.pretrain.model.model_config import ARCHES, DEFAULT_PRESET, preset
+    from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset
 
     arch = flags.get("arch")
     if arch is not None and arch not in ARCHES:

@@ -2,13 +2,14 @@
 
 A phase has a length (``steps``, or nominal ``tokens`` = samples x the phase data's sequence
 length) and any of: an lr shape, a global batch (fixed, or Megatron's ``--rampup-batch-size``
-ramp), its data (``--data`` syntax), a mask rate and (``--arch modernbert``) a rope theta.
+ramp), its data (``--data`` syntax), a mask rate and (a rotary ``--arch``) a rope theta.
 :func:`load_phase_file` parses and checks a file; :func:`resolve` turns the phases into step
 boundaries by simulating consumed samples, and :func:`batch_at` gives the global batch of a step
 as a pure function of (plan, step, consumed samples), so a resume anywhere is exact.
 
 YAML or JSON (by the file's suffix). Pure Python (no torch, no DeepSpeed), so
-the check runs before any rendezvous and as ``python -m pretrain.config.phase_plan FILE``.
+the check runs before any rendezvous and as ``python -m pretrain.config.phase_plan FILE``; only a
+plan with a ``rope_theta`` asks the model registry (which imports torch) whether the arch has one.
 """
 
 from __future__ import annotations
@@ -269,6 +270,18 @@ def _check_divisible(value: int, block: int, where: str) -> None:
         )
 
 
+def _check_rotary(arch: str, where: str) -> None:
+    """A phase's rope_theta needs an arch with rotary positions (its spec says so)."""
+    from bertforge.pretrain.model.registry import ARCHES  # lazy: torch, only for a rope_theta
+
+    rotary = [name for name, spec in ARCHES.items() if spec.rotary]
+    if arch not in rotary:
+        raise PhasePlanError(
+            f"{where}: only --arch {' or '.join(rotary)} has a rope theta "
+            f"(this run is --arch {arch})"
+        )
+
+
 def resolve(
     phases: list[Phase],
     *,
@@ -293,11 +306,8 @@ def resolve(
     theta: float | None = None
     lr_prev = 1.0
     for ph in phases:
-        if ph.rope_theta is not None and arch != "modernbert":
-            raise PhasePlanError(
-                f"{_where(path, ph, 'rope_theta')}: only --arch modernbert has a rope theta "
-                f"(this run is --arch {arch})"
-            )
+        if ph.rope_theta is not None:
+            _check_rotary(arch, _where(path, ph, "rope_theta"))
         own = ph.data is not None
         data = ph.data if own else data
         data_start = consumed if own else data_start
@@ -490,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world_size", type=int, default=1, help="data-parallel ranks")
     p.add_argument("--seq_len", type=int, required=True, help="sequence length of the shards")
     p.add_argument("--min_lr_ratio", type=float, default=0.0, help="a decay's floor, x --lr")
-    p.add_argument("--arch", default="bert", help='"bert" or "modernbert"')
+    p.add_argument(
+        "--arch", default="bert", help="the run's --arch (a rope_theta needs a rotary one)"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = p.parse_args(argv)
     try:

@@ -8,7 +8,9 @@ Activations follow Korthikanti et al. 2022 (bytes per layer s·b·h·(34 + 5·a�
 upper bound since fused attention does not keep the s×s scores; with activation checkpointing only
 each layer's input (2·s·b·h) is kept, plus one layer being recomputed.
 
-``--arch modernbert`` (no dropout, GeGLU of width i, pre-norm) keeps per layer, in 16 bit:
+Each arch's spec gives its layers' bytes (``ModelSpec.layer_activation_bytes``) and the shape
+terms they need (``ModelSpec.memory_terms``). ModernBERT (no dropout, GeGLU of width i, pre-norm)
+keeps per layer, in 16 bit:
 s·b·(16h + 8i) (the two norms' inputs 4h, Wqkv's input 2h, rotated q and k 4h, v 2h, Wo's input
 2h; GeGLU: Wi's input 2h, its 2i-wide output 4i, the activated half 2i, Wo's input 2i) plus the
 attention scores of the path that runs (:mod:`pretrain.model.attention_paths`): none on a GPU in
@@ -56,10 +58,12 @@ class ModelShape:
     seq_len: int  # tokens per sequence s
     vocab: int  # padded vocabulary (rows of the MLM decoder)
     checkpointing: bool  # activation checkpointing on
-    arch: str = "bert"  # --arch: bert | modernbert
-    intermediate: int = 0  # modernbert: GeGLU width i (BERT's formula assumes 4h)
-    global_layers: int = 0  # modernbert: layers attending to the whole sequence
-    local_keys: int = 0  # modernbert: keys a local layer's query chunk sees (blocked path)
+    arch: str = "bert"  # --arch (pretrain.model.registry)
+    # the spec's memory_terms: ModernBERT's GeGLU width i (BERT's formula assumes 4h), layers
+    # attending to the whole sequence, keys a local layer's query chunk sees (blocked path)
+    intermediate: int = 0
+    global_layers: int = 0
+    local_keys: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,9 @@ def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[
     included), built on the meta device (no memory used)."""
     import torch
 
-    from bertforge.pretrain.model.bert import build_model, padded_vocab
-    from bertforge.pretrain.model.bert import preset as preset_config
+    from bertforge.pretrain.model.bert import padded_vocab
+    from bertforge.pretrain.model.registry import build_model
+    from bertforge.pretrain.model.registry import preset as preset_config
 
     cfg = preset_config(model) if isinstance(model, str) else model
     with torch.device("meta"):
@@ -130,19 +135,9 @@ def model_shape(
         if m is not None:
             vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
             max_len = m["max_seq_len"]
-    n, (cfg, padded) = count_params(model, vocab, nsp)
-    modern = {}
-    if cfg.arch == "modernbert":
-        from bertforge.pretrain.model.attention_paths import default_chunk
-        from bertforge.pretrain.model.modernbert import layer_types
+    from bertforge.pretrain.model.registry import get_spec
 
-        types = layer_types(cfg.num_hidden_layers, cfg.global_attn_every_n_layers)
-        modern = {
-            "arch": "modernbert",
-            "intermediate": cfg.intermediate_size,
-            "global_layers": types.count("full_attention"),
-            "local_keys": 3 * default_chunk(cfg.local_attention // 2),
-        }
+    n, (cfg, padded) = count_params(model, vocab, nsp)
     return ModelShape(
         cfg.name,
         n,
@@ -152,21 +147,9 @@ def model_shape(
         seq_len or max_len,
         padded,
         checkpointing,
-        **modern,
+        arch=cfg.arch,
+        **get_spec(cfg.arch).memory_terms(cfg),
     )
-
-
-def modernbert_layer_bytes(shape: ModelShape, micro_batch: int, varlen: bool) -> list[int]:
-    """16-bit activation bytes of each ModernBERT layer, global ones first (module doc)."""
-    s, b, h, a = shape.seq_len, micro_batch, shape.hidden, shape.heads
-    dense = s * b * (16 * h + 8 * shape.intermediate)
-    if varlen:
-        return [dense + 4 * a * s * b] * shape.layers
-    chunk = shape.local_keys // 3
-    padded_s = -(-s // chunk) * chunk  # the blocked path pads to whole chunks
-    local = dense + 2 * a * b * padded_s * shape.local_keys
-    glob = dense + 2 * a * b * s * s
-    return [glob] * shape.global_layers + [local] * (shape.layers - shape.global_layers)
 
 
 def estimate_memory(
@@ -194,12 +177,13 @@ def estimate_memory(
     if stage in (1, 2):
         buffers = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET)) * w_bytes
         buffers = min(buffers, grads)  # a bucket never exceeds the gradients it holds
-    s, b, h, a, L = shape.seq_len, micro_batch, shape.hidden, shape.heads, shape.layers
-    act_scale = 1 if half else 2  # the formula counts 16-bit activations
-    if shape.arch == "modernbert":  # the unpadded varlen path runs on a GPU in half precision
-        per_layer = [n * act_scale for n in modernbert_layer_bytes(shape, b, on_gpu and half)]
-    else:
-        per_layer = [s * b * h * (34 + 5 * a * s / h) * act_scale] * L
+    from bertforge.pretrain.model.registry import get_spec
+
+    s, b, h, L = shape.seq_len, micro_batch, shape.hidden, shape.layers
+    act_scale = 1 if half else 2  # the formulas count 16-bit activations
+    # an unpadded varlen path (ModernBERT's) runs on a GPU in half precision
+    sixteen_bit = get_spec(shape.arch).layer_activation_bytes(shape, b, on_gpu and half)
+    per_layer = [n * act_scale for n in sixteen_bit]
     if shape.checkpointing:  # each layer's input, and the largest layer being recomputed
         layers = L * 2 * s * b * h * act_scale + max(per_layer)
     else:

@@ -9,9 +9,8 @@ maps); a Hugging Face folder is used as it is. ``ModelSource.build`` then makes 
 the source's weights and whose head is new. An encoder weight that does not load is an error, never
 a silently random layer.
 
-A ModernBERT folder (``model_type`` "modernbert", ours as ``pretrain.export`` writes it or one
-written by transformers) gives ``ModernBertForSequenceClassification`` /
-``ModernBertForTokenClassification``: they put transformers' ``ModernBertPredictionHead`` (dense,
+An arch whose spec says ``task_head_from_mlm`` (ModernBERT, ours as ``pretrain.export`` writes it
+or one written by transformers): its task models put transformers' prediction head (dense,
 activation, norm) between the encoder and the classifier, the same module as the masked-LM head's,
 so its pretrained weights are loaded as ``from_pretrained`` loads them; only the classifier is new.
 """
@@ -189,6 +188,8 @@ class ModelSource:
         """Weights, config and tokenizer of an HF folder."""
         import transformers
 
+        from bertforge.pretrain.model.registry import spec_for_model_type
+
         path = Path(path)
         config = transformers.AutoConfig.from_pretrained(str(path))
         # the MLM head's weights are unused here on purpose: keep transformers' load report quiet
@@ -196,7 +197,8 @@ class ModelSource:
         transformers.logging.disable_progress_bar()
         # the bare encoder; weights the folder lacks (e.g. the pooler of an MLM-only model) were
         # initialised at random here and are dropped, so the task model initialises them by seed
-        if config.model_type == "modernbert":  # the encoder and its prediction head: the MLM's
+        spec = spec_for_model_type(config.model_type)
+        if spec is not None and spec.task_head_from_mlm:  # the encoder and the MLM's head
             auto, prefix = transformers.AutoModelForMaskedLM, ""
         else:
             auto, prefix = transformers.AutoModel, None

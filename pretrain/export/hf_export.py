@@ -12,8 +12,8 @@ lists their steps.
 Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
 not load with zero missing and unexpected keys is reported as an error, not written silently.
 
-A ``--arch modernbert`` run is exported as ``ModernBertForMaskedLM`` (the tokenizer's special-token
-ids written into its config).
+Another arch's run is exported as its model's ``hf_architecture`` (the tokenizer's special-token
+ids written into its config where the arch's adapter names them: ModernBERT's).
 
 A run trained with ``--share_layers all|groups:G`` (ALBERT-style sharing) is exported as the same
 standard BERT class with the shared weights copied into every layer that uses them: the folder
@@ -186,7 +186,8 @@ def export(
     import torch
     import transformers
 
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import ARCHES, build_model
 
     run = Path(run)
     if average and checkpoint:
@@ -212,10 +213,8 @@ def export(
     hf_cls = getattr(transformers, model.hf_architecture)
     conf = model.hf_config(unpad_vocab=True)
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
-    if model.arch == "modernbert":  # its config names the special tokens; BERT's needs none
-        from bertforge.pretrain.model.modernbert import set_tokenizer_ids
-
-        set_tokenizer_ids(conf, tok)
+    # the special-token ids the arch's config names (ModernBERT's; BERT's needs none)
+    ARCHES[model.arch].adapter.set_tokenizer_ids(conf, tok)
     hf_model = hf_cls(conf)
     hf_sd = model.hf_state_dict(unpad_vocab=True)
     missing, unexpected = hf_model.load_state_dict(hf_sd, strict=False)

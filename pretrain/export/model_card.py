@@ -81,7 +81,7 @@ def _yaml_list(key: str, values: list[str]) -> list[str]:
 
 
 def _header(language: list[str], datasets: list[str], arch: str = "bert") -> list[str]:
-    tags = [arch, *TAGS[1:]]  # the first tag names the architecture (bert or modernbert)
+    tags = [arch, *TAGS[1:]]  # the first tag names the architecture (its --arch)
     lines = [
         "---",
         *_yaml_list("language", language),

@@ -43,9 +43,6 @@ import torch
 from bertforge.errors import UserError
 
 ATTENTION_MODES = ("auto", "document", "full")
-#: What ``--attention auto`` means for each arch: ModernBERT packs without cross-document
-#: attention (as released); BERT keeps the 2018 behaviour its checkpoints were trained with.
-AUTO_ATTENTION = {"bert": "full", "modernbert": "document"}
 
 
 class AttentionError(UserError, ValueError):
@@ -53,14 +50,18 @@ class AttentionError(UserError, ValueError):
 
 
 def resolve_attention(mode: str, arch: str) -> str:
-    """``document`` or ``full``: ``mode`` itself, or the arch's default for ``auto``."""
+    """``document`` or ``full``: ``mode`` itself, or the arch's default for ``auto`` (its spec's
+    ``default_attention``: ModernBERT packs without cross-document attention, as released; BERT
+    keeps the 2018 behaviour its checkpoints were trained with)."""
     if mode not in ATTENTION_MODES:
         raise AttentionError(f"--attention {mode!r}: choose one of {', '.join(ATTENTION_MODES)}")
     if mode != "auto":
         return mode
-    if arch not in AUTO_ATTENTION:
+    from bertforge.pretrain.model.registry import ARCHES  # lazy: the archs' models import this
+
+    if arch not in ARCHES:
         raise AttentionError(f"--attention auto: no default for --arch {arch!r}")
-    return AUTO_ATTENTION[arch]
+    return ARCHES[arch].default_attention
 
 
 def document_index(

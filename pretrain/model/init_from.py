@@ -14,7 +14,8 @@ The contract:
   any other shape mismatch is an error, and so are position embeddings shorter than the shards'
   sequences (BERT; ModernBERT's rotary positions have no table: a longer run is a context
   extension, said in the report with the rope thetas that differ from the checkpoint's);
-- the names loaded specially (word embeddings, MLM bias, tied copies) are per arch (`KEYS`);
+- the names loaded specially (word embeddings, MLM bias, tied copies) are per arch (its spec's
+  adapter, `pretrain.model.specs.StateDictAdapter`);
 - vocabulary: the shards' tokenizer must be the checkpoint's, or an extension of it in which
   every old token keeps its id and new tokens fill `[unused*]` slots or are appended (what
   `python -m data_prep extend-tokenizer` writes). Old rows are copied bit for bit; each new row
@@ -38,7 +39,6 @@ from bertforge.data_prep.tokenizer import plain_encoding
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
 from bertforge.pretrain.model.init_source import (
-    ARCH_NAMES,
     InitError,
     InitSource,
     canonical_keys,
@@ -47,34 +47,10 @@ from bertforge.pretrain.model.init_source import (
     locate,
     read_hf_weights,
 )
-from bertforge.pretrain.model.modernbert import VOCAB_KEYS as _MB_VOCAB
+from bertforge.pretrain.model.registry import ARCHES
+from bertforge.pretrain.model.specs import StateDictAdapter
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ArchKeys:
-    """An arch's state-dict names that the load treats specially."""
-
-    word_emb: str  # word embeddings: vocabulary rows (the decoder's weight is tied to them)
-    mlm_bias: str  # the MLM output bias: vocabulary rows
-    tied: dict[str, str]  # key tied to another in our model -> that key: never loaded alone
-    pos_emb: str | None  # the learned position table; None for rotary positions
-
-
-_BERT_EMB, _BERT_BIAS = "bert.embeddings.word_embeddings.weight", "cls.predictions.bias"
-_MB_EMB, _MB_DECODER, _MB_BIAS = _MB_VOCAB
-
-#: Per arch (ModelConfig.arch), the names of transformers' BertFor* / ModernBertForMaskedLM.
-KEYS = {
-    "bert": ArchKeys(
-        _BERT_EMB,
-        _BERT_BIAS,
-        {"cls.predictions.decoder.weight": _BERT_EMB, "cls.predictions.decoder.bias": _BERT_BIAS},
-        "bert.embeddings.position_embeddings.weight",
-    ),
-    "modernbert": ArchKeys(_MB_EMB, _MB_BIAS, {_MB_DECODER: _MB_EMB}, None),
-}
 
 
 _UNUSED_RE = re.compile(r"^\[unused\d+\]$")
@@ -260,7 +236,7 @@ def _gathered(model: torch.nn.Module):
     return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
-def _untie(sd: dict[str, torch.Tensor], keys: ArchKeys, report: InitReport) -> None:
+def _untie(sd: dict[str, torch.Tensor], keys: StateDictAdapter, report: InitReport) -> None:
     """Drop the tied copies: our model ties them to another key. A file holding only the copy
     gives that key its value (HF BertForPreTraining files sometimes hold the MLM bias only as
     the decoder's bias, transformers #14630); a copy that differs is noted."""
@@ -279,10 +255,10 @@ def _untie(sd: dict[str, torch.Tensor], keys: ArchKeys, report: InitReport) -> N
 
 
 def _context_notes(src: InitSource, config) -> list[str]:
-    """ModernBERT: a run with more positions than the checkpoint's (a context extension), and
-    rope thetas the flags set other than the checkpoint's, said in the report."""
+    """A rotary arch (ModernBERT): a run with more positions than the checkpoint's (a context
+    extension), and rope thetas the flags set other than the checkpoint's, said in the report."""
     f = src.model_fields
-    if f["arch"] != "modernbert":
+    if not ARCHES[f["arch"]].rotary:
         return []
     notes = []
     if config.max_position_embeddings > f["max_position_embeddings"]:
@@ -358,7 +334,7 @@ def load_initial_weights(
     """
     src = locate(path)
     check_arch(src, model.arch)
-    keys = KEYS[model.arch]
+    keys = ARCHES[model.arch].adapter
     base_dir = Path(base_tokenizer_dir) if base_tokenizer_dir else src.tokenizer_dir
     if base_dir is None:
         raise InitError(
@@ -373,7 +349,7 @@ def load_initial_weights(
     if keys.word_emb not in sd:
         raise InitError(
             f"--init_from {path}: {file} has no {keys.word_emb} (nor embeddings.* "
-            f"without prefix); not a {ARCH_NAMES[model.arch]} checkpoint."
+            f"without prefix); not a {ARCHES[model.arch].display_name} checkpoint."
         )
     if keys.pos_emb is not None and keys.pos_emb in sd:
         check_positions(int(sd[keys.pos_emb].shape[0]), max_seq_len, Path(path))

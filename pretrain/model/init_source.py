@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import BertConfig, ModernBertConfig
 
 from bertforge.pretrain.components.resume import (
     CheckpointError,
@@ -41,67 +39,11 @@ from bertforge.pretrain.components.resume import (
     read_state,
     resolve_resume,
 )
-from bertforge.pretrain.model.bert import _ARCH_FIELDS, ModelConfig, resolve_config
-from bertforge.pretrain.model.modernbert import layer_types
-
-#: ModelConfig fields a ModernBERT checkpoint sets (BERT's are pretrain.model.bert._ARCH_FIELDS).
-MODERNBERT_FIELDS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "layer_norm_eps",
-    "initializer_range",
-    "local_attention",
-    "global_attn_every_n_layers",
-    "global_rope_theta",
-    "local_rope_theta",
-)
-
-#: Per arch, the fields that explicit flags must not contradict (the weights' shapes and the
-#: computation depend on them). ModernBERT's max_position_embeddings and rope thetas are free:
-#: rotary positions have no table, and a context extension raises the theta.
-CONFLICT_FIELDS = {
-    "bert": (
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
-        "hidden_act",
-        "layer_norm_eps",
-    ),
-    "modernbert": (
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "hidden_act",
-        "layer_norm_eps",
-        "local_attention",
-        "global_attn_every_n_layers",
-    ),
-}
-
-#: How the messages name each arch's checkpoints.
-ARCH_NAMES = {"bert": "BERT", "modernbert": "ModernBERT"}
-
-#: ModernBertConfig keys whose other values our block cannot hold (no biases in the linear and
-#: norm layers, a bias-free GELU head, the decoder tied to the token embeddings).
-_MODERNBERT_FIXED = {
-    "norm_bias": False,
-    "attention_bias": False,
-    "mlp_bias": False,
-    "classifier_bias": False,
-    "classifier_activation": "gelu",
-    "tie_word_embeddings": True,
-}
-
+from bertforge.pretrain.model.bert.model import resolve_config
+from bertforge.pretrain.model.errors import InitError
+from bertforge.pretrain.model.model_config import ModelConfig
+from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, PRESETS, spec_for_model_type
+from bertforge.pretrain.model.specs import StateDictAdapter
 
 _HF_WEIGHTS = (
     "model.safetensors",
@@ -109,10 +51,6 @@ _HF_WEIGHTS = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-
-
-class InitError(CheckpointError):
-    """An --init_from source that cannot initialise this run; the message says what to do."""
 
 
 @dataclass
@@ -131,88 +69,19 @@ def _find_tokenizer(folder: Path) -> Path | None:
     return folder if has else None
 
 
-def _bert_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    pos = config.get("position_embedding_type", "absolute")
-    if pos != "absolute":
-        raise InitError(
-            f"--init_from {path}: position_embedding_type {pos!r} in {path / 'config.json'}; "
-            "this trainer's BERT uses absolute position embeddings only."
-        )
-    full = BertConfig.from_dict(config)  # keys the file omits take transformers' defaults, as there
-    return {"arch": "bert", **{k: getattr(full, k) for k in _ARCH_FIELDS}}
-
-
-def _global_every(types: list[str]) -> int | None:
-    """The N of ModernBERT's layer pattern (layer i global when i % N == 0) that gives ``types``,
-    or None when no N does (our config holds only that pattern)."""
-    full = [i for i, t in enumerate(types) if t == "full_attention"]
-    every = full[1] if len(full) > 1 else max(len(types), 1)  # only layer 0 global: N >= layers
-    return every if layer_types(len(types), every) == list(types) else None
-
-
-def _modernbert_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig fields of a ModernBERT config.json; what our block cannot hold is an InitError
-    naming the key. from_dict reads legacy files (global_rope_theta, global_attn_every_n_layers)
-    and new ones (rope_parameters, layer_types) alike."""
-    cfg_file = path / "config.json"
-    try:
-        full = ModernBertConfig.from_dict(config)
-    except Exception as e:  # transformers' strict config raises several types for a bad value
-        raise InitError(
-            f"--init_from {path}: {cfg_file} is not a valid ModernBertConfig "
-            f"({type(e).__name__}: {e})."
-        ) from e
-    wrong = [
-        f"{k}: {getattr(full, k)!r} (this trainer's ModernBERT block has {v!r})"
-        for k, v in _MODERNBERT_FIXED.items()
-        if getattr(full, k) != v
-    ]
-    rope = full.rope_parameters
-    wrong += [
-        f"rope_parameters.{t}.rope_type: {rope[t]['rope_type']!r} (only 'default' rotary here)"
-        for t in ("full_attention", "sliding_attention")
-        if rope[t].get("rope_type", "default") != "default"
-    ]
-    every = _global_every(full.layer_types)
-    if every is None:
-        wrong.append(
-            f"layer_types: {full.layer_types} (here layer i attends globally exactly when "
-            "i % global_attn_every_n_layers == 0)"
-        )
-    if wrong:
-        raise InitError(
-            f"--init_from {path}: {cfg_file} describes a ModernBERT that this trainer's block "
-            "cannot hold:\n  " + "\n  ".join(wrong) + "\nStart from a checkpoint with "
-            "transformers' defaults for those keys (as answerdotai/ModernBERT-* have)."
-        )
-    return {
-        "arch": "modernbert",
-        "hidden_size": full.hidden_size,
-        "num_hidden_layers": full.num_hidden_layers,
-        "num_attention_heads": full.num_attention_heads,
-        "intermediate_size": full.intermediate_size,
-        "max_position_embeddings": full.max_position_embeddings,
-        "hidden_act": full.hidden_activation,
-        "hidden_dropout_prob": full.mlp_dropout,  # our config has one rate for embeddings and MLP
-        "attention_probs_dropout_prob": full.attention_dropout,
-        "layer_norm_eps": full.norm_eps,
-        "initializer_range": full.initializer_range,
-        "local_attention": full.local_attention,
-        "global_attn_every_n_layers": every,
-        "global_rope_theta": float(rope["full_attention"]["rope_theta"]),
-        "local_rope_theta": float(rope["sliding_attention"]["rope_theta"]),
-    }
-
-
 def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
     model_type = config.get("model_type")
-    if model_type not in ARCH_NAMES:
+    spec = spec_for_model_type(model_type)
+    if spec is None:
+        known = " and ".join(
+            f"{s.display_name} (model_type {', '.join(map(repr, s.adapter.model_types))})"
+            for s in ARCHES.values()
+        )
         raise InitError(
             f"--init_from {path}: {path / 'config.json'} has model_type {model_type!r}; only "
-            'BERT (model_type "bert") and ModernBERT ("modernbert") checkpoints can initialise '
-            "this model."
+            f"{known} checkpoints can initialise this model."
         )
-    fields = (_bert_fields if model_type == "bert" else _modernbert_fields)(path, config)
+    fields = spec.adapter.fields_from_hf(path, config)
     if not any((path / f).is_file() for f in _HF_WEIGHTS):
         raise InitError(
             f"--init_from {path}: no weights there (expected one of "
@@ -233,7 +102,7 @@ def _run_source(path: Path, ckpt: Path) -> InitSource:
         cfg = resolve_config(ModelConfig(**state["config"]["model_cfg"]), vocab)
     except ValueError as e:
         raise InitError(f"--init_from {path}: the architecture of {ckpt}: {e}") from e
-    names = _ARCH_FIELDS if cfg.arch == "bert" else MODERNBERT_FIELDS
+    names = ARCHES[cfg.arch].adapter.run_fields
     fields = {"arch": cfg.arch, **{k: getattr(cfg, k) for k in names}}
     return InitSource(path, "run", ckpt, fields, _tokenizer_dir(ckpt.parent.parent, state))
 
@@ -288,9 +157,11 @@ def locate(path: str | Path) -> InitSource:
         ckpt = None
     if ckpt is not None:
         return _run_source(path, ckpt)
+    names = [s.display_name for s in ARCHES.values()]
+    types = " or ".join(repr(t) for s in ARCHES.values() for t in s.adapter.model_types)
     raise InitError(
-        f"--init_from {path}: not a BERT checkpoint (nor a ModernBERT one): expected a "
-        'transformers folder (config.json with model_type "bert" or "modernbert" and '
+        f"--init_from {path}: not a {names[0]} checkpoint (nor a {', '.join(names[1:])} one): "
+        f"expected a transformers folder (config.json with model_type {types} and "
         "model.safetensors or pytorch_model.bin) or a pretrain run / checkpoints/step_N "
         "folder with a COMPLETE marker."
     )
@@ -307,35 +178,40 @@ def architecture_conflicts(ckpt_cfg: dict[str, Any], flags_cfg: dict[str, Any]) 
     (a preset's fields or flags), as "field: checkpoint X, flags Y" lines; empty when none."""
     return [
         f"{k}: checkpoint {ckpt_cfg[k]!r}, flags {flags_cfg[k]!r}"
-        for k in CONFLICT_FIELDS[ckpt_cfg.get("arch", "bert")]
+        for k in ARCHES[ckpt_cfg.get("arch", "bert")].adapter.conflict_fields
         if k in flags_cfg and k in ckpt_cfg and flags_cfg[k] != ckpt_cfg[k]
     ]
 
 
 def check_arch(src: InitSource, run_arch: str) -> None:
-    """A source of the other arch than the run's cannot initialise it (other names, shapes and
-    computation); the message names both archs."""
+    """A source of another arch than the one the launch asks for (--arch, or a --model preset's)
+    cannot initialise it (other names, shapes and computation); the message names both archs."""
     arch = src.model_fields["arch"]
     if arch == run_arch:
         return
     what = (
         f"{src.checkpoint} is a --arch {arch} run"
         if src.kind == "run"
-        else f"{src.checkpoint} is a {ARCH_NAMES[arch]} checkpoint (--arch {arch})"
+        else f"{src.checkpoint} is a {ARCHES[arch].display_name} checkpoint (--arch {arch})"
     )
     raise InitError(
-        f"--init_from {src.path}: {what}, but this run is --arch {run_arch}. Launch with "
-        f"--arch {arch} (the architecture comes from the checkpoint), or start from a "
-        f"{ARCH_NAMES[run_arch]} checkpoint."
+        f"--init_from {src.path}: {what}, but this run is --arch {run_arch}. Drop --arch and a "
+        f"--model of another arch (the architecture comes from the checkpoint), or start from a "
+        f"{ARCHES[run_arch].display_name} checkpoint."
     )
+
+
+def adapter_of(arch: str) -> StateDictAdapter:
+    """The Hugging Face adapter of ``arch`` (its spec's)."""
+    return ARCHES[arch].adapter
 
 
 def extend_context(cfg: Any, max_seq_len: int | None) -> Any:
-    """ModernBERT has no position table (rotary): a run on longer sequences than its
+    """A rotary arch (ModernBERT) has no position table: a run on longer sequences than its
     max_position_embeddings raises it to them (a context extension; the --init_from report says
-    so). BERT's config is returned as it is (its table cannot grow: :func:`check_positions`)."""
+    so). A learned table's config is returned as it is (it cannot grow: :func:`check_positions`)."""
     if (
-        cfg.arch != "modernbert"
+        not ARCHES[cfg.arch].rotary
         or max_seq_len is None
         or max_seq_len <= cfg.max_position_embeddings
     ):
@@ -365,33 +241,11 @@ def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise InitError(f"--init_from {folder}: no weights file ({', '.join(_HF_WEIGHTS)}).")
 
 
-def _bert_name(key: str) -> str:
-    """transformers BertFor* names: prefixes model./module. dropped, bare BertModel keys under
-    bert., LayerNorm gamma/beta renamed weight/bias."""
-    k = key
-    while k.startswith(("model.", "module.")):
-        k = k.split(".", 1)[1]
-    if k.startswith(("embeddings.", "encoder.", "pooler.")):
-        k = "bert." + k
-    k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
-    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
-
-
-def _modernbert_name(key: str) -> str:
-    """transformers ModernBertForMaskedLM names, whose encoder *is* under model.: a DeepSpeed
-    module. prefix dropped, bare ModernBertModel keys put under model."""
-    k = key
-    while k.startswith("module."):
-        k = k[len("module.") :]
-    if k.startswith(("embeddings.", "layers.", "final_norm.")):
-        k = "model." + k
-    return k
-
-
 def canonical_keys(sd: dict[str, Any], where: Path, arch: str = "bert") -> dict[str, Any]:
-    """The tensors of ``sd`` under our model's names for ``arch`` (those of transformers'
-    BertFor* / ModernBertForMaskedLM); two keys mapping to one name are an InitError."""
-    rename = _bert_name if arch == "bert" else _modernbert_name
+    """The tensors of ``sd`` under our model's names for ``arch`` (its adapter's ``to_ours``:
+    transformers' BertFor* / ModernBertForMaskedLM names); two keys mapping to one name are an
+    InitError."""
+    rename = adapter_of(arch).to_ours
     out: dict[str, Any] = {}
     for key, value in sd.items():
         k = rename(key)
@@ -409,11 +263,15 @@ def init_model_config(
     --model preset's fields and --hidden_size-style flags); disagreeing ones are an InitError
     listing every difference. Dropout and initializer_range given explicitly are kept, and for
     ModernBERT max_position_embeddings and the rope thetas (a context extension raises them);
-    its max_position_embeddings grows to ``max_seq_len`` (:func:`extend_context`). A source of
-    another arch than ``base_cfg``'s is an InitError (:func:`check_arch`)."""
+    its max_position_embeddings grows to ``max_seq_len`` (:func:`extend_context`).
+    The arch is the checkpoint's: without "arch" in ``explicit`` (no --arch, no --model) the
+    build starts from that arch's default preset with the explicit fields; an explicit other
+    arch is an InitError naming both (:func:`check_arch`)."""
     src = locate(path)
     fields = src.model_fields
-    check_arch(src, base_cfg.arch)
+    if "arch" in explicit:
+        check_arch(src, explicit["arch"])
+    base_cfg = _on_arch(base_cfg, fields["arch"], explicit)
     if explicit.get("config_json"):
         raise InitError(
             f"--init_from {path} and --config_json {explicit['config_json']} both "
@@ -426,12 +284,26 @@ def init_model_config(
             "preset/flags given:\n  " + "\n  ".join(conflicts) + "\nDrop those flags "
             "(the architecture comes from the checkpoint) or choose another checkpoint."
         )
-    if fields["arch"] == "bert":
+    adapter = adapter_of(fields["arch"])
+    if adapter.pos_emb is not None:  # a learned position table cannot grow
         check_positions(fields["max_position_embeddings"], max_seq_len, Path(path))
-    fixed = CONFLICT_FIELDS[fields["arch"]]
+    fixed = adapter.conflict_fields
     kept = {k: v for k, v in explicit.items() if k in fields and k not in fixed}
     cfg = dataclasses.replace(base_cfg, **{**fields, **kept}, config_json=None, name="init_from")
     return extend_context(cfg, max_seq_len)
+
+
+def _on_arch(base_cfg: Any, arch: str, explicit: dict[str, Any]) -> Any:
+    """``base_cfg``, or when the checkpoint's ``arch`` is another one, that arch's default preset
+    with the fields the user gave explicitly (an ``--attention auto`` resolved for it, as the
+    command line resolves it for the flags' arch)."""
+    if base_cfg.arch == arch:
+        return base_cfg
+    from bertforge.pretrain.model.document_attention import resolve_attention
+
+    given = {k: v for k, v in explicit.items() if k != "name"}
+    cfg = dataclasses.replace(PRESETS[DEFAULT_PRESET[arch]], **given)
+    return dataclasses.replace(cfg, attention=resolve_attention(cfg.attention, arch))
 
 
 def check_positions(rows: int, max_seq_len: int | None, path: Path) -> None:

@@ -1,9 +1,9 @@
-"""What ``--model`` and ``--arch`` name: the encoder's architecture fields and the presets.
+"""What ``--arch`` and the architecture flags set: the encoder's fields.
 
-One dataclass for both architectures (``arch`` "bert" or "modernbert"): the fields a ModernBERT
+One dataclass for every architecture (``arch`` "bert" or "modernbert"): the fields a ModernBERT
 does not use (``type_vocab_size``, ``share_layers``) stay at their defaults there, and the
-ModernBERT-only ones (rotary thetas, local attention) are ignored by BERT. Each arch has a tiny
-preset for the tests and the published base/large shapes.
+ModernBERT-only ones (rotary thetas, local attention) are ignored by BERT. Each arch's presets
+(``--model``) live in its folder's ``spec.py``; :mod:`pretrain.model.registry` lists them all.
 """
 
 from __future__ import annotations
@@ -11,10 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertforge.cli import opt
-
-ARCHES = ("bert", "modernbert")
-#: The preset ``--arch X`` picks when ``--model`` is not given.
-DEFAULT_PRESET = {"bert": "tiny", "modernbert": "modernbert-tiny"}
 
 
 @dataclass
@@ -63,70 +59,6 @@ class ModelConfig:
     )
     global_rope_theta: float = opt(160000.0, "modernbert: rotary base of the global layers")
     local_rope_theta: float = opt(10000.0, "modernbert: rotary base of the local layers")
-
-
-def _modernbert(name: str, hidden: int, layers: int, heads: int, ffn: int, max_pos: int):
-    """A ModernBERT shape with its released defaults: no dropout, LayerNorm eps 1e-5, the
-    vocabulary padded to a multiple of 64."""
-    return ModelConfig(
-        name=name,
-        arch="modernbert",
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=ffn,
-        max_position_embeddings=max_pos,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        layer_norm_eps=1e-5,
-        vocab_multiple=64,
-    )
-
-
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(
-        name="tiny",
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=512,
-    ),
-    "small": ModelConfig(
-        name="small",
-        hidden_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        intermediate_size=2048,
-    ),
-    "base": ModelConfig(
-        name="base",
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-    ),
-    "large": ModelConfig(
-        name="large",
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        intermediate_size=4096,
-    ),
-    # ModernBERT-base and -large as published (answerdotai/ModernBERT-*, config.json); tiny has
-    # three layers so that both a global and a local layer are in it.
-    "modernbert-tiny": _modernbert("modernbert-tiny", 128, 3, 2, 192, 512),
-    "modernbert-base": _modernbert("modernbert-base", 768, 22, 12, 1152, 8192),
-    "modernbert-large": _modernbert("modernbert-large", 1024, 28, 16, 2624, 8192),
-}
-
-
-def preset(name: str) -> ModelConfig:
-    """The preset called ``name``; an unknown name is a ValueError that lists the choices."""
-    if name not in PRESETS:
-        raise ValueError(
-            f"unknown model preset --model {name!r}: choose one of {', '.join(PRESETS)}"
-        )
-    return PRESETS[name]
 
 
 def export_config(config, architecture: str, vocab_size: int | None = None):

@@ -1,6 +1,7 @@
 """--arch modernbert through the trainer: three DeepSpeed steps on the CPU config, then an export
 that transformers loads as ModernBertForMaskedLM with the trained model's masked-row logits; a
-BERT launch refuses that run as --init_from and as a checkpoint to resume."""
+launch that asks for BERT refuses that run as --init_from (one without --arch takes the run's
+architecture) and as a checkpoint to resume."""
 
 from __future__ import annotations
 
@@ -87,10 +88,18 @@ def test_a_bert_launch_refuses_the_modernbert_run(modernbert_run, english_shards
     from bertforge.pretrain.main import main
 
     data = ["--data", str(english_shards), "--dry-run"]
-    # --init_from a modernbert run into a bert launch names both archs; resuming under another
-    # --arch is another model.
-    assert main([*data, "--init_from", str(modernbert_run)]) == USER_ERROR_EXIT
-    assert "is a --arch modernbert run" in capsys.readouterr().err
+    # --init_from a modernbert run into a launch that asks for bert names both archs; without
+    # --arch the architecture comes from the run; resuming under another --arch is another model.
+    init = ["--init_from", str(modernbert_run)]
+    assert main([*data, *init, "--arch", "bert"]) == USER_ERROR_EXIT
+    assert "is a --arch modernbert run, but this run is --arch bert" in capsys.readouterr().err
+    assert main([*data, *init, "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)["config"]["model"]
+    assert (model["arch"], model["attention"], model["local_attention"]) == (
+        "modernbert",
+        "document",
+        32,
+    )
     resume = ["--output_dir", str(modernbert_run), "--resume", "auto"]
     assert main([*data, *resume]) == USER_ERROR_EXIT
     assert "model.arch = 'modernbert' (checkpoint) != 'bert'" in capsys.readouterr().err

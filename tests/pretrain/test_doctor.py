@@ -83,7 +83,7 @@ def test_modernbert_estimate_knows_local_layers_and_geglu(tmp_path):
     import dataclasses
 
     from bertforge.pretrain.doctor.memory_estimate import MLM_FRACTION, model_shape
-    from bertforge.pretrain.model.model_config import PRESETS
+    from bertforge.pretrain.model.registry import PRESETS
 
     s, h, a, i = 8192, 768, 12, 1152
     shape = model_shape("modernbert-base", tmp_path, s, False)  # no manifest: vocab 30522

@@ -231,11 +231,32 @@ def test_an_irregular_layer_pattern_is_refused(mb_folder, tmp_path):
 
 def test_another_arch_is_refused_naming_both(mb_folder, tmp_path):
     msg = r"is a ModernBERT checkpoint \(--arch modernbert\), but this run is --arch bert"
-    with pytest.raises(InitError, match=msg):
-        init_model_config(mb_folder, PRESETS["tiny"], {})
+    with pytest.raises(InitError, match=msg):  # --arch bert given
+        init_model_config(mb_folder, PRESETS["tiny"], {"arch": "bert"})
+    with pytest.raises(InitError, match=msg):  # --model tiny: a BERT preset
+        init_model_config(mb_folder, PRESETS["tiny"], dataclasses.asdict(PRESETS["tiny"]))
     bert_model = build_model(PRESETS["tiny"], 3000)  # built without the config check
     with pytest.raises(InitError, match=msg):
         load_initial_weights(bert_model, mb_folder, tokenizer_dir_of_shards=mb_folder)
     bert = build_tiny_bert(tmp_path / "bert")
     with pytest.raises(InitError, match=r"a BERT checkpoint \(--arch bert\), but this run is --"):
         init_model_config(bert, BASE, RUN_FLAGS)
+
+
+def test_without_arch_the_architecture_comes_from_the_checkpoint(mb_folder):
+    """No --arch and no --model (the parser's BERT defaults, attention auto resolved to BERT's
+    full): the config is the one `--arch modernbert` gives, document attention included, and
+    the flags given are kept."""
+    bert_defaults = dataclasses.replace(PRESETS["tiny"], attention="full")
+    named = dataclasses.replace(PRESETS["modernbert-tiny"], attention="document")
+    for flags in ({}, {"loss_impl": "torch", "hidden_dropout_prob": 0.05}):
+        # the command line puts the flags onto its preset before the checkpoint is read
+        on_bert = dataclasses.replace(bert_defaults, **flags)
+        cfg = init_model_config(mb_folder, on_bert, flags, max_seq_len=64)
+        on_named = dataclasses.replace(named, **flags)
+        ref = init_model_config(mb_folder, on_named, {**RUN_FLAGS, **flags}, max_seq_len=64)
+        assert cfg == ref
+        assert (cfg.arch, cfg.attention, cfg.vocab_multiple) == ("modernbert", "document", 64)
+    assert cfg.loss_impl == "torch" and cfg.hidden_dropout_prob == 0.05
+    full = init_model_config(mb_folder, bert_defaults, {"attention": "full"})
+    assert full.attention == "full"  # an explicit --attention stays

@@ -14,7 +14,8 @@ from transformers import ModernBertForMaskedLM
 
 from bertforge.pretrain.model.attention_paths import ATTN_IMPLEMENTATION
 from bertforge.pretrain.model.bert import PRESETS, build_model
-from bertforge.pretrain.model.modernbert import ArchError, check_supported
+from bertforge.pretrain.model.registry import ArchError, check_supported
+from bertforge.pretrain.model.specs import MLM_NSP
 
 PADDED = 2048  # VOCAB 1999 padded to a multiple of 64
 
@@ -109,7 +110,7 @@ def test_raising_the_global_rope_theta_equals_a_model_built_with_it():
     ("changes", "flag"),
     [
         ({"config_json": "bert_config.json"}, "--config_json"),
-        ({"nsp": True}, "NSP shards"),
+        ({"objective": MLM_NSP}, "NSP shards"),
     ],
 )
 def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
@@ -119,9 +120,9 @@ def test_bert_only_features_are_refused_naming_the_flag(changes, flag):
     with pytest.raises(ArchError, match=flag):
         check_supported(cfg, **inputs)
     check_supported(dataclasses.replace(cfg, arch="bert"), **inputs)  # bert: nothing refused
-    if not inputs or "nsp" in inputs:  # the model itself refuses them too
+    if not inputs or "objective" in inputs:  # the model itself refuses them too
         with pytest.raises(ArchError, match=flag):
-            build_model(cfg, VOCAB, nsp=bool(inputs.get("nsp")))
+            build_model(cfg, VOCAB, objective=inputs.get("objective"))
 
 
 REFUSED = {  # what a modernbert launch cannot train: (flags, what the message names)
@@ -154,7 +155,7 @@ def test_the_trainer_refuses_what_modernbert_cannot_train(
 
 
 def test_sharing_trains_under_zero2_or_torch_checkpointing():
-    from bertforge.pretrain.model.modernbert import check_engine
+    from bertforge.pretrain.model.registry import check_engine
 
     shared = dataclasses.replace(PRESETS["modernbert-tiny"], share_layers="all")
     for stage, mode in ((2, "deepspeed"), (3, "torch"), (3, "none")):

@@ -1,4 +1,4 @@
-"""BERT for pretraining: transformers' BertModel (SDPA attention) + heads on masked rows only.
+"""``--arch bert`` for pretraining: transformers' BertModel (SDPA) + heads on masked rows only.
 
 Parameter names are exactly those of `transformers.BertForPreTraining` (with NSP) or
 `BertForMaskedLM` (MLM only: no pooler, no NSP head), so `model.state_dict()` loads into them with
@@ -30,16 +30,11 @@ from transformers.models.bert.modeling_bert import (
 
 from bertforge.kernels import api as kernels
 from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask
-from bertforge.pretrain.model.model_config import ARCHES, ModelConfig, export_config, padded_vocab
-
-# The presets' first home: `from bertforge.pretrain.model.bert import PRESETS, preset` works.
-from bertforge.pretrain.model.model_config import PRESETS as PRESETS
-from bertforge.pretrain.model.model_config import preset as preset
+from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 from bertforge.pretrain.model.sharing import LayerSharingMixin, layer_groups
-
-CHECKPOINTING_MODES = ("none", "torch", "deepspeed")
-
+from bertforge.pretrain.model.specs import ObjectiveSpec
 
 _ARCH_FIELDS = (
     "hidden_size",
@@ -95,35 +90,6 @@ def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
     conf = BertConfig(vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple), **arch)
     conf._attn_implementation = "sdpa"
     return conf
-
-
-def apply_activation_checkpointing(model, mode: str, *, shares_layers: bool = False) -> None:
-    """Recompute `model`'s encoder layers in backward: "none", "torch" (non-reentrant torch
-    checkpoint) or "deepspeed" (deepspeed.checkpointing.checkpoint: the trainer must have called
-    `deepspeed.checkpointing.configure(None, deepspeed_config=...)` after init_distributed).
-    `model` is a transformers PreTrainedModel whose layers are GradientCheckpointingLayers."""
-    if mode not in CHECKPOINTING_MODES:
-        raise ValueError(f"activation checkpointing {mode!r}: choose one of {CHECKPOINTING_MODES}")
-    if mode == "none":
-        model._set_gradient_checkpointing(enable=False)
-    elif mode == "torch":
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
-    else:
-        import deepspeed
-
-        # DeepSpeed's reentrant checkpoint runs a separate backward per layer, so a shared
-        # weight would receive (and ZeRO reduce) one gradient per layer that uses it, which
-        # ZeRO refuses; the non-reentrant variant keeps one backward graph (one gradient,
-        # summed by autograd) and honours the same activation-checkpointing config.
-        func = (
-            deepspeed.checkpointing.non_reentrant_checkpoint
-            if shares_layers
-            else deepspeed.checkpointing.checkpoint
-        )
-        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
-    model.checkpointing = mode
 
 
 class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
@@ -339,20 +305,12 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         return sd
 
 
-def build_model(
-    model_cfg: ModelConfig, vocab_size: int, nsp: bool = False, *, max_seq_len: int | None = None
+def build_bert(
+    model_cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> BertForPretrainingMasked:
-    """Build the pretraining model for a tokenizer of `vocab_size` entries (from the manifest):
-    a BERT, or the ModernBERT of :mod:`pretrain.model.modernbert` for ``arch="modernbert"``.
-
-    max_seq_len (the shards'): checked against max_position_embeddings.
-    """
-    if model_cfg.arch not in ARCHES:
-        raise ValueError(f"--arch {model_cfg.arch!r}: choose one of {', '.join(ARCHES)}")
-    if model_cfg.arch == "modernbert":  # lazy: that module builds on this one
-        from bertforge.pretrain.model.modernbert import build_modernbert
-
-        return build_modernbert(model_cfg, vocab_size, nsp, max_seq_len=max_seq_len)
+    """The BERT pretraining model for a tokenizer of `vocab_size` entries (from the manifest),
+    with the NSP head when the objective has one; max_seq_len (the shards'): checked against
+    max_position_embeddings."""
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a BERT tokenizer")
     cfg = resolve_config(model_cfg, vocab_size)
@@ -368,4 +326,6 @@ def build_model(
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
     conf = bert_config(cfg, vocab_size)
     layer_groups(cfg.share_layers, conf.num_hidden_layers)  # a bad spec fails before any allocation
-    return BertForPretrainingMasked(conf, vocab_size, nsp, cfg.loss_impl, cfg.share_layers)
+    return BertForPretrainingMasked(
+        conf, vocab_size, objective.nsp, cfg.loss_impl, cfg.share_layers
+    )

@@ -11,8 +11,8 @@ strictly; the forward pass gathers the masked rows before the head and ends in
 ``kernels.masked_lm_loss_rows``, as the BERT arch does. The vocabulary is padded (to 64 in the
 presets); the padding columns take no part in the softmax.
 
-What only the BERT arch has is refused with :class:`ArchError` (exit status 2) by
-:func:`check_supported`, before any rendezvous.
+What only the BERT arch has is refused with :class:`ArchError` (exit status 2) before any
+rendezvous: :func:`unsupported` lists it for the registry's ``check_supported``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from transformers import ModernBertConfig
 from transformers.models.modernbert.modeling_modernbert import ModernBertForMaskedLM
 
-from bertforge.errors import UserError
 from bertforge.kernels import api as kernels
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.model.attention_paths import (
@@ -31,46 +30,32 @@ from bertforge.pretrain.model.attention_paths import (
     log_path_once,
     use_varlen,
 )
-from bertforge.pretrain.model.bert import apply_activation_checkpointing
+from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask, unpad
+from bertforge.pretrain.model.errors import ArchError
 from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 from bertforge.pretrain.model.sharing import LayerSharingMixin
+from bertforge.pretrain.model.specs import ObjectiveSpec
 
 #: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
 VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
 
 
-class ArchError(UserError, ValueError):
-    """A flag or input the chosen --arch does not support; the message names the flag."""
-
-
-def check_supported(cfg: ModelConfig, *, nsp: bool = False) -> None:
-    """Refuse what only the BERT arch implements, naming the flag (nothing to do for bert)."""
-    if cfg.arch != "modernbert":
-        return
-    refused = []  # (what, why and what to do instead)
+def unsupported(cfg: ModelConfig, objective: ObjectiveSpec) -> list[str]:
+    """What only the BERT arch implements beyond the objectives (the spec lists the ones it
+    trains), each "what: why" (empty: fine)."""
     if cfg.config_json:
-        refused.append(f"--config_json {cfg.config_json}: it reads a BERT config.json")
-    if nsp:
-        refused.append(
-            "NSP shards (--data built with --format nsp): ModernBERT has no NSP head; "
-            "build packed shards"
-        )
-    if refused:
-        raise ArchError(
-            "--arch modernbert does not support yet: "
-            + "; ".join(refused)
-            + ". Drop that, or train with --arch bert."
-        )
+        return [f"--config_json {cfg.config_json}: it reads a BERT config.json"]
+    return []
 
 
 def check_engine(cfg: ModelConfig, zero_stage: int, checkpointing: str) -> None:
     """Refuse the engine settings this arch cannot train with, naming the flags (before any
-    rendezvous; nothing to do for bert)."""
+    rendezvous)."""
     shared = cfg.share_layers.strip().lower() != "none"
-    if cfg.arch == "modernbert" and shared and zero_stage == 3 and checkpointing == "deepspeed":
-        # Shared layers need DeepSpeed's non-reentrant checkpoint (pretrain.model.bert.
-        # apply_activation_checkpointing); under ZeRO-3 its recompute of ModernBERT's layers
+    if shared and zero_stage == 3 and checkpointing == "deepspeed":
+        # Shared layers need DeepSpeed's non-reentrant checkpoint (pretrain.model.
+        # checkpointing); under ZeRO-3 its recompute of ModernBERT's layers
         # meets released weights ("The size of tensor a (0) must match ... 192" in backward;
         # DeepSpeed 0.19.8, shared or not), while BERT's layers and torch's checkpoint train.
         raise ArchError(
@@ -91,8 +76,9 @@ def layer_types(num_layers: int, every: int) -> list[str]:
 
 def modernbert_config(cfg: ModelConfig, vocab_size: int) -> ModernBertConfig:
     """transformers.ModernBertConfig for `cfg`, the vocabulary padded to cfg.vocab_multiple.
-    The special-token ids are set from the tokenizer on export (:func:`set_tokenizer_ids`);
-    training only needs a pad id inside the vocabulary (our tokenizers put [PAD] at 0)."""
+    The special-token ids are set from the tokenizer on export (the adapter's
+    ``set_tokenizer_ids``); training only needs a pad id inside the vocabulary (our tokenizers
+    put [PAD] at 0)."""
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ArchError(
             f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
@@ -133,14 +119,6 @@ def modernbert_config(cfg: ModelConfig, vocab_size: int) -> ModernBertConfig:
     # Our attention paths (pretrain.model.attention_paths); an export does not carry the name.
     conf._attn_implementation = ATTN_IMPLEMENTATION
     return conf
-
-
-def set_tokenizer_ids(conf: ModernBertConfig, tokenizer) -> None:
-    """Write the tokenizer's [PAD]/[CLS]/[SEP] ids into an exported config (transformers'
-    defaults are those of ModernBERT's own 50k vocabulary)."""
-    conf.pad_token_id = tokenizer.pad_token_id
-    conf.cls_token_id = conf.bos_token_id = tokenizer.cls_token_id
-    conf.sep_token_id = conf.eos_token_id = tokenizer.sep_token_id
 
 
 class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
@@ -357,11 +335,10 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
 
 
 def build_modernbert(
-    cfg: ModelConfig, vocab_size: int, nsp: bool = False, *, max_seq_len: int | None = None
+    cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> ModernBertForPretrainingMasked:
-    """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries; what the arch
-    does not support (NSP, a BERT config JSON) is an ArchError."""
-    check_supported(cfg, nsp=nsp)
+    """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries (what the arch
+    does not support, :func:`unsupported`, the registry's ``build_model`` refused already)."""
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a tokenizer")
     if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:

@@ -1,0 +1,61 @@
+"""BERT's Hugging Face checkpoints: their config.json as our fields, their keys as our names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from transformers import BertConfig
+
+from bertforge.pretrain.model.bert.model import _ARCH_FIELDS
+from bertforge.pretrain.model.errors import InitError
+from bertforge.pretrain.model.specs import StateDictAdapter
+
+WORD_EMB, MLM_BIAS = "bert.embeddings.word_embeddings.weight", "cls.predictions.bias"
+
+
+def fields_from_hf(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields of a BERT config.json (keys it omits take transformers' defaults)."""
+    pos = config.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        raise InitError(
+            f"--init_from {path}: position_embedding_type {pos!r} in {path / 'config.json'}; "
+            "this trainer's BERT uses absolute position embeddings only."
+        )
+    full = BertConfig.from_dict(config)
+    return {"arch": "bert", **{k: getattr(full, k) for k in _ARCH_FIELDS}}
+
+
+def to_ours(key: str) -> str:
+    """transformers BertFor* names: prefixes model./module. dropped, bare BertModel keys under
+    bert., LayerNorm gamma/beta renamed weight/bias."""
+    k = key
+    while k.startswith(("model.", "module.")):
+        k = k.split(".", 1)[1]
+    if k.startswith(("embeddings.", "encoder.", "pooler.")):
+        k = "bert." + k
+    k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+
+
+ADAPTER = StateDictAdapter(
+    model_types=("bert",),
+    fields_from_hf=fields_from_hf,
+    run_fields=_ARCH_FIELDS,
+    conflict_fields=(
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "hidden_act",
+        "layer_norm_eps",
+    ),
+    to_ours=to_ours,
+    word_emb=WORD_EMB,
+    mlm_bias=MLM_BIAS,
+    tied={"cls.predictions.decoder.weight": WORD_EMB, "cls.predictions.decoder.bias": MLM_BIAS},
+    pos_emb="bert.embeddings.position_embeddings.weight",
+)

@@ -1,0 +1,50 @@
+"""``--arch bert``: the 2018 BERT as a :class:`~pretrain.model.specs.ModelSpec`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bertforge.pretrain.model.bert.adapter import ADAPTER
+from bertforge.pretrain.model.bert.model import build_bert
+from bertforge.pretrain.model.model_config import ModelConfig
+from bertforge.pretrain.model.specs import ModelSpec
+
+
+def _preset(name: str, hidden: int, layers: int, heads: int, ffn: int) -> ModelConfig:
+    return ModelConfig(
+        name=name,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+    )
+
+
+PRESETS = {
+    "tiny": _preset("tiny", 128, 2, 2, 512),
+    "small": _preset("small", 512, 4, 8, 2048),
+    "base": _preset("base", 768, 12, 12, 3072),
+    "large": _preset("large", 1024, 24, 16, 4096),
+}
+
+
+def layer_activation_bytes(shape: Any, micro_batch: int, varlen: bool) -> list[float]:
+    """Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) bytes per layer in 16 bit (an upper bound:
+    fused attention does not keep the s×s scores); BERT has no unpadded path."""
+    s, b, h, a = shape.seq_len, micro_batch, shape.hidden, shape.heads
+    return [s * b * h * (34 + 5 * a * s / h)] * shape.layers
+
+
+SPEC = ModelSpec(
+    name="bert",
+    display_name="BERT",
+    presets=PRESETS,
+    default_preset="tiny",
+    build=build_bert,
+    adapter=ADAPTER,
+    default_attention="full",
+    objectives=("mlm", "mlm+nsp"),
+    rotary=False,
+    memory_terms=lambda cfg: {},
+    layer_activation_bytes=layer_activation_bytes,
+)

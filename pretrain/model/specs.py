@@ -1,0 +1,151 @@
+"""What an architecture and a training objective are to the rest of the trainer.
+
+An architecture is a folder of this package (``bert/``, ``modernbert/``) whose ``spec.py``
+defines one :class:`ModelSpec`: its presets, how to build it, the adapter that reads a Hugging
+Face checkpoint for ``--init_from`` and writes the export (:class:`StateDictAdapter`), its
+default attention, its terms of the doctor's memory estimate and what it refuses. The one list of
+them is :mod:`pretrain.model.registry`; nothing outside this package compares architecture names.
+
+A training objective is an :class:`ObjectiveSpec`: the heads it adds to the encoder, the loss
+terms the model returns (summed into ``loss``), the metrics the trainer logs for it, the shard
+format and batch keys it needs, and the extra networks trained beside the encoder (none for MLM
+and MLM+NSP; ELECTRA's replaced-token detection will name its generator there). The data decides
+the objective today: NSP shards train MLM+NSP, packed ones MLM (:func:`objective_for_format`).
+(In the spirit of torchtitan's ``protocols/model_spec.py`` and its
+``models/<name>/state_dict_adapter.py``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from bertforge.pretrain.model.model_config import ModelConfig
+
+
+class PretrainingModel(Protocol):
+    """What the trainer, export, dry run and doctor use of a built model (an ``nn.Module`` and a
+    transformers ``PreTrainedModel`` of the arch, with the heads on masked rows only)."""
+
+    arch: str  # the ModelSpec's name
+    nsp: bool  # whether the NSP head is there (objective "mlm+nsp")
+    true_vocab_size: int  # the tokenizer's vocabulary (padding rows excluded from the softmax)
+    hf_architecture: str  # the transformers class whose state dict this model's matches
+    tied_keys: tuple[str, ...]  # keys a consolidated checkpoint may omit (tied to others)
+    config: Any  # the transformers config
+
+    def __call__(self, **batch: Any) -> dict[str, Any]: ...
+    def predict_masked(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
+    def encode(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
+    def set_activation_checkpointing(self, mode: str) -> None: ...
+    def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float: ...
+    def hf_config(self, unpad_vocab: bool = False) -> Any: ...
+    def hf_state_dict(self, unpad_vocab: bool = False) -> dict[str, torch.Tensor]: ...
+    def register_zero3_external_parameters(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StateDictAdapter:
+    """How an arch's Hugging Face checkpoints map onto our model (``--init_from``, export)."""
+
+    model_types: tuple[str, ...]  # config.json model_type values of this arch's checkpoints
+    #: (folder, config.json dict) -> ModelConfig fields, "arch" included; InitError if unusable
+    fields_from_hf: Callable[[Path, dict[str, Any]], dict[str, Any]]
+    run_fields: tuple[str, ...]  # ModelConfig fields a checkpoint of this arch sets
+    #: fields explicit flags must not contradict (the weights' shapes and the computation)
+    conflict_fields: tuple[str, ...]
+    to_ours: Callable[[str], str]  # a transformers key -> our (transformers' BertFor*-style) name
+    word_emb: str  # word embeddings: vocabulary rows (the decoder's weight is tied to them)
+    mlm_bias: str  # the MLM output bias: vocabulary rows
+    tied: dict[str, str]  # key tied to another in our model -> that key: never loaded alone
+    pos_emb: str | None  # the learned position table; None for rotary positions
+    #: (exported transformers config, tokenizer) -> None: ids the config must name on export
+    set_tokenizer_ids: Callable[[Any, Any], None] = lambda conf, tokenizer: None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One architecture (see the module doc); registered in :mod:`pretrain.model.registry`."""
+
+    name: str  # --arch value and ModelConfig.arch
+    display_name: str  # how messages name it ("BERT")
+    presets: dict[str, ModelConfig]  # --model names of this arch
+    default_preset: str  # the preset --arch picks without --model
+    #: (cfg, vocab_size, objective, max_seq_len) -> the model; bad input is a ValueError
+    build: Callable[[ModelConfig, int, ObjectiveSpec, int | None], PretrainingModel]
+    adapter: StateDictAdapter
+    default_attention: str  # what --attention auto means: "full" or "document"
+    objectives: tuple[str, ...]  # ObjectiveSpec names it can train
+    #: rotary positions (no table): runs may exceed max_position_embeddings (a context
+    #: extension) and a phase may set the global rope theta
+    rotary: bool
+    #: ModelConfig -> extra ModelShape fields of the doctor's memory estimate
+    memory_terms: Callable[[ModelConfig], dict[str, Any]]
+    #: (ModelShape, micro_batch, varlen path) -> 16-bit activation bytes of each layer
+    layer_activation_bytes: Callable[[Any, int, bool], list[int]]
+    #: (cfg, objective) -> what it cannot do, each "what: why and what instead" (empty: fine)
+    unsupported: Callable[[ModelConfig, ObjectiveSpec], list[str]] = lambda cfg, obj: []
+    #: (cfg, ZeRO stage, activation checkpointing) -> None, or an ArchError naming the flags
+    check_engine: Callable[[ModelConfig, int, str], None] = lambda cfg, stage, mode: None
+    #: the dry run's extra line on how the layers attend (a ModelConfig dict -> text or "")
+    describe_layers: Callable[[dict[str, Any]], str] = lambda cfg: ""
+    #: transformers' task models of this arch put the MLM's prediction head before the
+    #: classifier, so evaluation loads it from the masked-LM model (not the bare encoder)
+    task_head_from_mlm: bool = False
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """A training objective (see the module doc)."""
+
+    name: str  # "mlm", "mlm+nsp"
+    description: str
+    heads: tuple[str, ...]  # the heads it adds on top of the encoder
+    loss_terms: tuple[str, ...]  # keys of the model's output summed into "loss"
+    metrics: tuple[str, ...]  # keys the trainer logs for it in metrics.jsonl
+    data_format: str  # the shard format it trains on (data_prep build --format)
+    batch_keys: tuple[str, ...] = ()  # batch tensors it needs beyond input_ids / labels
+    extra_networks: tuple[str, ...] = field(default=())  # trained beside the encoder
+
+    @property
+    def nsp(self) -> bool:
+        """Whether the model carries the NSP head."""
+        return "nsp" in self.heads
+
+
+MLM = ObjectiveSpec(
+    name="mlm",
+    description="masked language modelling (the head on masked rows only)",
+    heads=("mlm",),
+    loss_terms=("mlm_loss",),
+    metrics=("loss", "mlm_loss", "mlm_accuracy"),
+    data_format="packed",
+)
+
+MLM_NSP = ObjectiveSpec(
+    name="mlm+nsp",
+    description="masked language modelling and next-sentence prediction (BERT 2018)",
+    heads=("mlm", "nsp"),
+    loss_terms=("mlm_loss", "nsp_loss"),
+    metrics=("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"),
+    data_format="nsp",
+    batch_keys=("token_type_ids", "next_sentence_label"),
+)
+
+OBJECTIVES: dict[str, ObjectiveSpec] = {o.name: o for o in (MLM, MLM_NSP)}
+
+
+def objective_for_format(data_format: str) -> ObjectiveSpec:
+    """The objective the shards' format trains (manifest.json's ``format``)."""
+    for objective in OBJECTIVES.values():
+        if objective.data_format == data_format:
+            return objective
+    formats = ", ".join(o.data_format for o in OBJECTIVES.values())
+    raise ValueError(
+        f"shard format {data_format!r} (manifest.json): no objective trains it ({formats})"
+    )

@@ -1,0 +1,94 @@
+"""The model registry (pretrain/model/registry.py, specs.py): each registered arch's spec agrees
+with the model it builds (names its adapter loads, the transformers class it exports to), the
+objectives match what the trainer logs, and no product file outside the model package names an
+architecture (issue 35: a third arch is a folder plus one line in the registry)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.pretrain.model.registry import (
+    ARCHES,
+    DEFAULT_PRESET,
+    PRESETS,
+    ArchError,
+    build_model,
+    get_spec,
+    spec_for_model_type,
+)
+from bertforge.pretrain.model.specs import MLM, MLM_NSP, OBJECTIVES, objective_for_format
+
+REPO = Path(__file__).resolve().parents[3]
+VOCAB = 1999
+
+
+def test_every_preset_belongs_to_one_registered_arch():
+    assert sum(len(s.presets) for s in ARCHES.values()) == len(PRESETS)  # no name twice
+    for name, spec in ARCHES.items():
+        assert spec.name == name and DEFAULT_PRESET[name] in spec.presets
+        assert {p.arch for p in spec.presets.values()} == {name}
+        assert spec.default_attention in ("full", "document")
+        assert set(spec.objectives) <= set(OBJECTIVES)
+
+
+@pytest.mark.parametrize("arch", list(ARCHES))
+def test_the_adapter_names_the_built_models_tensors(arch):
+    """The keys --init_from loads specially exist in the model, and the exported config is of a
+    model_type the same adapter reads back."""
+    spec = get_spec(arch)
+    with torch.device("meta"):
+        model = build_model(PRESETS[spec.default_preset], VOCAB)
+    keys = set(model.state_dict())
+    adapter = spec.adapter
+    assert model.arch == arch
+    assert {adapter.word_emb, adapter.mlm_bias, *adapter.tied, *adapter.tied.values()} <= keys
+    assert adapter.pos_emb is None if spec.rotary else adapter.pos_emb in keys
+    assert model.hf_config().model_type in adapter.model_types
+    assert spec_for_model_type(model.hf_config().model_type) is spec
+    shape_terms = spec.memory_terms(PRESETS[spec.default_preset])
+    assert isinstance(shape_terms, dict)
+
+
+def test_unknown_names_are_refused_listing_the_choices():
+    with pytest.raises(ArchError, match="choose one of bert, modernbert"):
+        get_spec("electra")
+    assert spec_for_model_type("roberta") is None
+
+
+def test_the_data_format_picks_the_objective_and_its_head():
+    assert objective_for_format("packed") is MLM and objective_for_format("nsp") is MLM_NSP
+    with pytest.raises(ValueError, match="shard format 'lines'"):
+        objective_for_format("lines")
+    with torch.device("meta"):
+        assert build_model(PRESETS["tiny"], VOCAB, objective=MLM_NSP).nsp
+        assert not build_model(PRESETS["tiny"], VOCAB, objective=MLM).nsp
+    with pytest.raises(ValueError, match="contradicts objective 'mlm'"):
+        build_model(PRESETS["tiny"], VOCAB, nsp=True, objective=MLM)
+
+
+@pytest.mark.parametrize("objective", [MLM, MLM_NSP])
+def test_an_objectives_metrics_are_what_the_trainer_logs(objective):
+    from bertforge.pretrain.trainer import loss_record
+
+    sums = {"mlm_loss": 2.0, "mlm_correct": 3.0, "nsp_loss": 0.0, "nsp_correct": 0.0}
+    sums["nsp_count"] = 4.0 if objective.nsp else 0.0
+    assert set(loss_record(sums, 10.0, 1)) == set(objective.metrics)
+    assert {f"{h}_loss" for h in objective.heads} == set(objective.loss_terms)
+
+
+def test_no_product_file_outside_the_model_package_names_an_architecture():
+    """The issue's check (grep -rln "modernbert\\|ModernBert" ... | grep -v pretrain/model/): prose
+    may say "ModernBERT", code asks the registry."""
+    names = re.compile(r"modernbert|ModernBert")
+    found = [
+        str(f.relative_to(REPO))
+        for package in ("pretrain", "data_prep", "kernels", "bertforge")
+        for f in (REPO / package).rglob("*.py")
+        if not f.relative_to(REPO).as_posix().startswith("pretrain/model/")
+        and names.search(f.read_text(encoding="utf-8"))
+    ]
+    assert not found, f"these name an architecture; ask pretrain.model.registry instead: {found}"
