@@ -30,8 +30,9 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from bertforge import preemption
 from bertforge.logs import get_logger
-from bertforge.pretrain.components import op_builds, preemption, shm_buffers, watchdog
+from bertforge.pretrain.components import op_builds, shm_buffers, watchdog
 
 log = get_logger(__name__)
 
