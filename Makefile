@@ -65,6 +65,7 @@ test-latest:
 lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
+	PYTHON=$(PYTHON) bash scripts/lint_imports.sh
 
 format: install
 	$(PYTHON) -m ruff check --fix .

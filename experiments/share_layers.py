@@ -81,7 +81,7 @@ def _parameters(spec: str, shards: Path, layers: int) -> int:
     import dataclasses
 
     from bertforge.pretrain.doctor.memory_estimate import count_params
-    from bertforge.pretrain.model.bert import preset
+    from bertforge.pretrain.model.registry import preset
 
     vocab = vocab_size(shards)
     cfg = dataclasses.replace(preset("small"), num_hidden_layers=layers, share_layers=spec)

@@ -51,10 +51,14 @@ from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import open_training, parse_mixture, validation_readers
 from bertforge.pretrain.data.shard_check import verify_once
 from bertforge.pretrain.model.bert import resolve_config
-from bertforge.pretrain.model.document_attention import resolve_attention
 from bertforge.pretrain.model.init_from import load_initial_weights
 from bertforge.pretrain.model.init_source import extend_context, init_architecture
-from bertforge.pretrain.model.registry import build_model, check_engine, check_supported
+from bertforge.pretrain.model.registry import (
+    build_model,
+    check_engine,
+    check_supported,
+    resolve_attention,
+)
 from bertforge.pretrain.model.specs import objective_for_format
 from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 

@@ -27,8 +27,7 @@ from bertforge.pretrain.data.mixture import open_training, parse_mixture
 from bertforge.pretrain.data.show_masks import format_shown
 from bertforge.pretrain.data.show_masks import show_masks as shown_masks
 from bertforge.pretrain.model.bert import ModelConfig, padded_vocab, resolve_config
-from bertforge.pretrain.model.document_attention import resolve_attention
-from bertforge.pretrain.model.registry import ARCHES, build_model
+from bertforge.pretrain.model.registry import ARCHES, build_model, resolve_attention
 from bertforge.pretrain.model.specs import objective_for_format
 
 log = get_logger(__name__)

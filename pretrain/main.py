@@ -22,7 +22,8 @@ from bertforge.logs import get_logger
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler
 from bertforge.pretrain import build, dry_run
 from bertforge.pretrain.components.resume import find_latest
-from bertforge.pretrain.config.train_config import TrainConfig, parse_args
+from bertforge.pretrain.config.cli import parse_args
+from bertforge.pretrain.config.train_config import TrainConfig
 
 log = get_logger("bertforge.pretrain.main")
 

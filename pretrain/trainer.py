@@ -36,7 +36,7 @@ from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.masking import merge_stats
-from bertforge.pretrain.model.document_attention import resolve_attention
+from bertforge.pretrain.model.registry import resolve_attention
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)

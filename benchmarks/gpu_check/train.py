@@ -162,7 +162,7 @@ def hf_model(preset: str, vocab_size: int):
     """transformers' BertForMaskedLM at our preset's size, SDPA attention."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from bertforge.pretrain.model.bert import PRESETS
+    from bertforge.pretrain.model.registry import PRESETS
 
     p = PRESETS[preset]
     conf = BertConfig(

@@ -112,7 +112,7 @@ def model_arms(T: int) -> dict[str, Callable[[], None]]:
     global vs one in three."""
     import torch
 
-    from bertforge.pretrain.model.bert import PRESETS, build_model
+    from bertforge.pretrain.model.registry import PRESETS, build_model
 
     ids = torch.randint(5, MODEL_VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
     labels = torch.full_like(ids, -100)

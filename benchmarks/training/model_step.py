@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
 
     from bertforge.kernels.constants import IGNORE_INDEX
-    from bertforge.pretrain.model.bert import PRESETS, build_model
+    from bertforge.pretrain.model.registry import PRESETS, build_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -140,7 +140,8 @@ def config_from_args(
     base = _preset_for(ns, flags, model_given, parser)
     _normalize_progress(ns, names, parser)
     concerns = {g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()}
-    from bertforge.pretrain.model.document_attention import AttentionError, resolve_attention
+    from bertforge.pretrain.model.document_attention import AttentionError
+    from bertforge.pretrain.model.registry import resolve_attention
 
     model = dataclasses.replace(base, **flags)
     try:  # the run's config.json records what auto meant for this arch

@@ -41,7 +41,7 @@ class RunConfig:
         required=True,  # checked by parse_args; the doctor reports a missing one instead
     )
     model_preset: str = opt(
-        "tiny", "model preset name (see pretrain.model.bert.PRESETS)", flags=("--model",)
+        "tiny", "model preset name (see pretrain.model.registry.PRESETS)", flags=("--model",)
     )
     output_dir: str = opt(
         "runs/default", "run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/"
@@ -344,15 +344,3 @@ class TrainConfig:
         return {
             k: dataclasses.asdict(v) for k, v in vars(self).items() if dataclasses.is_dataclass(v)
         }
-
-
-# The command line moved to pretrain.config.cli; these names keep working from here.
-_CLI_NAMES = ("parse_args", "trainer_parser", "config_from_args", "build_parser")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLI_NAMES:
-        from bertforge.pretrain.config import cli
-
-        return getattr(cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -352,7 +352,7 @@ def build_loader(
     train=True yields forever, starting at global position `consumed_samples`; train=False makes
     one pass in index order with fixed masks (epoch 0, mask_prob at the schedule's end).
     attention: "full" or "document" (batches carry document_ids and position_ids; resolve the
-    flag's "auto" with pretrain.model.document_attention.resolve_attention first).
+    flag's "auto" with pretrain.model.registry.resolve_attention first).
     `loader.batch_sampler` is the GlobalSampler. The loader prefetches,
     so the caller tracks consumed_samples itself (+= global batch per optimizer step).
     """

@@ -31,12 +31,13 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import op_builds, shm_buffers
 from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.cli import config_from_args, trainer_parser
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
     activation_checkpointing_mode,
     load_user_config,
 )
-from bertforge.pretrain.config.train_config import TrainConfig, config_from_args, trainer_parser
+from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.mixture import parse_mixture
 from bertforge.pretrain.doctor import probe as doctor_probe
 from bertforge.pretrain.doctor.checks import (

@@ -49,21 +49,6 @@ class AttentionError(UserError, ValueError):
     """A bad ``--attention`` value; the message names the flag."""
 
 
-def resolve_attention(mode: str, arch: str) -> str:
-    """``document`` or ``full``: ``mode`` itself, or the arch's default for ``auto`` (its spec's
-    ``default_attention``: ModernBERT packs without cross-document attention, as released; BERT
-    keeps the 2018 behaviour its checkpoints were trained with)."""
-    if mode not in ATTENTION_MODES:
-        raise AttentionError(f"--attention {mode!r}: choose one of {', '.join(ATTENTION_MODES)}")
-    if mode != "auto":
-        return mode
-    from bertforge.pretrain.model.registry import ARCHES  # lazy: the archs' models import this
-
-    if arch not in ARCHES:
-        raise AttentionError(f"--attention auto: no default for --arch {arch!r}")
-    return ARCHES[arch].default_attention
-
-
 def document_index(
     ids: np.ndarray, lengths: np.ndarray, sep_id: int, *, nsp: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -299,7 +299,7 @@ def _on_arch(base_cfg: Any, arch: str, explicit: dict[str, Any]) -> Any:
     command line resolves it for the flags' arch)."""
     if base_cfg.arch == arch:
         return base_cfg
-    from bertforge.pretrain.model.document_attention import resolve_attention
+    from bertforge.pretrain.model.registry import resolve_attention
 
     given = {k: v for k, v in explicit.items() if k != "name"}
     cfg = dataclasses.replace(PRESETS[DEFAULT_PRESET[arch]], **given)

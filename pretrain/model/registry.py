@@ -9,6 +9,7 @@ here (docs/extending.md).
 from __future__ import annotations
 
 from bertforge.pretrain.model.bert.spec import SPEC as BERT
+from bertforge.pretrain.model.document_attention import ATTENTION_MODES, AttentionError
 from bertforge.pretrain.model.errors import ArchError
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.modernbert.spec import SPEC as MODERNBERT
@@ -108,3 +109,16 @@ def build_model(
     spec = get_spec(model_cfg.arch)
     check_supported(model_cfg, objective)
     return spec.build(model_cfg, vocab_size, objective, max_seq_len)
+
+
+def resolve_attention(mode: str, arch: str) -> str:
+    """``document`` or ``full``: ``mode`` itself, or the arch's default for ``auto`` (its spec's
+    ``default_attention``: ModernBERT packs without cross-document attention, as released; BERT
+    keeps the 2018 behaviour its checkpoints were trained with)."""
+    if mode not in ATTENTION_MODES:
+        raise AttentionError(f"--attention {mode!r}: choose one of {', '.join(ATTENTION_MODES)}")
+    if mode != "auto":
+        return mode
+    if arch not in ARCHES:
+        raise AttentionError(f"--attention auto: no default for --arch {arch!r}")
+    return ARCHES[arch].default_attention

@@ -180,7 +180,7 @@ def test_inspect_shows_a_lexicon_the_build_did_not_use(english_shards, termed_bu
 
 
 def test_trainer_flags_keep_the_old_progress_spelling(english_shards, capsys):
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     base = ["--data", str(english_shards)]
     assert parse_args([*base, "--progress", "false"]).log.progress == "off"

@@ -155,7 +155,8 @@ def _matches_export(run: Path, sd: dict[str, torch.Tensor], tmp: Path) -> None:
     from bertforge.pretrain.components.resume import read_state
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
 
     export(run, tmp / "hf", verify=False)
     state = read_state(find_latest(run / "checkpoints"))

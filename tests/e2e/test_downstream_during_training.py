@@ -74,7 +74,7 @@ def test_downstream_records_at_checkpoint_steps_and_training_unchanged(english_s
 
 
 def test_downstream_interval_must_fall_on_checkpoints(english_shards, tmp_path, capsys):
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     tasks = tmp_path / "tasks.json"
     tasks.write_text("{}")

@@ -135,7 +135,7 @@ def test_doctor_reports_a_broken_torch_as_a_failing_row(english_shards, tmp_path
 
 def _dry_run(shards: Path, run: Path, *extra: str, capsys) -> tuple[int, str, str]:
     """`pretrain/main.py --dry-run` in-process: (exit status, stdout, stderr)."""
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.main import main
 
     capsys.readouterr()

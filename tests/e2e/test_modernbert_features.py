@@ -131,7 +131,8 @@ def test_a_zero3_export_loads_in_transformers_and_predicts_like_our_model(zero3,
     import transformers
 
     from bertforge.pretrain.export.hf_export import export
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
 
     run, out = zero3["run"], tmp_path / "hf"
     res = export(run, out)  # also reloads the folder and runs fill-mask

@@ -17,7 +17,8 @@ from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.export.hf_export import export, find_checkpoint
-from bertforge.pretrain.model.bert import ModelConfig, build_model
+from bertforge.pretrain.model.bert import ModelConfig
+from bertforge.pretrain.model.registry import build_model
 
 pytestmark = pytest.mark.slow
 

@@ -140,7 +140,8 @@ def test_nsp_export_is_bert_for_pretraining_with_our_mlm_and_nsp_outputs(
     import transformers
 
     from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
 
     run, out = nsp_bf16["run"], tmp_path / "hf"
     run_cli("-m", "pretrain.export", str(run), "--output", str(out))

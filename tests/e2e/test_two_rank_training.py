@@ -183,7 +183,8 @@ def test_export_loads_in_transformers(zero2_run, tmp_path):
     from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
 
     out = tmp_path / "hf"
     res = export(zero2_run, out)

@@ -154,7 +154,8 @@ def test_zero3_bf16_export_loads_in_transformers_and_predicts_like_our_model(zer
     from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
 
     run, out = zero3_bf16["run"], tmp_path / "hf"
     assert export(run, out)["step"] == zero3_bf16["stop"] + 3  # in-process: the CLI's function

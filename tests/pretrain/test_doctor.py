@@ -120,7 +120,8 @@ def test_param_count_matches_transformers(english_shards):
     from transformers import BertForMaskedLM
 
     from bertforge.pretrain.doctor.memory_estimate import model_shape
-    from bertforge.pretrain.model.bert import PRESETS, bert_config
+    from bertforge.pretrain.model.bert import bert_config
+    from bertforge.pretrain.model.registry import PRESETS
 
     shape = model_shape("base", english_shards, None, False)
     manifest = json.loads((english_shards / "manifest.json").read_text())

@@ -192,7 +192,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
     from bertforge.data_prep.reader import ShardReader
     from bertforge.pretrain.data.loader import DataConfig, build_loader
     from bertforge.pretrain.data.masking import MaskingConfig
-    from bertforge.pretrain.model.bert import PRESETS, build_model
+    from bertforge.pretrain.model.registry import PRESETS, build_model
 
     reader = ShardReader(english_shards, "train")
     batch = next(

@@ -32,7 +32,8 @@ from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.components.optim import schedule_from_fields
 from bertforge.pretrain.components.resume import CheckpointError
 from bertforge.pretrain.components.wsd_schedule import decay_curve
-from bertforge.pretrain.config.train_config import RunConfig, parse_args
+from bertforge.pretrain.config.cli import parse_args
+from bertforge.pretrain.config.train_config import RunConfig
 from bertforge.pretrain.export.model_card import _anneal, card_facts
 
 SIZES = ("--global_batch_size", "4", "--micro_batch_size", "4", "--eval_batches", "1")

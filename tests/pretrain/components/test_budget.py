@@ -61,7 +61,7 @@ def test_time_clock_schedule_warms_up_then_decays_over_the_budget(monkeypatch):
 
 
 def test_time_clock_needs_a_budget_and_no_step_warmup(english_shards, tmp_path, capsys):
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     base = [
         "--data",

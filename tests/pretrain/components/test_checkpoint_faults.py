@@ -97,8 +97,8 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
 def _tiny_engine(shards: Path, run: Path, *extra: str):
     from bertforge.data_prep.reader import ShardReader
     from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
-    from bertforge.pretrain.config.train_config import parse_args
 
     cfg = parse_args(
         ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards)]
@@ -177,7 +177,7 @@ def _losses(run: Path) -> dict[int, float]:
 
 def _train(shards: Path, run: Path, *extra: str) -> None:
     """One launch of the trainer, in this process (the one-rank group): main.train(cfg)."""
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.main import train
 
     cfg = parse_args(
@@ -246,7 +246,7 @@ def test_final_save_failing_stops_with_its_exit_status(
     english_shards, tmp_path, one_rank_group, monkeypatch, capsys
 ):
     from bertforge.pretrain.components.faults import ENV_VAR
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.main import train
     from bertforge.pretrain.trainer import EXIT_SAVE_FAILED
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def _config(shards, run, *extra: str):
-    from bertforge.pretrain.config.train_config import parse_args
+    from bertforge.pretrain.config.cli import parse_args
 
     return parse_args(
         [

@@ -14,8 +14,8 @@ import pytest
 from helpers.commands import REPO
 
 from bertforge.pretrain.config.batching import BatchSizeError
+from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
-from bertforge.pretrain.config.train_config import parse_args
 
 CONFIGS = sorted(p.name for p in (REPO / "ds_configs").glob("*.json"))
 WORLDS = (1, 2, 8, 16, 32, 64)

@@ -14,12 +14,12 @@ import pytest
 from helpers.commands import run_cli
 
 from bertforge.data_prep.reader import ShardError, ShardReader
-from bertforge.pretrain.config.train_config import parse_args
+from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.data.loader import DataConfig, GlobalSampler, build_loader
 from bertforge.pretrain.data.masking import IGNORE_INDEX, MaskingConfig
 from bertforge.pretrain.dry_run import main as dry_run_main
 from bertforge.pretrain.dry_run import run_dry_run
-from bertforge.pretrain.model.bert import PRESETS
+from bertforge.pretrain.model.registry import PRESETS
 
 
 def take(loader, n: int) -> list[dict]:

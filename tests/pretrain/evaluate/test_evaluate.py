@@ -154,7 +154,7 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks, tmp_path):
 
     from transformers import AutoTokenizer
 
-    from bertforge.pretrain.model.bert import PRESETS, build_model
+    from bertforge.pretrain.model.registry import PRESETS, build_model
 
     quick = _quick_tasks(pydoc_tasks, tmp_path / "tasks.json", lrs=[1e-4, 3e-3], min_steps=8)
     tasks = load_downstream_tasks(quick, max_examples=40)

@@ -44,7 +44,8 @@ def test_the_average_of_two_checkpoints_is_the_mean_of_their_weights(run, tmp_pa
     from safetensors.torch import load_file
 
     from bertforge.pretrain.components.resume import read_state
-    from bertforge.pretrain.model.bert import ModelConfig, build_model
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
 
     assert export_main([str(run), "--output", str(tmp_path / "hf"), "--average", "last:2"]) == 0
     assert "the mean of the checkpoints of steps 1, 2" in capsys.readouterr().out

@@ -21,8 +21,8 @@ from bertforge.pretrain.model.attention_paths import (
     dense_document_attention,
     global_document_attention,
 )
-from bertforge.pretrain.model.bert import PRESETS, build_model
 from bertforge.pretrain.model.document_attention import document_index
+from bertforge.pretrain.model.registry import PRESETS, build_model
 
 SEP = 3  # masked_batch's separator
 

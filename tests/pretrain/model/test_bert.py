@@ -11,7 +11,7 @@ import torch
 from transformers import BertForMaskedLM, BertForPreTraining
 
 from bertforge.pretrain.data.masking import Masker, MaskingConfig
-from bertforge.pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.registry import PRESETS, build_model
 
 VOCAB = 1999  # not a multiple of 8: the model pads to 2000, the loss must ignore the padding
 SPECIAL = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}

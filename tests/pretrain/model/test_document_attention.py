@@ -11,15 +11,14 @@ from bertforge.data_prep.reader import ShardReader
 from bertforge.pretrain.config.cli import config_from_args, trainer_parser
 from bertforge.pretrain.data.loader import BatchPlan, MaskedBatches
 from bertforge.pretrain.data.masking import MaskingConfig
-from bertforge.pretrain.model.bert import build_model
 from bertforge.pretrain.model.document_attention import (
     AttentionError,
     document_index,
     document_mask,
-    resolve_attention,
     unpad,
 )
 from bertforge.pretrain.model.model_config import ModelConfig
+from bertforge.pretrain.model.registry import build_model, resolve_attention
 
 VOCAB, CLS, SEP, PAD = 100, 2, 3, 0
 TINY = {

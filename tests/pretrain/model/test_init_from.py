@@ -16,9 +16,10 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForPreT
 from bertforge.data_prep.sample_corpus import pydoc_documents
 from bertforge.data_prep.tokenizer import import_tokenizer, train_wordpiece
 from bertforge.pretrain.data.masking import IGNORE_INDEX
-from bertforge.pretrain.model.bert import PRESETS, build_model, padded_vocab
+from bertforge.pretrain.model.bert import padded_vocab
 from bertforge.pretrain.model.init_from import load_initial_weights
 from bertforge.pretrain.model.init_source import InitError, init_model_config, read_init_config
+from bertforge.pretrain.model.registry import PRESETS, build_model
 
 ARCH = {
     "hidden_size": 32,
@@ -368,7 +369,7 @@ import dataclasses, torch, deepspeed
 from safetensors.torch import load_file
 from bertforge.pretrain.model.init_from import load_initial_weights
 from bertforge.pretrain.model.init_source import init_model_config
-from bertforge.pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.registry import PRESETS, build_model
 folder, vocab = sys.argv[1], int(sys.argv[2])
 deepspeed.init_distributed("gloo")
 model = build_model(init_model_config(folder, PRESETS["tiny"], {}), vocab)

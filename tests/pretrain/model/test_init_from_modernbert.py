@@ -19,9 +19,10 @@ from transformers import AutoTokenizer, ModernBertForMaskedLM
 
 from bertforge.data_prep.tokenizer import import_tokenizer
 from bertforge.kernels.constants import IGNORE_INDEX
-from bertforge.pretrain.model.bert import PRESETS, build_model, padded_vocab
+from bertforge.pretrain.model.bert import padded_vocab
 from bertforge.pretrain.model.init_from import load_initial_weights
 from bertforge.pretrain.model.init_source import InitError, init_model_config, read_init_config
+from bertforge.pretrain.model.registry import PRESETS, build_model
 
 EMB, BIAS = "model.embeddings.tok_embeddings.weight", "decoder.bias"
 BASE = dataclasses.replace(PRESETS["modernbert-tiny"], loss_impl="torch")

@@ -13,8 +13,7 @@ from test_bert import VOCAB, masked_batch
 from transformers import ModernBertForMaskedLM
 
 from bertforge.pretrain.model.attention_paths import ATTN_IMPLEMENTATION
-from bertforge.pretrain.model.bert import PRESETS, build_model
-from bertforge.pretrain.model.registry import ArchError, check_supported
+from bertforge.pretrain.model.registry import PRESETS, ArchError, build_model, check_supported
 from bertforge.pretrain.model.specs import MLM_NSP
 
 PADDED = 2048  # VOCAB 1999 padded to a multiple of 64

@@ -18,7 +18,7 @@ import torch
 from test_bert import VOCAB, masked_batch
 from test_modernbert import hf_twin
 
-from bertforge.pretrain.model.bert import PRESETS, build_model
+from bertforge.pretrain.model.registry import PRESETS, build_model
 from bertforge.pretrain.model.sharing import layer_groups
 
 FOUR = dataclasses.replace(

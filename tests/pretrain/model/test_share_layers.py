@@ -23,7 +23,8 @@ from helpers.launch import ds_config, launch
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.components.resume import tag_for
-from bertforge.pretrain.model.bert import ModelConfig, build_model, preset
+from bertforge.pretrain.model.bert import ModelConfig
+from bertforge.pretrain.model.registry import build_model, preset
 from bertforge.pretrain.model.sharing import layer_groups
 
 VOCAB = 300
