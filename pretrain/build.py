@@ -48,7 +48,13 @@ from bertforge.pretrain.config.ds_config import (
 from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
-from bertforge.pretrain.data.mixture import open_training, parse_mixture, validation_readers
+from bertforge.pretrain.data.mixture import (
+    describe_data,
+    open_training,
+    parse_mixture,
+    validation_readers,
+    warn_if_data_changed,
+)
 from bertforge.pretrain.data.shard_check import verify_once
 from bertforge.pretrain.model.bert import resolve_config
 from bertforge.pretrain.model.init_from import load_initial_weights
@@ -288,21 +294,6 @@ def build_engine(
     return engine, schedule
 
 
-def describe_data(reader) -> list[dict]:
-    """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
-    if hasattr(reader, "describe"):
-        return reader.describe()
-    return [
-        {
-            "name": Path(reader.root).name,
-            "path": str(reader.root),
-            "weight": 1.0,
-            "mask_prob": None,
-            "sequences": len(reader),
-        }
-    ]
-
-
 def run_state(
     cfg: TrainConfig,
     reader,
@@ -321,19 +312,6 @@ def run_state(
         "init_from": init_report,
         "data_mixture": describe_data(reader),
     }
-
-
-def warn_if_data_changed(point: ResumePoint, reader) -> None:
-    """The data position is one number of consumed samples: under other sources or weights it
-    points into another stream. Say so (the run goes on: changing a mixture is allowed)."""
-    keys = ("name", "path", "weight", "mask_prob")
-    saved = [{k: s.get(k) for k in keys} for s in point.state.get("data_mixture") or []]
-    now = [{k: s.get(k) for k in keys} for s in describe_data(reader)]
-    if saved and saved != now:
-        log.warning(
-            f"--data differs from the checkpoint's ({saved} -> {now}); the resumed run continues "
-            "at the same sample count of the new stream"
-        )
 
 
 def announce_init(cfg: TrainConfig, init, point: ResumePoint | None) -> dict | None:

@@ -355,3 +355,32 @@ def validation_readers(
             continue
         out.append((s.name, reader))
     return out
+
+
+def describe_data(reader) -> list[dict]:
+    """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
+    if hasattr(reader, "describe"):
+        return reader.describe()
+    return [
+        {
+            "name": Path(reader.root).name,
+            "path": str(reader.root),
+            "weight": 1.0,
+            "mask_prob": None,
+            "sequences": len(reader),
+        }
+    ]
+
+
+def warn_if_data_changed(point, reader) -> None:
+    """The data position is one number of consumed samples: under other sources or weights it
+    points into another stream. Say so (the run goes on: changing a mixture is allowed).
+    ``point``: a resume point, with the checkpoint's ``state``."""
+    keys = ("name", "path", "weight", "mask_prob")
+    saved = [{k: s.get(k) for k in keys} for s in point.state.get("data_mixture") or []]
+    now = [{k: s.get(k) for k in keys} for s in describe_data(reader)]
+    if saved and saved != now:
+        log.warning(
+            f"--data differs from the checkpoint's ({saved} -> {now}); the resumed run continues "
+            "at the same sample count of the new stream"
+        )
