@@ -57,7 +57,9 @@ class BuildConfig:
     shard_docs: int = opt(10000, "documents per work unit / shard (resume granularity)")
     shard_bytes: int = opt(32 << 20, "characters of text per work unit / shard")
     seed: int = opt(12345)  # nsp random choices
-    overwrite: bool = opt(False, "delete an existing build in --output first")
+    overwrite: bool = opt(
+        False, "replace an existing build in --output (kept until the new one is complete)"
+    )
     num_partitions: int = opt(
         1,
         "split the build into N parts (one per machine, same --output on a "
