@@ -1,4 +1,4 @@
-"""What a failed `data_prep build` leaves behind (docs/data.md, "When a build fails").
+"""What a failed `data_prep build` leaves behind (docs/data.md).
 
 Bad input or configuration (a :class:`~bertforge.errors.UserError`) undoes this command: every
 file and folder it created in OUT is removed, and OUT itself when the command created it, so
