@@ -144,6 +144,8 @@ def opt(
     exclusive group), ``negatable=True`` or a help text (a ``--no_<name>`` flag too),
     ``default_text="..."`` (where an unset default comes from, shown once in --help),
     ``cli_default=callable`` (the command line's default, when it differs from the field's),
+    ``help_choices=callable`` (the names a registry holds when the parser is built, listed in
+    --help: the registry stays the one list),
     and anything ``add_argument`` takes (``choices``, ``metavar``, ``nargs``, ``const``, ``type``).
     """
     metadata = {"help": help, "flag": flag}
@@ -244,7 +246,10 @@ def add_fields(
             if name not in groups:
                 groups[name] = parser.add_mutually_exclusive_group()
             target = groups[name]
-        spec = _FlagSpec(f, tp, dest, flags, meta, f.metadata.get("help", ""))
+        text = f.metadata.get("help", "")
+        if "help_choices" in meta:
+            text = f"{text} (one of: {', '.join(meta.pop('help_choices')())})".strip()
+        spec = _FlagSpec(f, tp, dest, flags, meta, text)
         (_add_given if track_given else _add_valued)(target, spec)
 
 
@@ -263,8 +268,11 @@ def _add_valued(parser, s: _FlagSpec) -> None:
     meta, f = s.meta, s.field
     negation = meta.pop("negatable", None)
     cli_default = meta.pop("cli_default", None)
+    default_text = meta.pop("default_text", None)
     default = cli_default() if cli_default is not None else field_default(f)
-    kw: dict[str, Any] = {"dest": s.dest, "help": s.help or None, **meta}
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    shown = _shown_default(s.help, default, default_text, required, s.type is bool)
+    kw: dict[str, Any] = {"dest": s.dest, "help": f"{s.help} {shown}".strip(), **meta}
     if s.type is bool:
         if negation is not None:  # --x / --no_x, exclusive, unset = the field's default
             group = parser.add_mutually_exclusive_group()
@@ -282,11 +290,29 @@ def _add_valued(parser, s: _FlagSpec) -> None:
             kw.setdefault("type", elem)
     elif s.type is not str:
         kw.setdefault("type", s.type)
-    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+    if required:
         kw["required"] = True
     else:
         kw["default"] = default
     parser.add_argument(*s.flags, **kw)
+
+
+def _shown_default(
+    help: str, value: Any, default_text: str | None, required: bool, flag: bool
+) -> str:
+    """What --help adds after a flag's text: its default (or "(required)"); nothing when the
+    text already says it (``%(default)s``, or "(default..." in its own words)."""
+    if "%(default)" in help or "(default" in help:
+        return ""
+    if required:
+        return "(required)"
+    if default_text is not None:
+        return f"(default: {default_text})"
+    if flag:
+        return "(default: on)" if value else "(default: off)"
+    if isinstance(value, (list, tuple)):
+        value = " ".join(map(str, value)) or "none"
+    return "(default: none)" if value is None else f"(default: {value})"
 
 
 def _add_given(parser, s: _FlagSpec) -> None:

@@ -18,6 +18,8 @@ from bertforge.logs import get_logger, report
 
 log = get_logger(__name__)
 
+INTERRUPTED_EXIT = 130  # the shell's status for a command ended by Ctrl-C
+
 
 # Fields that are no flag of `build` (InputConfig's is a safety limit); `prepare` makes the
 # tokenizer and index once for every part, so it has no partition flags either.
@@ -146,7 +148,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad input or a bad shard folder)."""
+    """Entry point; returns the exit status (2 for bad input or a bad shard folder, 130 for an
+    interrupted build)."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "extend-tokenizer":
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # bad input, bad folder, bad terms file: the message says what to do
         log.error(str(e))
         return USER_ERROR_EXIT
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the build said what it kept and how to resume
+        return INTERRUPTED_EXIT
     except BrokenPipeError:  # `inspect ... | head`: the reader went away, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -22,12 +22,11 @@ mistake the inputs reveal (a --text_field no record has).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import shutil
 import sys
 import tempfile
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -41,13 +40,13 @@ from bertforge.data_prep.build_config import (
     check_config,
     refuse_mismatch,
 )
+from bertforge.data_prep.cleanup import part_owns, staging_path, undo_on_user_error
 from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
 from bertforge.data_prep.inputs import (
     DropCounter,
     InputError,
     expand_inputs,
     iter_documents,
-    iter_located_documents,
 )
 from bertforge.data_prep.layout import (
     MANIFEST,
@@ -63,20 +62,16 @@ from bertforge.data_prep.partition import (
     MergeLock,
     PartitionError,
     complete_units,
-    owns,
     remove_own_temporaries,
     write_part_record,
 )
-from bertforge.data_prep.progress import Progress
 from bertforge.data_prep.reader import load_manifest
 from bertforge.data_prep.tokenizer import describe, import_tokenizer, train_wordpiece
+from bertforge.data_prep.units import finished, run_units
 from bertforge.data_prep.wordstart import read_protected_terms
 from bertforge.data_prep.worker import (
     WorkerSpec,
-    done_record_path,
-    init_worker,
     is_validation,
-    run_unit,
 )
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
@@ -102,8 +97,9 @@ def _previous_build(out: Path) -> tuple[str, dict] | None:
     return None
 
 
-def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
-    """Make OUT ready; returns True when an identical build is already complete there."""
+def _prepare_output(cfg: BuildConfig, key: dict, staging: bool = False) -> bool:
+    """Make OUT ready; returns True when an identical build is already complete there.
+    ``staging``: OUT is our own staging folder, restarted unless it resumes this very build."""
     out = cfg.output
     if out.exists() and not out.is_dir():
         raise BuildError(f"--output {out} is a file; give a folder.")
@@ -116,7 +112,7 @@ def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
             )
         kind, old_key = previous
         nothing_done = kind == "unfinished" and not any((out / WORK_DIR).glob("unit-*.json"))
-        if cfg.overwrite or (nothing_done and old_key != key):
+        if cfg.overwrite or (old_key != key and (nothing_done or staging)):
             # A failed start with other arguments left nothing to resume: start over.
             shutil.rmtree(out)
         else:
@@ -128,39 +124,6 @@ def _prepare_output(cfg: BuildConfig, key: dict) -> bool:
     for folder in (out, *(out / s for s in SPLITS), out / WORK_DIR):
         remove_stale_temporaries(folder)
     return False
-
-
-Job = tuple[int, list[str], list[str]]  # unit number, its documents, where each comes from
-
-
-def _units(docs: Iterator[tuple[str, str]], cfg: BuildConfig) -> Iterator[Job]:
-    """Consecutive (text, where) documents grouped into work units (deterministic given the
-    inputs)."""
-    unit, batch, wheres, size = 0, [], [], 0
-    for text, where in docs:
-        batch.append(text)
-        wheres.append(where)
-        size += len(text)
-        if len(batch) >= cfg.shard_docs or size >= cfg.shard_bytes:
-            yield unit, batch, wheres
-            unit, batch, wheres, size = unit + 1, [], [], 0
-    if batch:
-        yield unit, batch, wheres
-
-
-def _finished(out: Path, unit: int) -> dict[str, Any] | None:
-    """The done record of a unit whose shard files are all present with their sizes."""
-    path = done_record_path(out, unit)
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text(encoding="utf-8"))
-    for split, info in record["splits"].items():
-        if info["shard"]:
-            for fname, meta in info["shard"]["files"].items():
-                f = out / split / fname
-                if not f.is_file() or f.stat().st_size != meta["bytes"]:
-                    return None
-    return record
 
 
 def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
@@ -204,63 +167,6 @@ def _source_fingerprint(cfg: BuildConfig) -> str:
     return info.fingerprint
 
 
-def _run_units(
-    cfg: BuildConfig, files: list[Path], spec: WorkerSpec, drops: DropCounter
-) -> tuple[list[dict], int]:
-    """Build (or keep) this part's work units; returns their records and the total number of
-    units in the input (every part cuts the whole input the same way)."""
-    records: list[dict] = []
-    skipped = 0
-    bar = Progress(
-        None, desc="data_prep", unit="shard", mode=cfg.progress, every_s=cfg.progress_interval_s
-    )
-    tokens = 0
-
-    def collect(record: dict) -> None:
-        nonlocal tokens
-        records.append(record)
-        for bad in record.get("bad_examples", ()):
-            drops.report(bad["reason"], bad["where"], bad["detail"])
-        tokens += sum(s["shard"]["tokens"] for s in record["splits"].values() if s["shard"])
-        bar.update(1, tokens=f"{tokens:,}")
-
-    total = 0
-
-    def mine() -> Iterator[Job]:
-        nonlocal total
-        for job in _units(iter_located_documents(files, cfg.input, drops), cfg):
-            total = job[0] + 1
-            if owns(job[0], cfg.num_partitions, cfg.partition):
-                yield job
-
-    jobs = mine()
-    if cfg.workers == 1:
-        init_worker(spec, pooled=False)
-        for job in jobs:
-            done = _finished(cfg.output, job[0])
-            skipped += done is not None
-            collect(done or run_unit(job))
-    else:
-        ctx = mp.get_context("spawn")  # no fork after tokenizers/torch threads have started
-        with ctx.Pool(cfg.workers, initializer=init_worker, initargs=(spec,)) as pool:
-            pending: deque = deque()
-            for job in jobs:
-                done = _finished(cfg.output, job[0])
-                if done is not None:
-                    skipped += 1
-                    collect(done)
-                    continue
-                pending.append(pool.apply_async(run_unit, (job,)))
-                while len(pending) >= 2 * cfg.workers:  # bound the documents held in memory
-                    collect(pending.popleft().get())
-            while pending:
-                collect(pending.popleft().get())
-    bar.close()
-    if skipped:
-        log.info(f"resumed, {skipped} finished shard(s) kept")
-    return sorted(records, key=lambda r: r["unit"]), total
-
-
 def _index_path(out: Path) -> Path:
     return out / WORK_DIR / DECONTAM_INDEX
 
@@ -279,9 +185,11 @@ def _decontam_index(cfg: BuildConfig, files: list[Path]) -> None:
     NearDuplicateIndex.build(val_docs, cfg.decontaminate, Signer()).save(path)
 
 
-def _setup(cfg: BuildConfig) -> tuple[list[Path], list[str] | None, dict, bool]:
-    """Check the arguments, compute the build key and make OUT ready; the bool says whether an
-    identical build is already complete there."""
+def _setup(
+    cfg: BuildConfig, staging: bool = False
+) -> tuple[list[Path], list[str] | None, dict, bool]:
+    """Check the arguments, compute the build key and make OUT ready (``staging``: see
+    :func:`_prepare_output`); the bool says whether an identical build is complete there."""
     check_config(cfg)
     files = expand_inputs(list(cfg.inputs))
     terms = read_protected_terms(Path(cfg.protected_terms)) if cfg.protected_terms else None
@@ -289,7 +197,7 @@ def _setup(cfg: BuildConfig) -> tuple[list[Path], list[str] | None, dict, bool]:
     key = build_key(cfg, files, terms, source_fp)
     if cfg.num_partitions > 1:
         return files, terms, key, _require_prepared(cfg, key)
-    if _prepare_output(cfg, key):
+    if _prepare_output(cfg, key, staging):
         return files, terms, key, True
     _tokenizer(cfg, files)
     info = describe(cfg.output / TOKENIZER_DIR)
@@ -357,7 +265,7 @@ def prepare(cfg: BuildConfig) -> Path:
     """Step 1 of a partitioned build: OUT, its build state, the tokenizer (trained or loaded)
     and the decontamination index, made once before the parts start. Returns OUT."""
     cfg = replace(cfg, num_partitions=1, partition=0)
-    with _output_lock(cfg):
+    with _output_lock(cfg), undo_on_user_error(cfg.output):
         _, _, _, done = _setup(cfg)
     if done:
         log.info(f"{cfg.output} already holds this build, nothing to do")
@@ -378,7 +286,7 @@ def merge(out: Path) -> dict[str, Any]:
     total = parts[0]["total_units"]
     records = []
     for unit in range(total):
-        record = _finished(out, unit)
+        record = finished(out, unit)
         if record is None:
             raise PartitionError(
                 f"{out}: work unit {unit} has no complete shards although its "
@@ -404,15 +312,54 @@ def merge(out: Path) -> dict[str, Any]:
 
 def build(cfg: BuildConfig, argv: list[str] | None = None) -> dict[str, Any] | None:
     """Run (or resume) a build, or one part of it; returns the manifest, or None when this part
-    is done but others are not (merge later). Raises BuildError/InputError on bad input, and
-    BuildError at once when another job is building the same part of OUT."""
+    is done but others are not (merge later). Raises BuildError/InputError on bad input (and
+    removes what this command created: data_prep.cleanup), and BuildError at once when another
+    job is building the same part of OUT."""
     with _output_lock(cfg):
-        return _build_locked(cfg, argv)
+        if cfg.num_partitions > 1:
+            with undo_on_user_error(cfg.output, part_owns(cfg.num_partitions, cfg.partition)):
+                return _build_locked(cfg, argv)
+        if _replaces(cfg.output, cfg.overwrite):
+            return _build_replacing(cfg, argv)
+        with undo_on_user_error(cfg.output):
+            return _build_locked(cfg, argv)
 
 
-def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | None:
-    """:func:`build` while this part's lock is held."""
-    files, terms, key, done = _setup(cfg)
+def _replaces(out: Path, overwrite: bool) -> bool:
+    """Whether this --overwrite build replaces a build in OUT (one that stays until the new one
+    is complete); a non-empty OUT that holds no build is refused, never deleted."""
+    if not (overwrite and out.is_dir() and any(out.iterdir())):
+        return False
+    if _previous_build(out) is None:
+        raise BuildError(
+            f"--output {out} is not empty and holds no data_prep build (nothing "
+            "was deleted, even with --overwrite); use a new or empty folder."
+        )
+    return True
+
+
+def _build_replacing(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | None:
+    """Build into a staging folder beside OUT (resumed when an interrupted --overwrite left one
+    with the same arguments), then swap it in: a failure never costs the earlier build."""
+    out, stage = cfg.output, staging_path(cfg.output)
+    hint = f" (the earlier build in {out} stays until this one is complete)"
+    with undo_on_user_error(stage, resume_hint=hint):
+        manifest = _build_locked(replace(cfg, output=stage, overwrite=False), argv, cfg)
+    old = out.parent / f".{out.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    stage.rename(out)
+    shutil.rmtree(old)
+    log.info(f"replaced the earlier build in {out}")
+    return manifest
+
+
+def _build_locked(
+    cfg: BuildConfig, argv: list[str] | None, user_cfg: BuildConfig | None = None
+) -> dict[str, Any] | None:
+    """:func:`build` while this part's lock is held (``user_cfg``: the arguments as given,
+    recorded in the manifest, when ``cfg`` points at a staging folder)."""
+    files, terms, key, done = _setup(cfg, staging=user_cfg is not None)
     if done:
         log.info(f"{cfg.output} already holds this build, nothing to do")
         return load_manifest(cfg.output)
@@ -430,7 +377,7 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
         decontam_index=(str(_index_path(cfg.output)) if cfg.decontaminate is not None else None),
     )
     drops = DropCounter()
-    records, total = _run_units(cfg, files, spec, drops)
+    records, total = run_units(cfg, files, spec, drops)
     indexed = (
         len(NearDuplicateIndex.load(_index_path(cfg.output)))
         if cfg.decontaminate is not None
@@ -452,7 +399,7 @@ def _build_locked(cfg: BuildConfig, argv: list[str] | None) -> dict[str, Any] | 
             "protected_terms": len(terms or []),
             "decontam_indexed": indexed,
             "command": list(argv or sys.argv),
-            "args": json.loads(json.dumps(asdict(cfg), default=str)),
+            "args": json.loads(json.dumps(asdict(user_cfg or cfg), default=str)),
         },
     )
     if cfg.num_partitions == 1:

@@ -37,7 +37,10 @@ class BuildConfig:
     )
     output: Path = opt(help="output folder")
     tokenizer: str | None = opt(
-        None, "existing HF tokenizer folder or BERT vocab.txt", exclusive="tokenizer"
+        None,
+        "existing HF tokenizer folder or BERT vocab.txt",
+        exclusive="tokenizer",
+        default_text="none: train a WordPiece vocabulary",
     )  # None: train one
     vocab_size: int = opt(
         30522,
@@ -50,14 +53,24 @@ class BuildConfig:
     min_frequency: int = opt(2, "WordPiece trainer min frequency")
     sequences: SequenceConfig = field(default_factory=SequenceConfig)
     input: InputConfig = field(default_factory=InputConfig)
-    validation_fraction: float = opt(0.01)  # share of documents in the validation split
-    protected_terms: str | None = opt(None, "file of terms kept whole for masking, one per line")
-    workers: int = opt(1, cli_default=lambda: os.cpu_count() or 1)  # pool processes (does not
-    # change the output); the command line's default is one per CPU
+    validation_fraction: float = opt(
+        0.01, "share of documents (by text hash) in the validation split"
+    )
+    protected_terms: str | None = opt(
+        None, "file of terms kept whole for whole-word masking, one per line"
+    )
+    workers: int = opt(
+        1,
+        "worker processes (the output does not depend on it)",
+        cli_default=lambda: os.cpu_count() or 1,
+        default_text="one per CPU core",
+    )
     shard_docs: int = opt(10000, "documents per work unit / shard (resume granularity)")
     shard_bytes: int = opt(32 << 20, "characters of text per work unit / shard")
-    seed: int = opt(12345)  # nsp random choices
-    overwrite: bool = opt(False, "delete an existing build in --output first")
+    seed: int = opt(12345, "seed of the nsp random choices")
+    overwrite: bool = opt(
+        False, "replace an existing build in --output (kept until the new one is complete)"
+    )
     num_partitions: int = opt(
         1,
         "split the build into N parts (one per machine, same --output on a "
@@ -68,10 +81,11 @@ class BuildConfig:
         None,
         "drop training documents whose estimated Jaccard similarity (MinHash "
         "over 5-word / 5-CJK-character shingles) to a validation document is at "
-        "least JACCARD (default 0.8 when the flag is given without a value)",
+        "least JACCARD (0.8 when the flag is given without a value)",
         nargs="?",
         const=0.8,
         metavar="JACCARD",
+        default_text="off",
     )
     progress: str = opt(
         "auto",

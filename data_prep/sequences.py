@@ -35,7 +35,11 @@ class Sequences:
 class SequenceConfig:
     """How sequences are built."""
 
-    format: str = opt("packed", choices=("packed", "nsp"))
+    format: str = opt(
+        "packed",
+        "packed: documents concatenated; nsp: BERT's sentence pairs",
+        choices=("packed", "nsp"),
+    )
     max_seq_len: int = opt(128, "tokens per sequence including [CLS]/[SEP]")
     stride: int | None = opt(
         None,

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from bertforge.pretrain.model.bert import ModelConfig
 
 
+def _preset_names() -> list[str]:
+    """The model registry's preset names, read when --help is built (never a copy of them)."""
+    from bertforge.pretrain.model.model_config import PRESETS
+
+    return list(PRESETS)
+
+
 #: How --help names the default of a flag whose unset value the DeepSpeed JSON decides.
 _FROM_DS = "from the DeepSpeed config"
 
@@ -40,9 +47,7 @@ class RunConfig:
         flags=("--data",),
         required=True,  # checked by parse_args; the doctor reports a missing one instead
     )
-    model_preset: str = opt(
-        "tiny", "model preset name (see pretrain.model.registry.PRESETS)", flags=("--model",)
-    )
+    model_preset: str = opt("tiny", "model preset", flags=("--model",), help_choices=_preset_names)
     output_dir: str = opt(
         "runs/default", "run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/"
     )

@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--models", nargs="+", required=True, help="[LABEL=]PATH | [LABEL=]RUN@STEP | RUN@all ..."
     )
-    p.add_argument("--tasks", help="tasks JSON file (see README: Downstream evaluation)")
+    p.add_argument("--tasks", help="tasks JSON file (its format: docs/evaluation.md)")
     p.add_argument("--out", required=True, help="folder for results.json, results.md, plots")
     p.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per lr (default 3)")
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed..seed+K-1)")
