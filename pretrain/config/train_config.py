@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def _preset_names() -> list[str]:
     """The model registry's preset names, read when --help is built (never a copy of them)."""
-    from bertforge.pretrain.model.model_config import PRESETS
+    from bertforge.pretrain.model.registry import PRESETS  # lazy: the registry imports torch
 
     return list(PRESETS)
 
