@@ -9,7 +9,7 @@ import pytest
 
 from bertforge.data_prep.__main__ import _parser as data_prep_parser
 from bertforge.pretrain.config.cli import trainer_parser
-from bertforge.pretrain.model import model_config
+from bertforge.pretrain.model import registry
 
 
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def test_every_trainer_flag_shows_its_default():
 
 def test_model_help_lists_the_registry_as_it_is(monkeypatch):
     helps = _flag_helps(trainer_parser()[0])
-    for name in model_config.PRESETS:
+    for name in registry.PRESETS:
         assert name in helps["--model"]
-    monkeypatch.setitem(model_config.PRESETS, "xl-test", model_config.PRESETS["tiny"])
+    monkeypatch.setitem(registry.PRESETS, "xl-test", registry.PRESETS["tiny"])
     assert "xl-test" in _flag_helps(trainer_parser()[0])["--model"]
