@@ -98,7 +98,7 @@ def throughput_row(plan: Plan, run_dir: Path, config: tuple[str, int, str]) -> d
         "steps": len(recs),
         "tokens/s": round(sum(r["tokens"] for r in recs) / secs),
         "seq/s": round(sum(r["samples"] for r in recs) / secs, 1),
-        "TFLOP/s": round(tflops, 2),
+        "TFLOP/s": float(f"{tflops:.3g}"),  # 3 significant figures: a CPU dry run is ~1e-3
         "MFU": None if not peak else round(tflops / peak, 3),
         "peak mem GiB": None if None in mem else round(max(mem), 2),
         "skipped steps": sum(bool(r.get("skipped")) for r in recs),
