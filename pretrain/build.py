@@ -36,7 +36,7 @@ from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
 from bertforge.pretrain.components.ema import EMA
 from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tflops
-from bertforge.pretrain.components.optim import build_schedule, lr_scheduler_factory, param_groups
+from bertforge.pretrain.components.optim import lr_scheduler_factory, param_groups
 from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
 from bertforge.pretrain.components.resume import ResumePoint, find_resume
 from bertforge.pretrain.components.schedule_override import check_resume_clock
@@ -46,6 +46,7 @@ from bertforge.pretrain.config.ds_config import (
     resolve_deepspeed_config,
 )
 from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
+from bertforge.pretrain.config.schedule import build_schedule
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import (
@@ -266,6 +267,17 @@ def build_encoder(
     return model, report
 
 
+def run_schedule(cfg: TrainConfig, plan: anneal.AnnealPlan | None, phases: PhaseTracker | None):
+    """The run's one lr schedule, as one of its writers gives it: --anneal_from (the two are
+    refused together), --phases, else the schedule flags (a DeepSpeed "scheduler" block is
+    refused)."""
+    if plan is not None:
+        return plan.schedule()
+    if phases is not None:
+        return phases.schedule()
+    return build_schedule(cfg.optim, cfg.run.max_steps)
+
+
 def build_engine(
     cfg: TrainConfig,
     model,
@@ -273,17 +285,12 @@ def build_engine(
     plan: anneal.AnnealPlan | None = None,
     phases: PhaseTracker | None = None,
 ):
-    """The DeepSpeed engine and our LR schedule (an anneal's own with --anneal_from; the plan's
-    with --phases). A time-clock schedule is not
-    given to DeepSpeed: the trainer's TimeClockLR applies it."""
+    """The DeepSpeed engine and the run's LR schedule (:func:`run_schedule`). A time-clock
+    schedule is not given to DeepSpeed: the trainer's TimeClockLR applies it."""
     import deepspeed  # lazy: see the module docstring
 
-    schedule = build_schedule(cfg.optim, cfg.run.max_steps)  # a "scheduler" block is refused
-    if plan is not None:
-        schedule = plan.schedule()
-    if phases is not None:
-        schedule = phases.schedule()
-    by_steps = schedule is not None and cfg.optim.schedule_clock == "steps"  # else TimeClockLR
+    schedule = run_schedule(cfg, plan, phases)
+    by_steps = cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
     engine, _, _, _ = deepspeed.initialize(
         model=model,

@@ -21,6 +21,7 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.build import resolve_run
 from bertforge.pretrain.config.recipe import resolved_flags
+from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
 from bertforge.pretrain.data.mixture import open_training, parse_mixture
@@ -96,16 +97,13 @@ def realised_masking(
 def lr_phases(schedule, peak_lr: float, clock: str) -> dict[str, Any]:
     """The schedule's phases with the lr at each boundary (``peak_lr`` x the multiplier there);
     positions are optimizer steps, or percent of the time budget on the time clock."""
-    from bertforge.pretrain.components.budget import TICKS_PER_BUDGET
 
     def where(position: int) -> float:
         return position if clock == "steps" else 100.0 * position / TICKS_PER_BUDGET
 
-    kind = "wsd" if hasattr(schedule, "decay_steps") else "warmup_decay"
-    shape = getattr(schedule, "shape", None) or getattr(schedule, "decay", None)
     return {
-        "schedule": kind,
-        "decay_shape": shape,
+        "schedule": schedule.kind,
+        "decay_shape": schedule.decay_shape,
         "unit": "steps" if clock == "steps" else "% of the time budget",
         "peak_lr": peak_lr,
         "phases": [
@@ -307,8 +305,6 @@ def format_lr_phases(sched: dict[str, Any]) -> str:
 def _schedule_report(cfg, run) -> dict[str, Any] | None:
     """:func:`lr_phases` of the schedule this launch will follow: the anneal's, the phase
     plan's, on a resume the checkpoint's (unless --override_lr_schedule), else the flags'."""
-    from bertforge.pretrain.components.optim import build_schedule
-
     if run.anneal is not None:  # --anneal_from: the source's lr decays to the floor
         plan = run.anneal
         out = lr_phases(plan.schedule(), plan.peak_lr * plan.guard_factor, "steps")
@@ -332,7 +328,6 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
 def checkpoint_schedule(point, launch_peak: float, max_steps: int) -> dict[str, Any]:
     """The schedule a resume continues: the one its checkpoint's run resolved (with the guard's
     lr cut it carries), not this launch's flags."""
-    from bertforge.pretrain.components.optim import build_schedule
     from bertforge.pretrain.components.schedule_override import guard_factor
     from bertforge.pretrain.config.train_config import OptimConfig
 

@@ -2,7 +2,8 @@
 warmup-stable-decay, started later, from any complete checkpoint of another run.
 
 A new run folder takes the source checkpoint's module, optimizer state (Adam moments and step
-counts) and fp32 master weights, but not its lr schedule: :class:`AnnealDecay` starts at the lr
+counts) and fp32 master weights, but not its lr schedule: its schedule (an ``anneal`` one of
+:mod:`pretrain.config.schedule`) starts at the lr
 the source had after STEP (its scheduler's lr, the guard's cut included) and decays over the
 anneal steps (``ceil(N / (global batch x seq len))``) to ``--min_lr_ratio`` x the source's peak
 lr, shaped by ``--decay_shape``. The anneal run counts its steps from 0; its data position is the
@@ -38,7 +39,7 @@ from bertforge.pretrain.components.resume import (
     tag_for,
 )
 from bertforge.pretrain.components.schedule_override import ScheduleOverride, guard_factor
-from bertforge.pretrain.components.wsd_schedule import decay_curve
+from bertforge.pretrain.config.schedule import Schedule, anneal
 
 log = get_logger(__name__)
 
@@ -47,29 +48,6 @@ LATEST = "latest"  # RUN@latest: the source's newest verified checkpoint
 
 class AnnealError(UserError, ValueError):
     """--anneal_from / --anneal_tokens that cannot be honoured (the message names the fix)."""
-
-
-@dataclass
-class AnnealDecay:
-    """lr multiplier (of the source's base lr) at anneal step s: ``start_ratio`` at s = 0,
-    decaying with ``shape`` to ``min_ratio`` at ``total_steps`` (and kept after).
-
-    Field names differ from WarmupDecay's and WarmupStableDecay's, so a checkpoint's schedule is
-    rebuilt as this class on resume (:data:`pretrain.components.optim.SCHEDULE_CLASSES`).
-    """
-
-    start_ratio: float
-    total_steps: int
-    shape: str = "1-sqrt"
-    min_ratio: float = 0.0
-
-    def __call__(self, step: int) -> float:
-        t = min(1.0, max(0.0, step / max(1, self.total_steps)))
-        return self.min_ratio + (self.start_ratio - self.min_ratio) * decay_curve(self.shape, t)
-
-    def phases(self) -> list[tuple[str, int, int]]:
-        """(name, first step, end step): one anneal phase (the dry run's table)."""
-        return [("anneal", 0, self.total_steps)]
 
 
 @dataclass
@@ -91,10 +69,10 @@ class AnnealPlan:
     shape: str
     min_lr_ratio: float
 
-    def schedule(self) -> AnnealDecay:
+    def schedule(self) -> Schedule:
         """The anneal run's schedule, relative to the base lr peak x guard cut."""
         base = self.peak_lr * self.guard_factor
-        return AnnealDecay(
+        return anneal(
             start_ratio=self.source_lr / base,
             total_steps=self.steps,
             shape=self.shape,

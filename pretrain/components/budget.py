@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import time
 
-# A time-clock schedule is a step schedule over this many ticks of the budget (1e-4 resolution).
-TICKS_PER_BUDGET = 10_000
+from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET
 
 
 class TimeBudget:

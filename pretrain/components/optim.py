@@ -1,5 +1,5 @@
-"""Optimizer choice and learning-rate schedule (warmup, then linear / polynomial decay, or
-warmup-stable-decay from :mod:`pretrain.components.wsd_schedule`).
+"""Optimizer choice, and the learning-rate schedule (:mod:`pretrain.config.schedule`) as the
+``LambdaLR`` DeepSpeed steps.
 
 The optimizer itself is built by DeepSpeed from the config's ``optimizer`` block (FusedAdam on
 GPUs, torch AdamW with ``torch_adam``, FusedLamb on GPUs); this module fills that block from the
@@ -10,22 +10,13 @@ flags, rejects what cannot run here, and builds the schedule as a :class:`Schedu
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from bertforge.errors import UserError
-from bertforge.pretrain.components.anneal import AnnealDecay
-from bertforge.pretrain.components.wsd_schedule import (
-    ScheduleError,
-    WarmupStableDecay,
-    build_wsd,
-    check_schedule_flags,
-)
-from bertforge.pretrain.config.phase_plan import PhaseSchedule
+from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.config.train_config import OptimConfig
 
 _NO_DECAY = ("bias", "LayerNorm.weight", "layernorm.weight", "layer_norm.weight", "norm.weight")
@@ -108,79 +99,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     ]
 
 
-@dataclass
-class WarmupDecay:
-    """lr multiplier at step s: linear warmup to 1, then linear/poly decay to ``min_ratio``.
-
-    A callable object (not a lambda) so ``LambdaLR.state_dict`` saves its settings too.
-    """
-
-    warmup_steps: int
-    total_steps: int
-    decay: str = "linear"
-    power: float = 1.0
-    min_ratio: float = 0.0
-
-    def __call__(self, step: int) -> float:
-        if self.warmup_steps > 0 and step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.decay == "constant":
-            return 1.0
-        span = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, max(0.0, (step - self.warmup_steps) / span))
-        power = 1.0 if self.decay == "linear" else self.power
-        return self.min_ratio + (1.0 - self.min_ratio) * (1.0 - progress) ** power
-
-    def phases(self) -> list[tuple[str, int, int]]:
-        """(name, first step, end step) of warmup and decay (an empty warmup left out)."""
-        spans = [
-            ("warmup", 0, self.warmup_steps),
-            (self.decay, self.warmup_steps, self.total_steps),
-        ]
-        return [p for p in spans if p[2] > p[1]]
-
-
-def build_schedule(cfg: OptimConfig, max_steps: int) -> WarmupDecay | WarmupStableDecay:
-    """The schedule (``--schedule``) for a run of ``max_steps`` optimizer steps; with
-    ``schedule_clock`` "time", over :data:`~pretrain.components.budget.TICKS_PER_BUDGET` ticks
-    of the time budget instead."""
-    check_schedule_flags(cfg)
-    if cfg.schedule_clock == "time":
-        from bertforge.pretrain.components.budget import TICKS_PER_BUDGET
-
-        total, warmup = TICKS_PER_BUDGET, int(cfg.warmup_ratio * TICKS_PER_BUDGET)
-    else:
-        total = max_steps
-        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total)
-    if cfg.schedule == "wsd":
-        return build_wsd(cfg, warmup, total)
-    return WarmupDecay(
-        warmup_steps=warmup,
-        total_steps=total,
-        decay=cfg.decay,
-        power=cfg.poly_power,
-        min_ratio=cfg.min_lr_ratio,
-    )
-
-
-SCHEDULE_CLASSES = (WarmupDecay, WarmupStableDecay, AnnealDecay, PhaseSchedule)
-
-
-def schedule_from_fields(
-    fields: dict[str, Any],
-) -> WarmupDecay | WarmupStableDecay | PhaseSchedule:
-    """The schedule object a checkpoint saved (``LambdaLR`` keeps only its ``__dict__``): the
-    class whose field names are exactly those keys."""
-    for cls in SCHEDULE_CLASSES:
-        if {f.name for f in dataclasses.fields(cls)} == set(fields):
-            return cls(**fields)
-    raise ScheduleError(
-        f"the checkpoint's lr schedule has the fields {sorted(fields)}, which no schedule of "
-        "this version has; resume it with the version that wrote it, or pass "
-        "--override_lr_schedule to take the schedule from the flags"
-    )
-
-
 class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
     """The trainer's ``LambdaLR``; a checkpoint's schedule is restored as it was saved.
 
@@ -202,13 +120,13 @@ class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
             saved = state_dict["lr_lambdas"]
             self.__dict__.update({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
             self.lr_lambdas = [
-                schedule_from_fields(fields) if fields is not None else fn
+                Schedule.from_saved(fields) if fields is not None else fn
                 for fn, fields in zip(self.lr_lambdas, saved)
             ]
         self.loaded_from_none = state_dict is None  # of the latest load
 
 
-def lr_scheduler_factory(schedule: WarmupDecay | WarmupStableDecay):
+def lr_scheduler_factory(schedule: Schedule):
     """A callable DeepSpeed gives the optimizer it built: ``optimizer -> ScheduleLR``."""
 
     def make(optimizer: torch.optim.Optimizer) -> ScheduleLR:

@@ -31,14 +31,15 @@ from bertforge.logs import get_logger
 from bertforge.pretrain.config.batching import BatchPlan, apply_batch
 from bertforge.pretrain.config.phase_plan import (
     PhasePlanError,
-    PhaseSchedule,
     ResolvedPhase,
     batch_at,
     load_phase_file,
     phase_at,
     plan_dict,
+    plan_schedule,
     resolve,
 )
+from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.data.mixture import (
     MixtureError,
     Source,
@@ -221,8 +222,9 @@ class PhaseTracker:
             )
         log.warning(f"--override_lr_schedule: the new phase plan applies from here ({text})")
 
-    def schedule(self) -> PhaseSchedule:
-        return PhaseSchedule.for_plan(self.plan)
+    def schedule(self) -> Schedule:
+        """The plan's lr as the run's schedule."""
+        return plan_schedule(self.plan)
 
     def as_dict(self) -> dict[str, Any]:
         return plan_dict(self.plan)

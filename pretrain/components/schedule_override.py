@@ -22,35 +22,33 @@ from typing import Any
 
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.components.wsd_schedule import WarmupStableDecay
+from bertforge.pretrain.config.schedule import Schedule
 
 log = get_logger(__name__)
 
-# (what the warning calls a setting, the schedule object's field, the flags that set it)
-_FIELDS = (
-    ("warmup steps", "warmup_steps", "--warmup_steps/--warmup_ratio"),
-    ("total steps", "total_steps", "--max_steps"),
-    ("decay", "decay", "--decay"),
-    ("poly power", "power", "--poly_power"),
-    ("decay steps", "decay_steps", "--decay_steps/--decay_fraction"),
-    ("decay shape", "shape", "--decay_shape"),
-    ("floor (min lr ratio)", "min_ratio", "--min_lr_ratio"),
-)
-_FLAGS = {"schedule": "--schedule", "peak lr": "--lr", **{k: f for k, _, f in _FIELDS}}
+# What the warnings call a setting of Schedule.settings(), and the flags that set it.
+_FLAGS = {
+    "schedule": "--schedule",
+    "peak lr": "--lr",
+    "warmup steps": "--warmup_steps/--warmup_ratio",
+    "total steps": "--max_steps",
+    "decay": "--decay",
+    "poly power": "--poly_power",
+    "decay steps": "--decay_steps/--decay_fraction",
+    "decay shape": "--decay_shape",
+    "floor (min lr ratio)": "--min_lr_ratio",
+    "phases": "--phases",
+}
 
 
 class ScheduleResumeError(UserError, ValueError):
     """A resume whose checkpoint holds no schedule this launch could continue."""
 
 
-def schedule_settings(schedule: Any, peak_lr: float) -> dict[str, Any]:
-    """What a schedule is, as the warnings name it: kind, peak lr and each of its fields."""
-    kind = "wsd" if isinstance(schedule, WarmupStableDecay) else "warmup_decay"
-    out: dict[str, Any] = {"schedule": kind, "peak lr": peak_lr}
-    for label, field, _flag in _FIELDS:
-        if hasattr(schedule, field):
-            out[label] = getattr(schedule, field)
-    return out
+def schedule_settings(schedule: Schedule, peak_lr: float) -> dict[str, Any]:
+    """What a schedule is, as the warnings name it: kind, peak lr and its settings."""
+    settings = schedule.settings()
+    return {"schedule": settings.pop("schedule"), "peak lr": peak_lr, **settings}
 
 
 def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
@@ -89,7 +87,7 @@ _NO_STEP_SCHEDULE = (
 class ScheduleOverride:
     """This launch's schedule and peak lr, put in place of the one a checkpoint load restored."""
 
-    schedule: Any
+    schedule: Schedule
     peak_lr: float
 
     def apply(self, scheduler, state: dict[str, Any]) -> list[float]:

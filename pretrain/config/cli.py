@@ -323,8 +323,7 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail on --schedule flags that contradict each other or do not fit in the run (the
     schedule is built once here for that), and on an --override_lr_schedule with nothing to
     override."""
-    from bertforge.pretrain.components.optim import build_schedule
-    from bertforge.pretrain.components.wsd_schedule import ScheduleError
+    from bertforge.pretrain.config.schedule import ScheduleError, build_schedule
 
     try:
         build_schedule(cfg.optim, cfg.run.max_steps)

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.pretrain.components.wsd_schedule import decay_curve
+from bertforge.pretrain.config.schedule import DECAY_SHAPES, Schedule, Segment
+from bertforge.pretrain.config.schedule import phases as phases_schedule
 
-LR_SHAPES = ("warmup", "constant", "linear", "cosine", "1-sqrt")
-DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+LR_SHAPES = ("warmup", "constant", *DECAY_SHAPES)
 PHASE_KEYS = (
     "name",
     "tokens",
@@ -356,7 +356,7 @@ def resolve(
                 consumed, n = consumed + b * max(rest, 0), n + max(rest, 0)
         step = start_step + n
         floor = ph.min_lr_ratio if ph.min_lr_ratio is not None else min_lr_ratio
-        shape = PhaseShape(ph.lr, start_step, step, lr_prev, floor)
+        shape = Segment(ph.name, ph.lr, start_step, step, top=lr_prev, floor=floor, offset=1)
         out.append(
             ResolvedPhase(
                 name=ph.name,
@@ -367,8 +367,8 @@ def resolve(
                 tokens=(consumed - start_consumed) * length,
                 seq_len=length,
                 lr_shape=ph.lr,
-                lr_start=shape(start_step),
-                lr_end=shape(step - 1),
+                lr_start=shape.value(start_step),
+                lr_end=shape.value(step - 1),
                 min_lr_ratio=floor,
                 batch_start=batches[0],
                 batch_end=batches[-1],
@@ -381,60 +381,18 @@ def resolve(
                 rope_theta=theta,
             )
         )
-        lr_prev = shape(step - 1)
+        lr_prev = shape.value(step - 1)
     return out
 
 
-@dataclass(frozen=True)
-class PhaseShape:
-    """The lr multiplier of one phase at a (0-based) step in [start, end): warmup reaches the
-    peak at the phase's last step, a decay goes from ``lr_from`` (the previous phase's last) to
-    the floor, which the phase's last step trains at."""
-
-    shape: str
-    start: int
-    end: int
-    lr_from: float
-    floor: float
-
-    def __call__(self, step: int) -> float:
-        n = max(1, self.end - self.start)
-        t = min(1.0, max(0.0, (step - self.start + 1) / n))
-        if self.shape == "warmup":
-            return t
-        if self.shape == "constant":
-            return 1.0
-        return self.floor + (self.lr_from - self.floor) * decay_curve(self.shape, t)
-
-
-@dataclass
-class PhaseSchedule:
-    """The lr multiplier of a whole plan at a 0-based step, for :class:`ScheduleLR`
-    (pretrain.components.optim): a picklable callable whose field names differ from every other
-    schedule's, so a checkpoint's schedule is restored as this class."""
-
-    phase_shapes: list[str]
-    phase_ends: list[int]  # each phase's end step; the last is the run's max_steps
-    phase_floors: list[float]
-
-    @classmethod
-    def for_plan(cls, plan: list[ResolvedPhase]) -> PhaseSchedule:
-        return cls(
-            [ph.lr_shape for ph in plan],
-            [ph.end_step for ph in plan],
-            [ph.min_lr_ratio for ph in plan],
-        )
-
-    def __call__(self, step: int) -> float:
-        start, prev = 0, 1.0
-        for i, (shape, end, floor) in enumerate(
-            zip(self.phase_shapes, self.phase_ends, self.phase_floors)
-        ):
-            curve = PhaseShape(shape, start, end, prev, floor)
-            if step < end or i == len(self.phase_ends) - 1:
-                return curve(step)
-            start, prev = end, curve(end - 1)
-        raise ValueError("a PhaseSchedule without phases")
+def plan_schedule(plan: list[ResolvedPhase]) -> Schedule:
+    """The plan's lr as the run's one schedule: a segment per phase."""
+    return phases_schedule(
+        [ph.lr_shape for ph in plan],
+        [ph.end_step for ph in plan],
+        [ph.min_lr_ratio for ph in plan],
+        names=[ph.name for ph in plan],
+    )
 
 
 def phase_at(plan: list[ResolvedPhase], step: int) -> ResolvedPhase:
@@ -456,9 +414,7 @@ def batch_at(plan: list[ResolvedPhase], step: int, consumed: int, global_batch: 
 
 def lr_multiplier(plan: list[ResolvedPhase], step: int) -> float:
     """The lr multiplier (x --lr) of 0-based ``step``."""
-    ph = phase_at(plan, step)
-    prev = plan[plan.index(ph) - 1].lr_end if plan.index(ph) else 1.0
-    return PhaseShape(ph.lr_shape, ph.start_step, ph.end_step, prev, ph.min_lr_ratio)(step)
+    return plan_schedule(plan)(step)
 
 
 def plan_table(plan: list[ResolvedPhase]) -> str:

@@ -9,12 +9,7 @@ import pytest
 from helpers.commands import REPO
 
 from bertforge.pretrain.components.checkpoint_files import MARKER
-from bertforge.pretrain.components.optim import (
-    OptimizerConfigError,
-    WarmupDecay,
-    build_schedule,
-    configure_optimizer,
-)
+from bertforge.pretrain.components.optim import OptimizerConfigError, configure_optimizer
 from bertforge.pretrain.components.resume import (
     CheckpointError,
     find_latest,
@@ -23,6 +18,7 @@ from bertforge.pretrain.components.resume import (
 )
 from bertforge.pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
 from bertforge.pretrain.config.precision import PrecisionError, resolve_precision
+from bertforge.pretrain.config.schedule import build_schedule, warmup_decay
 from bertforge.pretrain.config.train_config import OptimConfig, PrecisionConfig
 
 
@@ -87,12 +83,12 @@ def test_resolve_batch_errors(cfg, world, match):
 
 # ---- optimizer / schedule ----------------------------------------------------------------------
 def test_schedule_warmup_then_linear_decay():
-    s = WarmupDecay(warmup_steps=4, total_steps=14, decay="linear")
+    s = warmup_decay(warmup_steps=4, total_steps=14, decay="linear")
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert s(4) == 1.0 and s(9) == pytest.approx(0.5) and s(14) == 0.0 and s(20) == 0.0
-    p = WarmupDecay(warmup_steps=0, total_steps=10, decay="poly", power=2.0, min_ratio=0.1)
+    p = warmup_decay(warmup_steps=0, total_steps=10, decay="poly", power=2.0, min_ratio=0.1)
     assert p(5) == pytest.approx(0.1 + 0.9 * 0.25)
-    assert build_schedule(OptimConfig(warmup_ratio=0.1), 50).warmup_steps == 5
+    assert build_schedule(OptimConfig(warmup_ratio=0.1), 50).settings()["warmup steps"] == 5
 
 
 def test_optimizer_block_filled_and_checked():

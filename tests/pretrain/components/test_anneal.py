@@ -22,17 +22,15 @@ from helpers.commands import train_cli
 from helpers.ema import check_ema_of_run
 
 from bertforge.pretrain.components.anneal import (
-    AnnealDecay,
     AnnealError,
     check_flags,
     parse_anneal_from,
     source_checkpoint,
 )
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.optim import schedule_from_fields
 from bertforge.pretrain.components.resume import CheckpointError
-from bertforge.pretrain.components.wsd_schedule import decay_curve
 from bertforge.pretrain.config.cli import parse_args
+from bertforge.pretrain.config.schedule import Schedule, anneal, decay_curve
 from bertforge.pretrain.config.train_config import RunConfig
 from bertforge.pretrain.export.model_card import _anneal, card_facts
 
@@ -138,12 +136,12 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
 
 
 def test_the_anneal_schedule_starts_at_its_ratio_and_reaches_the_floor():
-    s = AnnealDecay(start_ratio=0.8, total_steps=10, shape="linear", min_ratio=0.1)
+    s = anneal(start_ratio=0.8, total_steps=10, shape="linear", min_ratio=0.1)
     assert s(0) == 0.8 and s(10) == pytest.approx(0.1) and s(20) == pytest.approx(0.1)
     assert s(5) == pytest.approx(0.1 + 0.7 * 0.5)
-    # A checkpoint's saved fields rebuild this class on resume, not WarmupDecay or wsd.
-    assert schedule_from_fields(vars(s)) == s
-    c = AnnealDecay(1.0, 4, "1-sqrt", 0.0)
+    # A checkpoint's saved fields rebuild this schedule on resume, named an anneal.
+    assert Schedule.from_saved(dict(vars(s))) == s and s.kind == "anneal"
+    c = anneal(1.0, 4, "1-sqrt", 0.0)
     assert c(1) == pytest.approx(1.0 - math.sqrt(0.25))
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from helpers.commands import train_cli
 
-from bertforge.pretrain.components.budget import TICKS_PER_BUDGET, TimeBudget, TimeClockLR
+from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.optim import build_schedule
+from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
 from bertforge.pretrain.config.train_config import OptimConfig
 
 

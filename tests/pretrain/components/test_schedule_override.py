@@ -57,19 +57,19 @@ def test_a_time_clock_checkpoint_resumed_on_the_step_clock_needs_the_override():
 def test_an_override_of_a_time_clock_checkpoint_starts_at_its_step_with_the_guards_cut():
     import torch
 
-    from bertforge.pretrain.components.optim import WarmupDecay, lr_scheduler_factory
+    from bertforge.pretrain.components.optim import lr_scheduler_factory
     from bertforge.pretrain.components.schedule_override import ScheduleOverride, resume_schedule
-    from bertforge.pretrain.components.wsd_schedule import WarmupStableDecay
+    from bertforge.pretrain.config.schedule import warmup_decay, wsd
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
-    sched = lr_scheduler_factory(WarmupDecay(warmup_steps=1, total_steps=10))(opt)
+    sched = lr_scheduler_factory(warmup_decay(warmup_steps=1, total_steps=10))(opt)
     sched.load_state_dict(None)  # what DeepSpeed hands over from a time-clock checkpoint
     state = {"step": 5, "guard": {"lr_factor": 0.5}}
     with pytest.raises(ScheduleResumeError, match="pass --override_lr_schedule"):
         resume_schedule(sched, state, sched.lr_lambdas[0], 2e-3, override=False, where="it")
-    wsd = WarmupStableDecay(warmup_steps=0, total_steps=8, decay_steps=4, shape="linear")
-    assert ScheduleOverride(wsd, 2e-3).apply(sched, state) == [1e-3 * wsd(5)]
+    new = wsd(warmup_steps=0, total_steps=8, decay_steps=4, shape="linear")
+    assert ScheduleOverride(new, 2e-3).apply(sched, state) == [1e-3 * new(5)]
     assert sched.last_epoch == 5 and opt.param_groups[0]["lr"] == 1e-3 * 0.75
     assert "loaded_from_none" not in sched.state_dict()  # about the load, not saved
     sched.load_state_dict(sched.state_dict())
-    assert not sched.loaded_from_none and sched.lr_lambdas == [wsd]
+    assert not sched.loaded_from_none and sched.lr_lambdas == [new]

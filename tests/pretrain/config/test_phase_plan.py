@@ -190,10 +190,12 @@ def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path)
     import torch
 
     from bertforge.pretrain.components.optim import ScheduleLR
-    from bertforge.pretrain.config.phase_plan import PhaseSchedule
+    from bertforge.pretrain.config.phase_plan import plan_schedule
+    from bertforge.pretrain.config.schedule import Schedule
 
     plan = resolved(tmp_path)
-    schedule = PhaseSchedule.for_plan(plan)
+    schedule = plan_schedule(plan)
+    assert [name for name, _, _ in schedule.phases()] == [ph.name for ph in plan]
     assert [schedule(s) for s in range(9)] == pytest.approx(
         [lr_multiplier(plan, s) for s in range(9)]
     )
@@ -209,7 +211,7 @@ def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path)
     state = sched.state_dict()
     opt2, sched2 = scheduler(lambda step: 1.0)  # the flags' schedule of a later launch
     sched2.load_state_dict(state)
-    assert isinstance(sched2.lr_lambdas[0], PhaseSchedule)
+    assert isinstance(sched2.lr_lambdas[0], Schedule) and sched2.lr_lambdas[0].kind == "phases"
     assert sched2.last_epoch == 7 and sched2.lr_lambdas[0](7) == pytest.approx(0.55)
     opt2.step()
     sched2.step()  # step 8's lr, the decay's floor, from the restored plan

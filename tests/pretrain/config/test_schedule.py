@@ -1,25 +1,28 @@
-"""--schedule wsd: the lr the optimizer really gets, against the closed form computed here in
-float64, on both clocks; and every combination of flags it refuses, with the flag named."""
+"""The one lr schedule (pretrain.config.schedule). --schedule wsd: the lr the optimizer really
+gets, against the closed form computed here in float64, on both clocks, and every combination of
+flags it refuses, with the flag named. Checkpoints written before the one schedule: the
+per-kind fields they saved give the values the classes that wrote them gave, bit for bit (the
+values recorded from those classes in data/legacy_schedules.json)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from bertforge.errors import UserError
-from bertforge.pretrain.components.budget import TICKS_PER_BUDGET
-from bertforge.pretrain.components.optim import (
-    WarmupDecay,
-    build_schedule,
-    lr_scheduler_factory,
-    schedule_from_fields,
-)
-from bertforge.pretrain.components.wsd_schedule import (
+from bertforge.pretrain.components.optim import ScheduleLR, lr_scheduler_factory
+from bertforge.pretrain.config.schedule import (
+    TICKS_PER_BUDGET,
+    Schedule,
     ScheduleError,
-    WarmupStableDecay,
+    build_schedule,
     check_schedule_flags,
+    warmup_decay,
+    wsd,
 )
 from bertforge.pretrain.config.train_config import OptimConfig
 
@@ -59,7 +62,7 @@ def test_wsd_lr_matches_the_closed_form_at_every_step(shape):
         min_lr_ratio=FLOOR_RATIO,
     )  # fmt: skip
     schedule = build_schedule(cfg, max_steps=100)
-    assert isinstance(schedule, WarmupStableDecay) and schedule.decay_steps == 20
+    assert schedule.kind == "wsd" and schedule.settings()["decay steps"] == 20
     assert schedule.phases() == [("warmup", 0, 10), ("stable", 10, 80), ("decay", 80, 100)]
     got = lrs_in_effect(schedule, 110)  # and beyond the end: the floor stays
     for s in (0, 5, 9, 10, 42, 79, 80, 81, 85, 90, 99, 100, 109):
@@ -70,9 +73,9 @@ def test_wsd_lr_matches_the_closed_form_at_every_step(shape):
 
 def test_decay_steps_win_over_the_fraction_and_fractions_round():
     cfg = OptimConfig(schedule="wsd", warmup_steps=0, decay_steps=30)
-    assert build_schedule(cfg, 100).decay_start == 70
+    assert build_schedule(cfg, 100).phases()[-1] == ("decay", 70, 100)
     cfg = OptimConfig(schedule="wsd", warmup_steps=0, decay_fraction=0.29)
-    assert build_schedule(cfg, 100).decay_steps == 29  # int(0.29 * 100) would be 28
+    assert build_schedule(cfg, 100).settings()["decay steps"] == 29  # int(0.29 x 100): 28
 
 
 def test_wsd_on_the_time_clock_spans_fractions_of_the_budget():
@@ -81,21 +84,44 @@ def test_wsd_on_the_time_clock_spans_fractions_of_the_budget():
         decay_shape="cosine", min_lr_ratio=FLOOR_RATIO,
     )  # fmt: skip
     s = build_schedule(cfg, max_steps=7)  # the step count plays no part
-    assert (s.warmup_steps, s.decay_start, s.total_steps) == (1000, 7500, TICKS_PER_BUDGET)
+    assert s.phases() == [
+        ("warmup", 0, 1000), ("stable", 1000, 7500), ("decay", 7500, TICKS_PER_BUDGET)
+    ]  # fmt: skip
     at = 0.875 * TICKS_PER_BUDGET  # half-way through the decay: cos(pi/2) = 0
     want = closed_form(int(at), warmup=1000, total=TICKS_PER_BUDGET, decay=2500, shape="cosine")
     assert PEAK * s(int(at)) == pytest.approx(want, rel=1e-12)
     assert want == pytest.approx(PEAK * (FLOOR_RATIO + (1 - FLOOR_RATIO) / 2))
 
 
-def test_a_saved_schedule_is_rebuilt_as_the_class_that_saved_it():
-    # What a resume relies on: LambdaLR keeps only the object's fields.
-    wsd = WarmupStableDecay(warmup_steps=2, total_steps=10, decay_steps=3, shape="cosine")
-    old = WarmupDecay(warmup_steps=2, total_steps=10, decay="poly", power=2.0)
-    assert schedule_from_fields(dict(vars(wsd))) == wsd
-    assert schedule_from_fields(dict(vars(old))) == old
+def test_a_saved_schedule_is_rebuilt_as_it_was_saved():
+    # What a resume relies on: LambdaLR keeps only the object's fields (plain values).
+    for schedule in (
+        wsd(warmup_steps=2, total_steps=10, decay_steps=3, shape="cosine"),
+        warmup_decay(warmup_steps=2, total_steps=10, decay="poly", power=2.0),
+    ):
+        fields = dict(vars(schedule))
+        assert json.loads(json.dumps(fields)) == fields  # nothing but builtins to unpickle
+        assert Schedule.from_saved(fields) == schedule
     with pytest.raises(ScheduleError, match="--override_lr_schedule"):
-        schedule_from_fields({"warmup_steps": 2, "phases": []})
+        Schedule.from_saved({"warmup_steps": 2, "phases": []})
+
+
+LEGACY = json.loads((Path(__file__).parent / "data" / "legacy_schedules.json").read_text())
+
+
+@pytest.mark.parametrize("case", LEGACY, ids=lambda c: "-".join(sorted(c["fields"]))[:40])
+def test_a_checkpoint_of_an_earlier_schedule_class_resumes_with_its_exact_lrs(case):
+    """A LambdaLR state as DeepSpeed saved it before the one schedule (warmup_decay, wsd, anneal
+    and phase-plan classes, each its own field set): loaded by this version's ScheduleLR, every
+    lr is the one the earlier class gave, to the last bit (equality, not approx)."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))], lr=1.0)
+    sched = ScheduleLR(opt, build_schedule(OptimConfig(), 3))  # this launch's flags' schedule
+    state = sched.state_dict()
+    state["lr_lambdas"] = [dict(case["fields"])]
+    sched.load_state_dict(state)
+    restored = sched.lr_lambdas[0]
+    assert isinstance(restored, Schedule)
+    assert [restored(s) for s in range(len(case["values"]))] == case["values"]
 
 
 def _refused(argv: list[str], capsys) -> str:
