@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from bertforge.errors import UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
 from bertforge.pretrain.components.checkpoint_files import MARKER
@@ -39,15 +38,12 @@ from bertforge.pretrain.components.resume import (
     tag_for,
 )
 from bertforge.pretrain.components.schedule_override import ScheduleOverride, guard_factor
+from bertforge.pretrain.config.flag_checks import AnnealError
 from bertforge.pretrain.config.schedule import Schedule, anneal
 
 log = get_logger(__name__)
 
 LATEST = "latest"  # RUN@latest: the source's newest verified checkpoint
-
-
-class AnnealError(UserError, ValueError):
-    """--anneal_from / --anneal_tokens that cannot be honoured (the message names the fix)."""
 
 
 @dataclass
@@ -156,31 +152,6 @@ def _same_data(state: dict[str, Any], described: list[dict[str, Any]]) -> bool:
 
     saved = state.get("data_mixture") or []
     return bool(saved) and norm(saved) == norm(described)
-
-
-def check_flags(run_cfg, explicit_max_steps: bool) -> None:
-    """The flag combinations --anneal_from refuses (called by the command line's checks)."""
-    if not run_cfg.anneal_from:
-        if run_cfg.anneal_tokens:
-            raise AnnealError("--anneal_tokens goes with --anneal_from RUN@STEP; add it or drop")
-        return
-    if run_cfg.init_from:
-        raise AnnealError(
-            "--anneal_from loads weights and optimizer state from its checkpoint; drop "
-            "--init_from (weights only, fresh optimizer)"
-        )
-    if getattr(run_cfg, "phases", ""):
-        raise AnnealError(
-            "--anneal_from decays the lr over --anneal_tokens in one phase; drop --phases, or "
-            "write the decay as the last phase of a --phases plan"
-        )
-    if explicit_max_steps:
-        raise AnnealError(
-            "--anneal_from: the run's length is --anneal_tokens (steps = ceil(tokens / (global "
-            "batch x seq len))); drop --max_steps"
-        )
-    if run_cfg.anneal_tokens <= 0:
-        raise AnnealError("--anneal_from needs --anneal_tokens N (N > 0 tokens to anneal over)")
 
 
 def plan_anneal(

@@ -20,20 +20,10 @@ from pathlib import Path
 
 import torch
 
-from bertforge.errors import UserError
 from bertforge.files import write_bytes_atomic
+from bertforge.pretrain.config.flag_checks import EMAError, check_ema_decay
 
 EMA_FILE = "ema.safetensors"
-
-
-class EMAError(UserError, ValueError):
-    """An --ema value out of range, or an export --ema of a checkpoint without an EMA."""
-
-
-def check_decay(decay: float) -> None:
-    """0 (off) or 0 < decay < 1."""
-    if decay != 0.0 and not 0.0 < decay < 1.0:
-        raise EMAError(f"--ema must be between 0 and 1 (exclusive), e.g. 0.999; got {decay}")
 
 
 def ema_step(shadow: dict[str, torch.Tensor] | None, weights, decay: float):
@@ -50,7 +40,7 @@ class EMA:
     """The run's weight average (see the module doc); ``rank`` 0 holds it."""
 
     def __init__(self, decay: float, rank: int):
-        check_decay(decay)
+        check_ema_decay(decay)
         self.decay, self.rank = decay, rank
         self.shadow: dict[str, torch.Tensor] | None = None
 

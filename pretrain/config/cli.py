@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
+from bertforge.pretrain.config.flag_checks import (
+    AnnealError,
+    EMAError,
+    check_anneal_flags,
+    check_ema_decay,
+)
 from bertforge.pretrain.config.train_config import (
     CONCERNS,
     GuardConfig,
@@ -242,17 +248,14 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def _check_anneal(cfg: TrainConfig, parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """--anneal_from's flag combinations (pretrain.components.anneal.check_flags)."""
-    from bertforge.pretrain.components.anneal import AnnealError, check_flags
-    from bertforge.pretrain.components.ema import EMAError, check_decay
-
+    """--ema's value and --anneal_from's flag combinations (pretrain.config.flag_checks)."""
     try:
-        check_decay(cfg.optim.ema)
+        check_ema_decay(cfg.optim.ema)
     except EMAError as e:
         parser.error(str(e))
     explicit = any(a == "--max_steps" or a.startswith("--max_steps=") for a in argv)
     try:
-        check_flags(cfg.run, explicit)
+        check_anneal_flags(cfg.run, explicit)
     except AnnealError as e:
         parser.error(str(e))
 

@@ -14,8 +14,9 @@ from bertforge.pretrain.components.checkpoint_files import (
     is_complete,
     verify,
 )
-from bertforge.pretrain.components.ema import EMA_FILE, EMAError, load_ema
+from bertforge.pretrain.components.ema import EMA_FILE, load_ema
 from bertforge.pretrain.components.resume import tag_for
+from bertforge.pretrain.config.flag_checks import EMAError
 from bertforge.pretrain.export.hf_export import export
 
 

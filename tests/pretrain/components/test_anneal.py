@@ -21,15 +21,11 @@ import torch
 from helpers.commands import train_cli
 from helpers.ema import check_ema_of_run
 
-from bertforge.pretrain.components.anneal import (
-    AnnealError,
-    check_flags,
-    parse_anneal_from,
-    source_checkpoint,
-)
+from bertforge.pretrain.components.anneal import parse_anneal_from, source_checkpoint
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.components.resume import CheckpointError
 from bertforge.pretrain.config.cli import parse_args
+from bertforge.pretrain.config.flag_checks import AnnealError, check_anneal_flags
 from bertforge.pretrain.config.schedule import Schedule, anneal, decay_curve
 from bertforge.pretrain.config.train_config import RunConfig
 from bertforge.pretrain.export.model_card import _anneal, card_facts
@@ -158,13 +154,13 @@ def test_bad_anneal_inputs_name_the_flag(tmp_path):
     with pytest.raises(AnnealError, match=r"no checkpoint of step 5.*steps none"):
         source_checkpoint(f"{tmp_path / 'run'}@5")
     with pytest.raises(AnnealError, match="drop --init_from"):
-        check_flags(RunConfig(anneal_from="r@1", anneal_tokens=10, init_from="x"), False)
+        check_anneal_flags(RunConfig(anneal_from="r@1", anneal_tokens=10, init_from="x"), False)
     with pytest.raises(AnnealError, match="drop --max_steps"):
-        check_flags(RunConfig(anneal_from="r@1", anneal_tokens=10), True)
+        check_anneal_flags(RunConfig(anneal_from="r@1", anneal_tokens=10), True)
     with pytest.raises(AnnealError, match="needs --anneal_tokens"):
-        check_flags(RunConfig(anneal_from="r@1"), False)
+        check_anneal_flags(RunConfig(anneal_from="r@1"), False)
     with pytest.raises(AnnealError, match="goes with --anneal_from"):
-        check_flags(RunConfig(anneal_tokens=10), False)
+        check_anneal_flags(RunConfig(anneal_tokens=10), False)
 
 
 def test_the_command_line_refuses_max_steps_with_anneal_from(tmp_path, capsys):

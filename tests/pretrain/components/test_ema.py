@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers.ema import ema_oracle
 
-from bertforge.pretrain.components.ema import EMA, EMAError, check_decay, load_ema
+from bertforge.pretrain.components.ema import EMA, load_ema
+from bertforge.pretrain.config.flag_checks import EMAError, check_ema_decay
 
 
 class _Engine:
@@ -54,7 +55,7 @@ def test_the_ema_follows_applied_steps_only_and_round_trips(tmp_path):
 def test_bad_ema_values_and_a_checkpoint_without_one(tmp_path):
     for bad in (1.0, -0.5, 1.5):
         with pytest.raises(EMAError, match="--ema must be between 0 and 1"):
-            check_decay(bad)
-    check_decay(0.0)
+            check_ema_decay(bad)
+    check_ema_decay(0.0)
     with pytest.raises(EMAError, match="trained without --ema"):
         load_ema(tmp_path)
