@@ -4,7 +4,7 @@ The DeepSpeed JSON stays the source of ZeRO, precision and optimizer settings; f
 command line win over it. :func:`resolve_deepspeed_config` reads the file and applies, in order,
 the batch sizes for this world size (:mod:`pretrain.config.batching`), the precision checked against
 the device (:mod:`pretrain.config.precision`), the optimizer block
-(:mod:`pretrain.components.optim`), the run's
+(:mod:`pretrain.config.optimizer`), the run's
 TensorBoard folder (a relative CSV-monitor folder too) and, on a resume onto another world size,
 the universal-checkpoint load. Each of those helpers returns an edited copy; nothing else in the
 trainer touches the dict.
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import UserError
-from bertforge.pretrain.components.optim import configure_optimizer
 from bertforge.pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
+from bertforge.pretrain.config.optimizer import configure_optimizer
 from bertforge.pretrain.config.precision import resolve_precision
 
 if TYPE_CHECKING:

@@ -75,7 +75,7 @@ def lock_rows(root: Path) -> list[Row]:
 def run_config(ds_config: dict, optim) -> dict:
     """``ds_config`` as the trainer hands it to DeepSpeed (its optimizer block decides the op:
     on the CPU AdamW is torch's unless the file says ``torch_adam: false``)."""
-    from bertforge.pretrain.components.optim import OptimizerConfigError, configure_optimizer
+    from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
 
     try:
         return configure_optimizer(ds_config, optim, _accelerator().device_name())

@@ -9,7 +9,6 @@ import pytest
 from helpers.commands import REPO
 
 from bertforge.pretrain.components.checkpoint_files import MARKER
-from bertforge.pretrain.components.optim import OptimizerConfigError, configure_optimizer
 from bertforge.pretrain.components.resume import (
     CheckpointError,
     find_latest,
@@ -17,6 +16,7 @@ from bertforge.pretrain.components.resume import (
     tag_for,
 )
 from bertforge.pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
+from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
 from bertforge.pretrain.config.precision import PrecisionError, resolve_precision
 from bertforge.pretrain.config.schedule import build_schedule, warmup_decay
 from bertforge.pretrain.config.train_config import OptimConfig, PrecisionConfig

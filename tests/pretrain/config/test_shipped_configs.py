@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers.commands import REPO
 
-from bertforge.pretrain.components.optim import configure_optimizer
+from bertforge.pretrain.config.optimizer import configure_optimizer
 from bertforge.pretrain.config.train_config import OptimConfig
 
 
