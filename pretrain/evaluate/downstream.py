@@ -2,7 +2,8 @@
 
 The trainer calls, on rank 0 after a checkpoint of every Nth step::
 
-    from bertforge.pretrain.evaluate.downstream import load_downstream_tasks, evaluate_state_dict
+    from bertforge.pretrain.data.downstream_tasks import load_downstream_tasks
+    from bertforge.pretrain.evaluate.downstream import evaluate_state_dict
     tasks = load_downstream_tasks("TASKS.json", max_examples=2000)       # once, at start-up
     records = evaluate_state_dict(model.hf_state_dict(unpad_vocab=True),
                                   model.hf_config(unpad_vocab=True), tokenizer_dir, tasks,
@@ -41,23 +42,13 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
+from bertforge.pretrain.data.downstream_tasks import TaskData, load_downstream_tasks
 from bertforge.pretrain.evaluate.finetune import encode, recipe_for, run_once
 from bertforge.pretrain.evaluate.metrics import PRIMARY
 from bertforge.pretrain.evaluate.models import ModelSource
 from bertforge.pretrain.evaluate.runner import choose_lr, default_device
-from bertforge.pretrain.evaluate.tasks import TaskData, load_task, load_task_file
 
 log = get_logger(__name__)
-
-
-def load_downstream_tasks(path: str | Path, max_examples: int | None = 2000) -> list[TaskData]:
-    """Read and check a tasks file once; each task capped at ``max_examples`` train and test."""
-    specs = load_task_file(path)
-    for spec in specs:
-        if max_examples is not None:
-            spec.max_train_examples = min(spec.max_train_examples or max_examples, max_examples)
-            spec.max_test_examples = min(spec.max_test_examples or max_examples, max_examples)
-    return [load_task(spec) for spec in specs]
 
 
 @contextmanager

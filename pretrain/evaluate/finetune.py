@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from bertforge.pretrain.data.downstream_tasks import TaskData, TaskError
 from bertforge.pretrain.data.masking import IGNORE_INDEX
 from bertforge.pretrain.evaluate.metrics import PRIMARY, score
-from bertforge.pretrain.evaluate.tasks import TaskData, TaskError
 
 MISSING_TAG = "<none>"  # the prediction of a plain-tag word the model never saw (truncated)
 

@@ -23,7 +23,7 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_bytes_atomic, write_json_atomic
 from bertforge.logs import get_logger
-from bertforge.pretrain.evaluate.tasks import TaskError
+from bertforge.pretrain.data.downstream_tasks import TaskError
 
 log = get_logger(__name__)
 TASK_NAME = "passage_source"

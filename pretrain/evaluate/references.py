@@ -24,8 +24,8 @@ import warnings
 from collections import Counter
 from typing import Any
 
+from bertforge.pretrain.data.downstream_tasks import TaskData
 from bertforge.pretrain.evaluate.metrics import PRIMARY, score
-from bertforge.pretrain.evaluate.tasks import TaskData
 
 C_GRID = (0.1, 1.0, 10.0, 100.0)
 MAX_ITER = 200  # saga passes; a fit that stops short records "converged": false

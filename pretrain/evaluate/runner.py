@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from bertforge.logs import get_logger
+from bertforge.pretrain.data.downstream_tasks import TaskData
 from bertforge.pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
 from bertforge.pretrain.evaluate.metrics import PRIMARY
 from bertforge.pretrain.evaluate.models import ModelSource
-from bertforge.pretrain.evaluate.tasks import TaskData
 
 
 def default_device() -> torch.device:

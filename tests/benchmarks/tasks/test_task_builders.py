@@ -9,7 +9,7 @@ from pathlib import Path
 from helpers.commands import run_cli
 
 from benchmarks.tasks.snownlp_tasks import bio_characters
-from bertforge.pretrain.evaluate.tasks import load_task, load_task_file
+from bertforge.pretrain.data.downstream_tasks import load_task, load_task_file
 
 
 def _tasks(tasks_json: Path) -> dict:

@@ -13,14 +13,19 @@ from helpers.commands import run_cli
 from helpers.tiny_bert import build_tiny_bert
 
 from benchmarks.tasks.pydoc_tasks import write_tasks
+from bertforge.pretrain.data.downstream_tasks import (
+    TaskSpec,
+    load_downstream_tasks,
+    load_task,
+    load_task_file,
+)
 from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
-from bertforge.pretrain.evaluate.downstream import evaluate_state_dict, load_downstream_tasks
+from bertforge.pretrain.evaluate.downstream import evaluate_state_dict
 from bertforge.pretrain.evaluate.downstream import main as downstream_main
 from bertforge.pretrain.evaluate.finetune import encode, recipe_for, score_split
 from bertforge.pretrain.evaluate.metrics import entity_scores
 from bertforge.pretrain.evaluate.models import ModelSource
 from bertforge.pretrain.evaluate.runner import evaluate_pair
-from bertforge.pretrain.evaluate.tasks import TaskSpec, load_task, load_task_file
 
 # a tiny model from random init learns the topic task in a few epochs at a high lr (one dev check
 # at the end, no minimum of steps: these tests are about scoring, not about the recipe)

