@@ -52,8 +52,8 @@ from benchmarks.tasks.stdlib_tasks import PACKAGES, TASK_NAME, write_tasks
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
-from bertforge.pretrain.components.resume import find_latest, tag_for
 from bertforge.pretrain.config import command_line
+from bertforge.pretrain.model.run_checkpoints import find_latest, tag_for
 from experiments.arms import (
     Stages,
     markdown,

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from bertforge.data_prep.lock import FolderLock
+from bertforge.data_prep.sources import parse_mixture
 from bertforge.files import publish_dir, write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger, process_rank
 from bertforge.preemption import PreemptionHandler
@@ -52,7 +53,6 @@ from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import (
     describe_data,
     open_training,
-    parse_mixture,
     validation_readers,
     warn_if_data_changed,
 )

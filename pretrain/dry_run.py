@@ -17,6 +17,7 @@ import json
 import sys
 from typing import Any
 
+from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.build import resolve_run
@@ -24,7 +25,7 @@ from bertforge.pretrain.config.recipe import resolved_flags
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
-from bertforge.pretrain.data.mixture import open_training, parse_mixture
+from bertforge.pretrain.data.mixture import open_training
 from bertforge.pretrain.data.show_masks import format_shown
 from bertforge.pretrain.data.show_masks import show_masks as shown_masks
 from bertforge.pretrain.model.bert import ModelConfig, padded_vocab, resolve_config

@@ -21,9 +21,9 @@ from bertforge.logs import get_logger
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
 from bertforge.pretrain import build, dry_run
 from bertforge.pretrain.components import watchdog
-from bertforge.pretrain.components.resume import find_latest
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.model.run_checkpoints import find_latest
 
 log = get_logger("bertforge.pretrain.main")
 

@@ -164,8 +164,9 @@ def check_same_batches(reader, pairs: dict, batch: int) -> None:
 
 def mixture_loaders(shards: Path, second: Path, batch: int) -> dict:
     """A 50/50 mixture of two builds, for each masking."""
+    from bertforge.data_prep.sources import parse_mixture
     from bertforge.pretrain.data.loader import DataConfig, build_loader
-    from bertforge.pretrain.data.mixture import open_training, parse_mixture
+    from bertforge.pretrain.data.mixture import open_training
 
     mix = open_training(parse_mixture([f"a={shards}:0.5", f"b={second}:0.5"]))
     print(f"mixture: {mix}")

@@ -126,7 +126,7 @@ class MetricsWatch:
 
 
 def newest_verified(run: Path) -> int:
-    from bertforge.pretrain.components.resume import find_latest
+    from bertforge.pretrain.model.run_checkpoints import find_latest
 
     latest = find_latest(run / "checkpoints", quiet=True)
     return int(latest.name.split("_")[1]) if latest else 0
@@ -134,9 +134,8 @@ def newest_verified(run: Path) -> int:
 
 def leftovers(run: Path, ports: list[int]) -> list[str]:
     """What a finished run must not hold: shm buffers of its ports, its lock, partial folders."""
-    from bertforge.pretrain.components.checkpoint_files import is_complete, verify
-    from bertforge.pretrain.components.resume import TAG_RE
     from bertforge.pretrain.components.shm_buffers import buffers_of_port
+    from bertforge.pretrain.model.run_checkpoints import TAG_RE, is_complete, verify
 
     found = [f"/dev/shm/{p.name}" for port in ports for p in buffers_of_port(port)]
     if (run / LOCK_NAME).exists():
@@ -151,8 +150,7 @@ def same_weights(run: Path, ref: Path, step: int) -> list[str]:
     """Names of the tensors of checkpoint ``step`` that differ between the runs (or the reason)."""
     import torch
 
-    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
-    from bertforge.pretrain.components.resume import tag_for
+    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, tag_for
 
     try:
         a = consolidated_state_dict(run / "checkpoints" / tag_for(step))

@@ -28,18 +28,18 @@ import torch
 
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
-from bertforge.pretrain.components.checkpoint_files import MARKER
-from bertforge.pretrain.components.resume import (
+from bertforge.pretrain.components.resume import check_compatible
+from bertforge.pretrain.components.schedule_override import ScheduleOverride, guard_factor
+from bertforge.pretrain.config.flag_checks import AnnealError
+from bertforge.pretrain.config.schedule import Schedule, anneal
+from bertforge.pretrain.model.run_checkpoints import (
+    MARKER,
     CheckpointError,
-    check_compatible,
     list_complete,
     read_state,
     resolve_resume,
     tag_for,
 )
-from bertforge.pretrain.components.schedule_override import ScheduleOverride, guard_factor
-from bertforge.pretrain.config.flag_checks import AnnealError
-from bertforge.pretrain.config.schedule import Schedule, anneal
 
 log = get_logger(__name__)
 

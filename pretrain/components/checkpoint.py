@@ -21,8 +21,9 @@ work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag
 
 Verified checkpoints: ``COMPLETE`` is a JSON manifest of every file of the tag folder, made from
 each rank's own list of the files it wrote (gathered to rank 0, so it holds on any filesystem
-layout; :mod:`pretrain.components.checkpoint_files`). Finding, verifying and choosing the
-checkpoint to resume from is :mod:`pretrain.components.resume`.
+layout; :mod:`pretrain.components.checkpoint_files`). Finding and verifying checkpoints is
+:mod:`pretrain.model.run_checkpoints`; choosing the one to resume from is
+:mod:`pretrain.components.resume`.
 
 Failed saves: every rank catches its own write error (OSError, or torch's RuntimeError for a full
 disk) -- DeepSpeed's own writes included, which are recorded rather than raised so the rank still
@@ -58,13 +59,10 @@ from bertforge.files import publish_dir, write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from bertforge.preemption import PreemptionHandler  # noqa: F401 - its old home
 from bertforge.pretrain.components.checkpoint_files import (
-    MARKER,
     DeferredWriteErrors,
     explain_write_error,
     folder_sizes,
     injected_enospc,
-    is_complete,
-    verify,
     write_marker,
     write_readme,
     written_sizes,
@@ -72,22 +70,24 @@ from bertforge.pretrain.components.checkpoint_files import (
 from bertforge.pretrain.components.distributed import sum_across_ranks
 from bertforge.pretrain.components.faults import FaultPlan
 from bertforge.pretrain.components.leases import live_leases
-from bertforge.pretrain.components.resume import (
-    STATE_FILE,
-    TAG_RE,
-    CheckpointError,
-    ResumePoint,
-    find_latest,
-    list_complete,
-    read_state,
-    tag_for,
-    write_latest,
-)
+from bertforge.pretrain.components.resume import ResumePoint, write_latest
 from bertforge.pretrain.components.schedule_override import (
     ScheduleOverride,
     resume_schedule,
 )
 from bertforge.pretrain.config.train_config import CheckpointConfig
+from bertforge.pretrain.model.run_checkpoints import (
+    MARKER,
+    STATE_FILE,
+    TAG_RE,
+    CheckpointError,
+    find_latest,
+    is_complete,
+    list_complete,
+    read_state,
+    tag_for,
+    verify,
+)
 
 log = get_logger(__name__)
 

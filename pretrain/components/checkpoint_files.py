@@ -1,9 +1,9 @@
-"""What a checkpoint folder holds and how its writing fails: the ``COMPLETE`` manifest.
+"""What a checkpoint folder is written with and how its writing fails: the ``COMPLETE`` manifest.
 
 ``COMPLETE`` (written last, atomically) is a JSON manifest ``{"format": 1, "tag": ..., "files":
 {relative path: size in bytes}}`` of every file of the folder, made from what each rank reports
-it wrote. :func:`verify` compares a folder with it using ``stat`` only (cheap: it runs before the
-rendezvous); a legacy plain-text marker (``step_XXXXXXXX``) records no files and verifies.
+it wrote. Reading it back (:func:`~pretrain.model.run_checkpoints.verify`, ``stat`` only: it runs
+before the rendezvous) is :mod:`pretrain.model.run_checkpoints`.
 
 :class:`DeferredWriteErrors` wraps DeepSpeed's save so that a write error on one rank is recorded
 rather than raised: the rank still runs every collective of the save, and the caller
@@ -21,13 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_text_atomic
-
-MARKER = "COMPLETE"
-
-
-def is_complete(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a checkpoint folder whose completion marker exists."""
-    return Path(path, MARKER).is_file()
+from bertforge.pretrain.model.run_checkpoints import MARKER
 
 
 def written_sizes(folder: Path, files: Iterable[Path]) -> dict[str, int]:
@@ -45,49 +39,6 @@ def write_marker(folder: Path, files: dict[str, int], tag: str | None = None) ->
     """Write ``COMPLETE`` (atomic): the manifest :func:`verify` checks the folder against."""
     manifest = {"format": 1, "tag": tag or folder.name, "files": dict(sorted(files.items()))}
     write_text_atomic(folder / MARKER, json.dumps(manifest, indent=1) + "\n")
-
-
-def verify(path: str | os.PathLike) -> list[str]:
-    """What is wrong with checkpoint ``path`` against its ``COMPLETE`` manifest (empty: nothing).
-
-    ``stat`` only: a missing marker, a missing file, a size that differs. A missing per-rank RNG
-    file is not a problem here (the resume goes on, not bit-exact, and :meth:`load` says so). A
-    legacy plain-text marker records no files and verifies as complete.
-    """
-    path = Path(path)
-    try:
-        text = (path / MARKER).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return [f"no {MARKER} marker (the save did not finish)"]
-    except OSError as e:
-        return [f"{MARKER} cannot be read ({e})"]
-    if not text.lstrip().startswith("{"):
-        return []  # legacy marker ("step_XXXXXXXX"): complete, files not recorded
-    try:
-        files = json.loads(text)["files"]
-        assert isinstance(files, dict)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        return [f"{MARKER} is damaged (not a JSON manifest with a 'files' table)"]
-    problems = []
-    for rel, size in files.items():
-        try:
-            actual = (path / rel).stat().st_size
-        except FileNotFoundError:
-            if not rel.startswith("rng/"):  # a lost RNG file costs exactness only: load warns
-                problems.append(f"{rel} is missing")
-            continue
-        except OSError as e:
-            problems.append(f"{rel} cannot be read ({e.strerror})")
-            continue
-        if actual != size:
-            problems.append(f"{rel} has {actual} bytes, {size} were written")
-    return problems
-
-
-def describe_problems(problems: list[str], limit: int = 3) -> str:
-    """The first ``limit`` problems of :func:`verify` on one line, for a warning."""
-    more = f" (and {len(problems) - limit} more)" if len(problems) > limit else ""
-    return "; ".join(problems[:limit]) + more
 
 
 def explain_write_error(error: BaseException, path: Path) -> str:
@@ -167,13 +118,6 @@ class DeferredWriteErrors:
                 owner.__dict__.pop(name, None)
             else:
                 setattr(owner, name, own)
-
-
-def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
-    """fp32 weights of a ZeRO-2/3 checkpoint folder (all ranks' shards merged)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
 
 
 README = "README.md"

@@ -29,8 +29,8 @@ from typing import Any
 
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
-from bertforge.pretrain.components.resume import tag_for
 from bertforge.pretrain.data.downstream_tasks import load_downstream_tasks
+from bertforge.pretrain.model.run_checkpoints import tag_for
 
 log = get_logger(__name__)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.data_prep.sources import MixtureError, Source, parse_mixture
 from bertforge.logs import get_logger
 from bertforge.pretrain.config.batching import BatchPlan, apply_batch
 from bertforge.pretrain.config.phase_plan import (
@@ -40,13 +41,7 @@ from bertforge.pretrain.config.phase_plan import (
     resolve,
 )
 from bertforge.pretrain.config.schedule import Schedule
-from bertforge.pretrain.data.mixture import (
-    MixtureError,
-    Source,
-    open_training,
-    parse_mixture,
-    validation_readers,
-)
+from bertforge.pretrain.data.mixture import open_training, validation_readers
 
 log = get_logger(__name__)
 

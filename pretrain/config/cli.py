@@ -380,7 +380,7 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
-    from bertforge.pretrain.data.mixture import MixtureError, parse_mixture
+    from bertforge.data_prep.sources import MixtureError, parse_mixture
 
     if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")

@@ -4,6 +4,7 @@ Syntax (the trainer's `--data`, one value per source): `name=DIR:weight` or
 `name=DIR:weight:mask_prob`, e.g. `--data wiki=/d/wiki:0.5 books=/d/books:0.2 law=/d/law:0.3:0.2`.
 Weights are relative (normalised to sum 1); `mask_prob` is that source's masking rate (it replaces
 the --mask_prob schedule for its samples). A plain `DIR` stays a single source (a ShardReader).
+The values are parsed by `bertforge.data_prep.sources.parse_mixture`.
 Every source must share the tokenizer fingerprint, max_seq_len and format.
 
 Epoch of a mixture: E = the sum of the sources' training sequences. Each mixture epoch gives
@@ -21,82 +22,20 @@ masking key is (its source epoch, its index in the concatenation of the sources)
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bertforge.data_prep.reader import Sample, SampleBatch, ShardReader
-from bertforge.errors import UserError
+from bertforge.data_prep.sources import MixtureError, Source
 from bertforge.logs import get_logger
 from bertforge.pretrain.data.loader import BatchPlan, GlobalSampler
 
 log = get_logger(__name__)
 
 COMPARED = ("tokenizer fingerprint", "max_seq_len", "format")
-
-
-class MixtureError(UserError, ValueError):
-    """A mixture that cannot be used; the message names the source and what to change."""
-
-
-@dataclass(frozen=True)
-class Source:
-    """One shard folder of a mixture."""
-
-    name: str
-    path: Path
-    weight: float  # relative share of the training stream
-    mask_prob: float | None = None  # this source's masking rate (None: the --mask_prob setting)
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def parse_source(value: str) -> Source:
-    """One `name=DIR:weight[:mask_prob]` value (see the module doc)."""
-    name, eq, rest = value.partition("=")
-    usage = "give name=DIR:weight or name=DIR:weight:mask_prob, e.g. wiki=/data/wiki:0.5"
-    if not eq or not name or not rest:
-        raise MixtureError(f"--data {value!r}: {usage}")
-    parts = rest.rsplit(":", 2)
-    if len(parts) == 3 and None not in (_number(parts[1]), _number(parts[2])):
-        path, weight, mask_prob = parts[0], float(parts[1]), float(parts[2])
-    elif _number(rest.rsplit(":", 1)[-1]) is not None and ":" in rest:
-        (path, w), mask_prob = rest.rsplit(":", 1), None
-        weight = float(w)
-    else:
-        raise MixtureError(f"--data {value!r}: no weight; {usage}")
-    if not math.isfinite(weight) or weight <= 0:
-        raise MixtureError(f"--data {value!r}: the weight must be a positive number")
-    if mask_prob is not None and not 0.0 < mask_prob <= 1.0:
-        raise MixtureError(f"--data {value!r}: mask_prob must be in (0, 1], got {mask_prob}")
-    return Source(name, Path(path), weight, mask_prob)
-
-
-def parse_mixture(values: str | list[str]) -> list[Source]:
-    """The sources of `--data` values; a single plain DIR is one source of weight 1."""
-    values = [values] if isinstance(values, str) else list(values)
-    if len(values) == 1 and "=" not in values[0]:
-        return [Source(Path(values[0]).name or "data", Path(values[0]), 1.0)]
-    plain = [v for v in values if "=" not in v]
-    if plain:
-        raise MixtureError(
-            f"--data {plain[0]!r}: in a mixture every source needs a name and a "
-            "weight (name=DIR:weight)"
-        )
-    sources = [parse_source(v) for v in values]
-    names = [s.name for s in sources]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise MixtureError(f"--data: source name(s) {dup} given twice; names must be unique")
-    return sources
 
 
 def _signature(reader: ShardReader) -> dict[str, Any]:

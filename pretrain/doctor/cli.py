@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import op_builds, shm_buffers
@@ -38,7 +39,6 @@ from bertforge.pretrain.config.ds_config import (
     load_user_config,
 )
 from bertforge.pretrain.config.train_config import TrainConfig
-from bertforge.pretrain.data.mixture import parse_mixture
 from bertforge.pretrain.doctor import probe as doctor_probe
 from bertforge.pretrain.doctor.checks import (
     FAIL,

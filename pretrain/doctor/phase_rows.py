@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertforge.data_prep.reader import ShardError, load_manifest
+from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import UserError
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.phase_plan import load_phase_file, resolve
-from bertforge.pretrain.data.mixture import parse_mixture
 from bertforge.pretrain.doctor.checks import FAIL, OK, Row
 
 CHECK_FIX = "python -m pretrain.config.phase_plan FILE --global_batch_size ... checks a plan alone"

@@ -68,7 +68,7 @@ def split_label(spec: str) -> tuple[str | None, str]:
 def resolve(spec: str) -> list[ModelRef]:
     """Turn ``[LABEL=]PATH``, ``[LABEL=]RUN@STEP`` or ``[LABEL=]RUN@all`` into model references
     (labelled LABEL, or the folder's name; a run's checkpoints as LABEL@STEP)."""
-    from bertforge.pretrain.components.resume import list_complete
+    from bertforge.pretrain.model.run_checkpoints import list_complete
 
     label, spec = split_label(spec)
     m = _SPEC_RE.match(spec)

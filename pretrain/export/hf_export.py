@@ -33,18 +33,7 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
 from bertforge.logs import get_logger, report
-from bertforge.pretrain.components.checkpoint_files import (
-    MARKER,
-    consolidated_state_dict,
-    is_complete,
-)
 from bertforge.pretrain.components.ema import load_ema
-from bertforge.pretrain.components.resume import (
-    CheckpointError,
-    list_complete,
-    read_state,
-    resolve_resume,
-)
 from bertforge.pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
 from bertforge.pretrain.export.hf_extras import (
     POOLER_KEYS,
@@ -54,21 +43,21 @@ from bertforge.pretrain.export.hf_extras import (
     trained_length,
 )
 from bertforge.pretrain.export.model_card import write_model_card
+from bertforge.pretrain.model.run_checkpoints import (
+    MARKER,
+    CheckpointError,
+    consolidated_state_dict,
+    is_complete,
+    list_complete,
+    read_state,
+    resolve_resume,
+)
+
+# The run's tokenizer rule (pretrain.model.run_checkpoints, which --init_from reads runs with) under
+# the name export()'s body uses.
+from bertforge.pretrain.model.run_checkpoints import run_tokenizer_dir as _tokenizer_dir
 
 log = get_logger(__name__)
-
-
-def _tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
-    from bertforge.pretrain.data.mixture import parse_mixture
-
-    if (run / "tokenizer").is_dir():
-        return run / "tokenizer"
-    run_cfg = state.get("config", {}).get("run", {})
-    sources = run_cfg.get("data_sources") or [run_cfg.get("data")]  # "data": before mixtures
-    data = parse_mixture(sources)[0].path if sources[0] else None  # all share one tokenizer
-    if data and Path(data, "tokenizer").is_dir():
-        return Path(data, "tokenizer")
-    raise CheckpointError(f"no tokenizer found in {run}/tokenizer or the run's --data folder")
 
 
 def find_checkpoint(run: Path, checkpoint: str | None = None) -> Path:

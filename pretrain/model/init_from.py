@@ -3,7 +3,7 @@ of our runs.
 
 Where PATH points, its architecture and its tensors are :mod:`pretrain.model.init_source`; this
 module plans the vocabulary and loads the weights (a run's ZeRO-2 or ZeRO-3 shards are
-consolidated with `pretrain.components.checkpoint_files.consolidated_state_dict`).
+consolidated with `pretrain.model.run_checkpoints.consolidated_state_dict`).
 
 The contract:
 - the architecture comes from the checkpoint (`read_init_config`); fields the user gave
@@ -37,7 +37,6 @@ import torch
 
 from bertforge.data_prep.tokenizer import plain_encoding
 from bertforge.logs import get_logger
-from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
 from bertforge.pretrain.model.init_source import (
     InitError,
     InitSource,
@@ -48,6 +47,7 @@ from bertforge.pretrain.model.init_source import (
     read_hf_weights,
 )
 from bertforge.pretrain.model.registry import ARCHES
+from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
 from bertforge.pretrain.model.specs import StateDictAdapter
 
 log = get_logger(__name__)

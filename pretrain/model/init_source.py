@@ -33,16 +33,17 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from bertforge.pretrain.components.resume import (
-    CheckpointError,
-    CorruptCheckpointError,
-    read_state,
-    resolve_resume,
-)
 from bertforge.pretrain.model.bert.model import resolve_config
 from bertforge.pretrain.model.errors import InitError
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, PRESETS, spec_for_model_type
+from bertforge.pretrain.model.run_checkpoints import (
+    CheckpointError,
+    CorruptCheckpointError,
+    read_state,
+    resolve_resume,
+    run_tokenizer_dir,
+)
 from bertforge.pretrain.model.specs import StateDictAdapter
 
 _HF_WEIGHTS = (
@@ -92,10 +93,6 @@ def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
 
 
 def _run_source(path: Path, ckpt: Path) -> InitSource:
-    # Lazy: the export command's rule for where a run keeps its tokenizer (export imports the
-    # checkpoint modules; importing it at the top would make the model layer depend on it).
-    from bertforge.pretrain.export.hf_export import _tokenizer_dir
-
     state = read_state(ckpt)
     vocab = int(state["vocab_size"])
     try:
@@ -104,7 +101,7 @@ def _run_source(path: Path, ckpt: Path) -> InitSource:
         raise InitError(f"--init_from {path}: the architecture of {ckpt}: {e}") from e
     names = ARCHES[cfg.arch].adapter.run_fields
     fields = {"arch": cfg.arch, **{k: getattr(cfg, k) for k in names}}
-    return InitSource(path, "run", ckpt, fields, _tokenizer_dir(ckpt.parent.parent, state))
+    return InitSource(path, "run", ckpt, fields, run_tokenizer_dir(ckpt.parent.parent, state))
 
 
 def sentence_transformers_module(path: Path) -> Path | None:

@@ -20,7 +20,8 @@ import torch
 from helpers.commands import REPO
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import LATEST_FILE, find_latest, list_complete
+from bertforge.pretrain.components.resume import LATEST_FILE
+from bertforge.pretrain.model.run_checkpoints import find_latest, list_complete
 
 pytestmark = pytest.mark.slow
 STEPS = 4
@@ -152,11 +153,11 @@ def _matches_export(run: Path, sd: dict[str, torch.Tensor], tmp: Path) -> None:
     """The script's weights, mapped to transformers' names, equal the exported folder's."""
     from safetensors.torch import load_file
 
-    from bertforge.pretrain.components.resume import read_state
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
+    from bertforge.pretrain.model.run_checkpoints import read_state
 
     export(run, tmp / "hf", verify=False)
     state = read_state(find_latest(run / "checkpoints"))

@@ -10,7 +10,7 @@ import pytest
 from helpers.commands import train_cli
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import list_complete, tag_for
+from bertforge.pretrain.model.run_checkpoints import list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from helpers.shm import left_in_shm, port_of
 
 from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import STATE_FILE, find_latest, tag_for
+from bertforge.pretrain.model.run_checkpoints import STATE_FILE, find_latest, tag_for
 
 pytestmark = pytest.mark.slow
 

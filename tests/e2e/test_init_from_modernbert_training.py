@@ -15,9 +15,8 @@ from helpers.commands import train_cli
 from helpers.tiny_bert import build_tiny_modernbert
 from safetensors.torch import load_file
 
-from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import find_latest
+from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, find_latest
 
 pytestmark = pytest.mark.slow
 

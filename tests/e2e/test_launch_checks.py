@@ -193,7 +193,7 @@ def test_dry_run_refuses_a_checkpoint_that_does_not_fit_as_the_launch_does(
     english_shards, tmp_path, capsys
 ):
     from bertforge.pretrain.components.checkpoint_files import folder_sizes, write_marker
-    from bertforge.pretrain.components.resume import STATE_FILE, tag_for
+    from bertforge.pretrain.model.run_checkpoints import STATE_FILE, tag_for
 
     ckpt = tmp_path / "run" / "checkpoints" / tag_for(2)
     ckpt.mkdir(parents=True)

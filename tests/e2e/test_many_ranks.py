@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 from helpers.launch import ds_config, launch
 
-from bertforge.pretrain.components.checkpoint_files import MARKER
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import find_latest, read_state, tag_for
+from bertforge.pretrain.model.run_checkpoints import MARKER, find_latest, read_state, tag_for
 
 pytestmark = pytest.mark.slow
 

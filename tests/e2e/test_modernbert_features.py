@@ -26,16 +26,16 @@ from helpers.commands import REPO
 from helpers.launch import ds_config, launch, losses
 
 from bertforge.kernels.constants import IGNORE_INDEX
-from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import (
+from bertforge.pretrain.config import command_line
+from bertforge.pretrain.model.run_checkpoints import (
     STATE_FILE,
+    consolidated_state_dict,
     find_latest,
     list_complete,
     read_state,
     tag_for,
 )
-from bertforge.pretrain.config import command_line
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from helpers.shards import build_shards
 
 from bertforge.data_prep.reader import ShardReader
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import list_complete
 from bertforge.pretrain.config.phase_plan import load_phase_file, lr_multiplier, resolve
+from bertforge.pretrain.model.run_checkpoints import list_complete
 
 pytestmark = pytest.mark.slow
 LR = 1e-3

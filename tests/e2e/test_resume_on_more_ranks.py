@@ -16,9 +16,8 @@ import pytest
 from helpers.commands import REPO
 from helpers.launch import launch
 
-from bertforge.pretrain.components.checkpoint_files import MARKER
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import find_latest, read_state, tag_for
+from bertforge.pretrain.model.run_checkpoints import MARKER, find_latest, read_state, tag_for
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, launch
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import list_complete, read_state, tag_for
 from bertforge.pretrain.config import command_line
+from bertforge.pretrain.model.run_checkpoints import list_complete, read_state, tag_for
 
 pytestmark = pytest.mark.slow
 

@@ -24,12 +24,17 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, losses
 from helpers.preemption import run_job_in_own_session
 
-from bertforge.pretrain.components.checkpoint_files import is_complete, verify
 from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.components.faults import ENV_VAR
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import STATE_FILE, find_latest, tag_for
 from bertforge.pretrain.config import command_line
+from bertforge.pretrain.model.run_checkpoints import (
+    STATE_FILE,
+    find_latest,
+    is_complete,
+    tag_for,
+    verify,
+)
 
 pytestmark = pytest.mark.slow
 

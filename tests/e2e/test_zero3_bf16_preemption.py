@@ -22,9 +22,14 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, launch, launch_cmd, losses
 from helpers.preemption import rank_process, run_and_signal
 
-from bertforge.pretrain.components.checkpoint_files import is_complete
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import STATE_FILE, find_latest, list_complete, tag_for
+from bertforge.pretrain.model.run_checkpoints import (
+    STATE_FILE,
+    find_latest,
+    is_complete,
+    list_complete,
+    tag_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -151,11 +156,11 @@ def test_resume_after_sigterm_matches_the_uninterrupted_run(zero3_bf16):
 def test_zero3_bf16_export_loads_in_transformers_and_predicts_like_our_model(zero3_bf16, tmp_path):
     import transformers
 
-    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
+    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
 
     run, out = zero3_bf16["run"], tmp_path / "hf"
     assert export(run, out)["step"] == zero3_bf16["stop"] + 3  # in-process: the CLI's function

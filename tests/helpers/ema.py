@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.pretrain.components.checkpoint_files import (
-    consolidated_state_dict,
-    is_complete,
-    verify,
-)
 from bertforge.pretrain.components.ema import EMA_FILE, load_ema
-from bertforge.pretrain.components.resume import tag_for
 from bertforge.pretrain.config.flag_checks import EMAError
 from bertforge.pretrain.export.hf_export import export
+from bertforge.pretrain.model.run_checkpoints import (
+    consolidated_state_dict,
+    is_complete,
+    tag_for,
+    verify,
+)
 
 
 def ema_oracle(weights: list[dict[str, torch.Tensor]], decay: float) -> dict[str, torch.Tensor]:

@@ -8,18 +8,18 @@ import re
 import pytest
 from helpers.commands import REPO
 
-from bertforge.pretrain.components.checkpoint_files import MARKER
-from bertforge.pretrain.components.resume import (
-    CheckpointError,
-    find_latest,
-    resolve_resume,
-    tag_for,
-)
 from bertforge.pretrain.config.batching import BatchSizeError, apply_batch, resolve_batch
 from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
 from bertforge.pretrain.config.precision import PrecisionError, resolve_precision
 from bertforge.pretrain.config.schedule import build_schedule, warmup_decay
 from bertforge.pretrain.config.train_config import OptimConfig, PrecisionConfig
+from bertforge.pretrain.model.run_checkpoints import (
+    MARKER,
+    CheckpointError,
+    find_latest,
+    resolve_resume,
+    tag_for,
+)
 
 
 # ---- batch sizes -------------------------------------------------------------------------------

@@ -23,12 +23,12 @@ from helpers.ema import check_ema_of_run
 
 from bertforge.pretrain.components.anneal import parse_anneal_from, source_checkpoint
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import CheckpointError
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.flag_checks import AnnealError, check_anneal_flags
 from bertforge.pretrain.config.schedule import Schedule, anneal, decay_curve
 from bertforge.pretrain.config.train_config import RunConfig
 from bertforge.pretrain.export.model_card import _anneal, card_facts
+from bertforge.pretrain.model.run_checkpoints import CheckpointError
 
 SIZES = ("--global_batch_size", "4", "--micro_batch_size", "4", "--eval_batches", "1")
 

@@ -20,16 +20,17 @@ from helpers.commands import REPO
 from bertforge.pretrain.components import checkpoint as ck
 from bertforge.pretrain.components import checkpoint_files as cf
 from bertforge.pretrain.components import resume
+from bertforge.pretrain.model import run_checkpoints as rc
 
 
 def _fake_checkpoint(root: Path, step: int, payload: bytes = b"weights" * 100) -> Path:
     """A checkpoint folder with a few files and a COMPLETE manifest of them (no engine)."""
-    path = root / resume.tag_for(step)
+    path = root / rc.tag_for(step)
     (path / "rng").mkdir(parents=True)
     (path / "mp_rank_00_model_states.pt").write_bytes(payload)
     (path / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(payload * 2)
     (path / "rng" / "rank_00000.pt").write_bytes(b"rng")
-    (path / resume.STATE_FILE).write_text(json.dumps({"step": step}))
+    (path / rc.STATE_FILE).write_text(json.dumps({"step": step}))
     cf.write_marker(path, cf.folder_sizes(path))
     return path
 
@@ -41,32 +42,32 @@ def _truncate(file: Path) -> None:
 
 def test_verify_legacy_marker_missing_file_and_size_change(tmp_path):
     path = _fake_checkpoint(tmp_path, 4)
-    manifest = json.loads((path / cf.MARKER).read_text())
+    manifest = json.loads((path / rc.MARKER).read_text())
     assert manifest["files"] == {
         "mp_rank_00_model_states.pt": 700,
         "rng/rank_00000.pt": 3,
         "trainer_state.json": len(json.dumps({"step": 4})),
         "zero_pp_rank_1_mp_rank_00_optim_states.pt": 1400,
     }
-    assert cf.verify(path) == []
+    assert rc.verify(path) == []
 
     (path / "rng" / "rank_00000.pt").unlink()  # costs exactness only: load warns, not verify
-    assert cf.verify(path) == []
+    assert rc.verify(path) == []
     (path / "trainer_state.json").unlink()
     _truncate(path / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
-    assert cf.verify(path) == [
+    assert rc.verify(path) == [
         "trainer_state.json is missing",
         "zero_pp_rank_1_mp_rank_00_optim_states.pt has 700 bytes, 1400 were written",
     ]
     (path / "mp_rank_00_model_states.pt").write_bytes(b"weights" * 101)  # grown: also a problem
-    assert "mp_rank_00_model_states.pt has 707 bytes, 700 were written" in cf.verify(path)
+    assert "mp_rank_00_model_states.pt has 707 bytes, 700 were written" in rc.verify(path)
 
-    (path / cf.MARKER).write_text(f"{path.name}\n")  # a marker written before manifests existed
-    assert cf.verify(path) == [] and cf.is_complete(path)
-    (path / cf.MARKER).write_text('{"files": ')  # cut short
-    assert cf.verify(path) == [f"{cf.MARKER} is damaged (not a JSON manifest with a 'files' table)"]
-    (path / cf.MARKER).unlink()
-    assert cf.verify(path) == [f"no {cf.MARKER} marker (the save did not finish)"]
+    (path / rc.MARKER).write_text(f"{path.name}\n")  # a marker written before manifests existed
+    assert rc.verify(path) == [] and rc.is_complete(path)
+    (path / rc.MARKER).write_text('{"files": ')  # cut short
+    assert rc.verify(path) == [f"{rc.MARKER} is damaged (not a JSON manifest with a 'files' table)"]
+    (path / rc.MARKER).unlink()
+    assert rc.verify(path) == [f"no {rc.MARKER} marker (the save did not finish)"]
 
 
 def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(tmp_path, capsys):
@@ -76,22 +77,22 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
     older, newer = _fake_checkpoint(root, 2), _fake_checkpoint(root, 4)
     _truncate(newer / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
 
-    assert resume.resolve_resume("auto", tmp_path / "run") == older
+    assert rc.resolve_resume("auto", tmp_path / "run") == older
     out = capsys.readouterr().out
     assert f"WARNING: skipping checkpoint {newer}" in out
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt has 700 bytes, 1400 were written" in out
-    assert resume.resolve_resume(str(tmp_path / "run"), "unused") == older  # a run folder: the same
+    assert rc.resolve_resume(str(tmp_path / "run"), "unused") == older  # a run folder: the same
     assert (
         resume.write_latest(root) == older and (root / resume.LATEST_FILE).read_text() == older.name
     )
-    with pytest.raises(resume.CorruptCheckpointError, match="optim_states.pt has 700 bytes"):
-        resume.resolve_resume(str(newer), tmp_path / "run")  # named explicitly: an error
+    with pytest.raises(rc.CorruptCheckpointError, match="optim_states.pt has 700 bytes"):
+        rc.resolve_resume(str(newer), tmp_path / "run")  # named explicitly: an error
     with pytest.raises(InitError, match=r"--init_from .*step_00000004: the checkpoint's files"):
         locate(newer)
 
     (older / "mp_rank_00_model_states.pt").unlink()  # now none verifies: no silent fresh start
-    with pytest.raises(resume.CorruptCheckpointError, match="no checkpoint in .* matches"):
-        resume.resolve_resume("auto", tmp_path / "run")
+    with pytest.raises(rc.CorruptCheckpointError, match="no checkpoint in .* matches"):
+        rc.resolve_resume("auto", tmp_path / "run")
 
 
 def _tiny_engine(shards: Path, run: Path, *extra: str):
@@ -122,8 +123,8 @@ def test_failed_save_leaves_no_checkpoint_and_keeps_the_previous(
     monkeypatch.setenv(ENV_VAR, "save_enospc@2")
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
     first = ckpts.save(engine, 1, state)
-    files = json.loads((first / cf.MARKER).read_text())["files"]
-    assert {"mp_rank_00_model_states.pt", "rng/rank_00000.pt", resume.STATE_FILE} <= set(files)
+    files = json.loads((first / rc.MARKER).read_text())["files"]
+    assert {"mp_rank_00_model_states.pt", "rng/rank_00000.pt", rc.STATE_FILE} <= set(files)
     assert any(name.endswith("optim_states.pt") for name in files)
     assert files == cf.folder_sizes(first)  # every file written, and only those
     before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
@@ -131,15 +132,15 @@ def test_failed_save_leaves_no_checkpoint_and_keeps_the_previous(
     with pytest.raises(ck.CheckpointSaveError) as failed:
         ckpts.save(engine, 2, state)  # the planned ENOSPC: a shard cut short, then the error
     message = str(failed.value)
-    assert f"saving checkpoint {ckpts.root / resume.tag_for(2)} failed" in message
+    assert f"saving checkpoint {ckpts.root / rc.tag_for(2)} failed" in message
     assert "No space left on device" in message
     assert f"the previous complete checkpoint {first} is intact" in message
-    assert not (ckpts.root / resume.tag_for(2)).exists()  # the partial folder is gone
-    assert ckpts.last_saved_step == 1 and cf.verify(first) == []
+    assert not (ckpts.root / rc.tag_for(2)).exists()  # the partial folder is gone
+    assert ckpts.last_saved_step == 1 and rc.verify(first) == []
     assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before  # not pruned
     assert (ckpts.root / resume.LATEST_FILE).read_text() == first.name
-    assert ckpts.save(engine, 3, state).name == resume.tag_for(3)  # the next save works and prunes
-    assert [s for s, _ in resume.list_complete(ckpts.root)] == [3]
+    assert ckpts.save(engine, 3, state).name == rc.tag_for(3)  # the next save works and prunes
+    assert [s for s, _ in rc.list_complete(ckpts.root)] == [3]
 
 
 @pytest.mark.slow
@@ -163,8 +164,8 @@ def test_a_real_full_disk_fails_the_save_and_keeps_the_previous(
         with pytest.raises(ck.CheckpointSaveError, match="bytes free there") as failed:
             ckpts.save(engine, 2, state)
         assert f"the previous complete checkpoint {first} is intact" in str(failed.value)
-        assert not (ckpts.root / resume.tag_for(2)).exists()
-        assert resume.find_latest(ckpts.root) == first and cf.verify(first) == []
+        assert not (ckpts.root / rc.tag_for(2)).exists()
+        assert rc.find_latest(ckpts.root) == first and rc.verify(first) == []
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 
@@ -196,7 +197,7 @@ def test_resume_auto_skips_a_truncated_checkpoint(english_shards, tmp_path, one_
     run, direct = tmp_path / "run", tmp_path / "direct"
     _train(english_shards, run, "--max_steps", "4", "--save_interval", "2", "--keep_last", "5")
     shutil.copytree(run, direct)
-    newest = run / "checkpoints" / resume.tag_for(4)
+    newest = run / "checkpoints" / rc.tag_for(4)
     shard = next(newest.glob("*optim_states.pt"))
     _truncate(shard)
     capsys.readouterr()
@@ -204,8 +205,8 @@ def test_resume_auto_skips_a_truncated_checkpoint(english_shards, tmp_path, one_
     _train(english_shards, run, "--max_steps", "6", "--resume", "auto")
     out = capsys.readouterr().out
     assert f"WARNING: skipping checkpoint {newest}" in out and f"{shard.name} has " in out
-    assert f"resumed from {run / 'checkpoints' / resume.tag_for(2)} at step 2" in out
-    start = direct / "checkpoints" / resume.tag_for(2)
+    assert f"resumed from {run / 'checkpoints' / rc.tag_for(2)} at step 2" in out
+    start = direct / "checkpoints" / rc.tag_for(2)
     _train(english_shards, direct, "--max_steps", "6", "--resume", str(start))
     assert f"resumed from {start} at step 2" in capsys.readouterr().out
     resumed, reference = _losses(run), _losses(direct)
@@ -231,13 +232,13 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
         [*args, "--max_steps", "6", "--save_interval", "2"], env={ENV_VAR: "save_enospc@4@1"}
     )
     out = proc.stdout + proc.stderr
-    failed = ckpts / resume.tag_for(4)
+    failed = ckpts / rc.tag_for(4)
     assert f"WARNING: saving checkpoint {failed} failed (rank 1: writing {failed}" in out
     assert "No space left on device" in out and "will retry at the next interval" in out
-    assert f"the previous complete checkpoint {ckpts / resume.tag_for(2)} is intact" in out
+    assert f"the previous complete checkpoint {ckpts / rc.tag_for(2)} is intact" in out
     assert not failed.exists()  # the partial folder (rank 1's shard cut short) was removed
-    assert [s for s, _ in resume.list_complete(ckpts)] == [2, 6]  # the next interval saved
-    assert resume.resolve_resume("auto", run) == ckpts / resume.tag_for(6)
+    assert [s for s, _ in rc.list_complete(ckpts)] == [2, 6]  # the next interval saved
+    assert rc.resolve_resume("auto", run) == ckpts / rc.tag_for(6)
     assert _losses(run).keys() == set(range(1, 7))
 
 
@@ -260,10 +261,10 @@ def test_final_save_failing_stops_with_its_exit_status(
     )
     assert train(cfg) == EXIT_SAVE_FAILED
     out = capsys.readouterr().out
-    lost, kept = ckpts / resume.tag_for(3), ckpts / resume.tag_for(2)
+    lost, kept = ckpts / rc.tag_for(3), ckpts / rc.tag_for(2)
     assert f"ERROR: the final save after step 3 failed: saving checkpoint {lost} failed" in out
     assert "No space left on device" in out
     assert f"the previous complete checkpoint {kept} is intact" in out
-    assert not lost.exists() and cf.verify(kept) == []
-    assert resume.resolve_resume("auto", run) == kept
+    assert not lost.exists() and rc.verify(kept) == []
+    assert rc.resolve_resume("auto", run) == kept
     assert (ckpts / resume.LATEST_FILE).read_text() == kept.name

@@ -15,8 +15,8 @@ import pytest
 from bertforge.pretrain.components import leases
 from bertforge.pretrain.components.checkpoint import CheckpointManager
 from bertforge.pretrain.components.checkpoint_files import write_marker
-from bertforge.pretrain.components.resume import list_complete, tag_for
 from bertforge.pretrain.config.train_config import CheckpointConfig
+from bertforge.pretrain.model.run_checkpoints import list_complete, tag_for
 
 
 def fake_checkpoints(run: Path, steps: list[int]) -> None:

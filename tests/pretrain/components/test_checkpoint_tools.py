@@ -18,7 +18,7 @@ import torch
 from helpers.commands import REPO, run_cli, train_cli
 
 from bertforge.pretrain.components.checkpoint_files import README, readme_text
-from bertforge.pretrain.components.resume import find_latest
+from bertforge.pretrain.model.run_checkpoints import find_latest
 
 # Each tool runs in its own process, on two trained checkpoints: minutes, not the quick lane.
 pytestmark = pytest.mark.slow

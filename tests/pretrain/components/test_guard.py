@@ -16,11 +16,11 @@ from helpers.commands import train_cli
 
 from bertforge.pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import list_complete, read_state, tag_for
 
 # --- the detector ---------------------------------------------------------------------------
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import GuardConfig
+from bertforge.pretrain.model.run_checkpoints import list_complete, read_state, tag_for
 
 
 def _guard(**over) -> StabilityGuard:

@@ -53,40 +53,40 @@ def test_latest_never_names_an_incomplete_checkpoint(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
     from bertforge.pretrain.components import checkpoint as ck
-    from bertforge.pretrain.components import checkpoint_files as cf
     from bertforge.pretrain.components import resume
+    from bertforge.pretrain.model import run_checkpoints as rc
 
     cfg, engine = _engine(english_shards, tmp_path / "run")
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
     latest = ckpts.root / resume.LATEST_FILE
     state = {"config": dataclasses.asdict(cfg.run), "consumed_samples": 0}
     ckpts.save(engine, 1, state)
-    assert latest.read_text() == resume.tag_for(1)
+    assert latest.read_text() == rc.tag_for(1)
 
     from bertforge.pretrain.components import checkpoint_files  # writes COMPLETE
 
     real_write = checkpoint_files.write_text_atomic
 
     def die_before_marker(path, text):
-        if Path(path).name == cf.MARKER:
+        if Path(path).name == rc.MARKER:
             raise RuntimeError("killed before COMPLETE")
         real_write(path, text)
 
     monkeypatch.setattr(checkpoint_files, "write_text_atomic", die_before_marker)
     with pytest.raises(RuntimeError, match="killed before COMPLETE"):
         ckpts.save(engine, 2, state)
-    assert (ckpts.root / resume.tag_for(2) / resume.STATE_FILE).is_file()  # shards are there ...
-    assert not cf.is_complete(ckpts.root / resume.tag_for(2))  # ... but no marker
-    assert latest.read_text() == resume.tag_for(1)
+    assert (ckpts.root / rc.tag_for(2) / rc.STATE_FILE).is_file()  # shards are there ...
+    assert not rc.is_complete(ckpts.root / rc.tag_for(2))  # ... but no marker
+    assert latest.read_text() == rc.tag_for(1)
 
     monkeypatch.setattr(checkpoint_files, "write_text_atomic", real_write)
     ckpts.save(engine, 3, state)
-    assert latest.read_text() == resume.tag_for(3)
-    assert not (ckpts.root / resume.tag_for(2)).exists()  # the partial save was pruned
+    assert latest.read_text() == rc.tag_for(3)
+    assert not (ckpts.root / rc.tag_for(2)).exists()  # the partial save was pruned
 
     # What a DeepSpeed user calls: no tag, DeepSpeed reads `latest`.
     path, client = engine.load_checkpoint(str(ckpts.root))
-    assert path is not None and Path(path).parent.name == resume.tag_for(3)
+    assert path is not None and Path(path).parent.name == rc.tag_for(3)
     assert client["trainer_state"]["step"] == 3
 
 

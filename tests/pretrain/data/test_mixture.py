@@ -11,15 +11,13 @@ import pytest
 from helpers.commands import run_cli
 
 from bertforge.data_prep.sample_corpus import write_english_corpus
+from bertforge.data_prep.sources import MixtureError, Source, parse_mixture
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import IGNORE_INDEX, MaskingConfig
 from bertforge.pretrain.data.mixture import (
-    MixtureError,
     MixtureReader,
     MixtureSampler,
-    Source,
     open_training,
-    parse_mixture,
     quotas,
     validation_readers,
 )

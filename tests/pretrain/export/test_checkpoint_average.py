@@ -10,10 +10,10 @@ import pytest
 import torch
 from helpers.commands import train_cli
 
-from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
 from bertforge.pretrain.export.average import AverageError, average_checkpoints, parse_average
 from bertforge.pretrain.export.hf_export import main as export_main
 from bertforge.pretrain.export.hf_extras import POOLER_KEYS
+from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +43,9 @@ def test_the_average_of_two_checkpoints_is_the_mean_of_their_weights(run, tmp_pa
     # The command writes that mean, mapped to Hugging Face names, and the card says so.
     from safetensors.torch import load_file
 
-    from bertforge.pretrain.components.resume import read_state
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
+    from bertforge.pretrain.model.run_checkpoints import read_state
 
     assert export_main([str(run), "--output", str(tmp_path / "hf"), "--average", "last:2"]) == 0
     assert "the mean of the checkpoints of steps 1, 2" in capsys.readouterr().out

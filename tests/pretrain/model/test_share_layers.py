@@ -22,9 +22,9 @@ from helpers.launch import ds_config, launch
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import tag_for
 from bertforge.pretrain.model.bert import ModelConfig
 from bertforge.pretrain.model.registry import build_model, preset
+from bertforge.pretrain.model.run_checkpoints import tag_for
 from bertforge.pretrain.model.sharing import layer_groups
 
 VOCAB = 300
@@ -254,9 +254,9 @@ def test_exact_resume_with_shared_layers(shared_runs, english_shards, tmp_path):
 def test_export_copies_shared_weights_and_matches_trained_logits(shared_runs, tmp_path):
     import transformers
 
-    from bertforge.pretrain.components.checkpoint_files import consolidated_state_dict
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
+    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
 
     run = shared_runs[3]  # ZeRO-3 shards: the consolidation must restore every layer's name
     res = export(run, tmp_path / "hf")
