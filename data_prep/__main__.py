@@ -11,8 +11,10 @@ from pathlib import Path
 
 from bertforge.cli import ArgumentParser, add_fields, from_args
 from bertforge.data_prep import extend_tokenizer
-from bertforge.data_prep.build import build, prepare
+from bertforge.data_prep.build import build, merge, prepare
 from bertforge.data_prep.build_config import BuildConfig
+from bertforge.data_prep.overlap import overlap_lines, overlap_report
+from bertforge.data_prep.report import bad_records, bad_records_line, summary, summary_lines, verify
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, report
 
@@ -84,8 +86,6 @@ def _report_built(m: dict, out: Path) -> None:
         for split, s in m["splits"].items()
     ]
     if m["dropped"]:
-        from bertforge.data_prep.report import bad_records, bad_records_line
-
         lines.append(bad_records_line(bad_records(m)) + " (manifest.json: bad_records)")
     if "decontamination" in m:
         d = m["decontamination"]
@@ -119,17 +119,11 @@ def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
     """Run one parsed command other than extend-tokenizer (a UserError is the user's to fix)."""
-    from bertforge.data_prep.report import summary, summary_lines, verify
-
     if args.command in ("build", "prepare"):
         _build_or_prepare(args, argv)
     elif args.command == "merge":
-        from bertforge.data_prep.build import merge
-
         _report_built(merge(args.root), args.root)
     elif args.command == "check-overlap":
-        from bertforge.data_prep.overlap import overlap_lines, overlap_report
-
         r = overlap_report(
             args.a, args.b, args.threshold, tuple(args.splits_a), tuple(args.splits_b)
         )

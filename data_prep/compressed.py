@@ -27,6 +27,7 @@ class _ZstdRaw(io.RawIOBase):
     zstandard's stream_reader ends silently in the middle of a frame."""
 
     def __init__(self, path: Path):
+        # Lazy: zstandard only for .zst inputs; data_prep's --help does without it.
         import zstandard
 
         self._zstd = zstandard

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertforge.files import write_bytes_atomic
+
 NUM_PERM = 128  # signature length: the standard error of a Jaccard estimate is ~0.04 at 0.5
 SHINGLE = 5  # words (or CJK characters) per shingle
 SEED = 1  # datasketch permutation seed: fixed, so signatures of two builds are comparable
@@ -74,6 +76,8 @@ class Signer:
     (tests/data_prep/test_decontam.py checks the equality)."""
 
     def __init__(self, num_perm: int = NUM_PERM, seed: int = SEED):
+        # Imports inside functions here: datasketch (two seconds to import), only when a build
+        # decontaminates or checks overlap.
         from datasketch import MinHash
 
         proto = MinHash(num_perm=num_perm, seed=seed, scheme="affine32")
@@ -93,6 +97,7 @@ class Signer:
 
     def lean(self, sig: np.ndarray):
         """A datasketch LeanMinHash over a signature (what MinHashLSH stores and queries)."""
+        # Lazy: datasketch (see NearDuplicateIndex.__init__).
         from datasketch import LeanMinHash
 
         return LeanMinHash(seed=self.seed, hashvalues=sig, scheme=self.scheme)
@@ -110,6 +115,7 @@ class NearDuplicateIndex:
     @classmethod
     def build(cls, texts: Iterable[str], threshold: float, signer: Signer) -> NearDuplicateIndex:
         """Index every text of `texts` (streamed)."""
+        # Lazy: datasketch (see NearDuplicateIndex.__init__).
         from datasketch import MinHashLSH
 
         lsh = MinHashLSH(threshold=threshold, num_perm=signer.num_perm)
@@ -140,8 +146,6 @@ class NearDuplicateIndex:
 
     def save(self, path: Path) -> None:
         """Pickle next to the build (written under a temporary name, then renamed)."""
-        from bertforge.files import write_bytes_atomic
-
         write_bytes_atomic(path, pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
 
     @staticmethod

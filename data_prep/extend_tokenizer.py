@@ -83,6 +83,7 @@ class ExtensionReport:
 
 def load_base(source: Path):
     """The base tokenizer as transformers loads it, after data_prep's WordPiece/specials checks."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,6 +101,7 @@ def _is_one_word(backend: Tokenizer, term: str) -> tuple[bool, str]:
 def count_words(docs: Iterable[str], backend: Tokenizer) -> Counter[str]:
     """Occurrences of candidate words in `docs`: normalized Latin-script words, and rjieba's
     multi-character words in runs of CJK characters."""
+    # Lazy: rjieba (its dictionary loads on import) only for CJK text.
     import rjieba
 
     counts: Counter[str] = Counter()
@@ -201,6 +203,7 @@ def build_extended(
 def _save(base_hf, tok: Tokenizer, output: Path) -> None:
     """Save into the folder ``output`` as an HF tokenizer with the base's special tokens and
     casing."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     from transformers import BertTokenizerFast
 
     normalizer = json.loads(tok.to_str()).get("normalizer")
@@ -217,6 +220,7 @@ def _save(base_hf, tok: Tokenizer, output: Path) -> None:
 
 def check_one_token_each(folder: Path, new_tokens: list[NewToken]) -> None:
     """Reload `folder` with AutoTokenizer; every new token must encode as its one id."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder))

@@ -398,6 +398,7 @@ def _column_documents(
 def _parquet_documents(
     path: Path, cfg: InputConfig, drops: DropCounter
 ) -> Iterator[tuple[str, str]]:
+    # Lazy: pyarrow only for parquet inputs.
     import pyarrow.parquet as pq
 
     try:
@@ -421,6 +422,7 @@ def _parquet_documents(
 
 
 def _hf_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[tuple[str, str]]:
+    # Lazy: datasets takes seconds to import; only saved Hugging Face datasets need it.
     import datasets
 
     loaded = datasets.load_from_disk(str(path))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
 from bertforge.data_prep.layout import TOKENIZER_DIR
@@ -38,8 +39,6 @@ def _units_of_shard(reader: ShardReader, lo: int, hi: int, by_document: bool) ->
 
 def iter_texts(root: Path, splits: tuple[str, ...]) -> Iterator[str]:
     """Decoded text of every unit of the given splits of a finished build."""
-    from tokenizers import Tokenizer
-
     manifest = load_manifest(root)
     tok = Tokenizer.from_file(str(root / TOKENIZER_DIR / "tokenizer.json"))
     stride = (manifest.get("build_key") or {}).get("sequences", {}).get("stride")

@@ -92,6 +92,7 @@ class Progress:
         self._last_n = initial
         self.bar = None
         if self.mode == "bar":
+            # Lazy: tqdm only in bar mode; the trainer's metrics import this module.
             from tqdm import tqdm
 
             self.bar = tqdm(

@@ -16,6 +16,7 @@ from bertforge.files import write_text_atomic
 
 def pydoc_documents() -> list[str]:
     """The pydoc topic pages, sorted by topic, each stripped; empty ones left out."""
+    # Lazy: pydoc_data.topics is a 700 KB module, read only when the pydoc corpus is asked for.
     from pydoc_data.topics import topics
 
     return [topics[k].strip() for k in sorted(topics) if topics[k].strip()]

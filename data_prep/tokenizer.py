@@ -15,7 +15,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
+import numpy as np
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from bertforge.errors import UserError
 from bertforge.files import publish_dir
@@ -69,8 +78,6 @@ def train_wordpiece(
 ) -> None:
     """Train BERT's WordPiece pipeline on `texts` (streamed) and save it as a HF folder whose
     ``model_max_length`` is ``max_length`` (the build's --max_seq_len)."""
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
-
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
     # As BertWordPieceTokenizer: CJK characters become single-character words; accents are
     # stripped only when lowercasing (BERT uncased).
@@ -95,6 +102,7 @@ def train_wordpiece(
     )
     with tempfile.TemporaryDirectory() as tmp:
         tok.save(str(Path(tmp) / "tokenizer.json"))
+        # Lazy: transformers takes seconds to import; only this path needs it.
         from transformers import BertTokenizerFast
 
         hf = BertTokenizerFast(
@@ -121,6 +129,7 @@ def import_tokenizer(
     """Copy an existing tokenizer (HF folder or BERT vocab.txt) into `out_dir` in HF form,
     truncation and padding off (said unless ``quiet``: a caller that imported it before);
     ``max_length`` (the build's --max_seq_len) replaces its ``model_max_length``."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     from transformers import AutoTokenizer, BertTokenizerFast
 
     if not source.exists():
@@ -234,8 +243,6 @@ def _lowercases(normalizer: dict | None) -> bool:
 
 def continuation_flags(tok: Tokenizer, prefix: str = "##"):
     """Boolean array over ids: True for WordPiece continuation pieces (`##...`)."""
-    import numpy as np
-
     flags = np.zeros(tok.get_vocab_size(with_added_tokens=True), dtype=bool)
     for token, tid in tok.get_vocab(with_added_tokens=True).items():
         if token.startswith(prefix) and len(token) > len(prefix):

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.data_prep.wordstart import read_protected_terms
+
 UNIT_OPEN, UNIT_CLOSE = "⟦", "⟧"
 TERM_OPEN, TERM_CLOSE = "«", "»"
 UNIT_SPLIT = "¦"  # a unit starts inside a term occurrence: the term is not kept whole
@@ -145,7 +147,6 @@ def resolve_terms_file(
                 f"{root}: built with --protected_terms {recorded}, which is no longer "
                 "there; give it with --protected_terms to count its terms"
             )
-    from bertforge.data_prep.wordstart import read_protected_terms
 
     terms = read_protected_terms(path)
     if built_hash and terms_hash(terms) != built_hash:

@@ -97,6 +97,7 @@ class WordStarts:
 
     def _segment_starts(self, text: str) -> np.ndarray:
         if self._jieba is None:
+            # Lazy: rjieba (its dictionary loads on import) only for CJK text.
             import rjieba
 
             self._jieba = rjieba

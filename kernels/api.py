@@ -98,6 +98,8 @@ def _resolve_impl(impl: str, device: torch.device) -> str:
             f"impl='triton' but triton cannot be imported ({_TRITON_ERROR}); "
             "install triton or use impl='torch'"
         )
+    # Lazy: triton_ce imports triton, which may be missing or broken (CPU machines);
+    # _triton_available says which.
     from .triton_ce import interpreting
 
     if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
@@ -225,6 +227,7 @@ def masked_lm_loss_rows(
             hidden_rows, weight, bias, row_labels, ignore_index, vocab
         )
     else:
+        # Lazy: autograd imports triton_ce (see _resolve_impl).
         from .autograd import SoftmaxCrossEntropyFunction
 
         # Full padded width: aligned rows for the GEMM; the kernel skips columns >= vocab. These
@@ -277,6 +280,7 @@ def softmax_cross_entropy(
     if which == "torch":
         row_loss = reference.softmax_cross_entropy_rows(x, y, ignore_index, vocab)
     else:
+        # Lazy: autograd imports triton_ce (see _resolve_impl).
         from .autograd import SoftmaxCrossEntropyFunction
 
         if x.stride(-1) != 1:

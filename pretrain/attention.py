@@ -43,6 +43,8 @@ NOT_REAL_GLYPHS = ("Last Resort",)
 @lru_cache(maxsize=1)
 def cjk_font() -> str | None:
     """The name of a font known to matplotlib that has Chinese glyphs, or None."""
+    # Imports inside functions here: matplotlib, torch, transformers (and evaluate.models, which
+    # imports torch) only when a map is drawn, so --help and a bad argument answer at once.
     from matplotlib import font_manager, ft2font
 
     for entry in font_manager.fontManager.ttflist:
@@ -58,6 +60,7 @@ def cjk_font() -> str | None:
 
 @lru_cache(maxsize=1)
 def _default_charmap() -> frozenset[int]:
+    # Lazy: matplotlib (see cjk_font).
     from matplotlib import font_manager, ft2font
 
     return frozenset(ft2font.FT2Font(font_manager.findfont("DejaVu Sans")).get_charmap())
@@ -103,6 +106,7 @@ def parse_indices(spec: str | None, count: int, what: str) -> list[int]:
 
 def load_model(spec: str, workdir: Path):
     """(model with eager attention, tokenizer, HF folder) for a model argument."""
+    # Lazy: transformers and torch (see cjk_font).
     import transformers
 
     from bertforge.pretrain.evaluate.models import materialize, resolve
@@ -120,6 +124,7 @@ def load_model(spec: str, workdir: Path):
 
 def attention_weights(model, tokenizer, text: str) -> tuple[list[int], np.ndarray]:
     """Token ids and the attention probabilities [layers, heads, T, T] (float64)."""
+    # Lazy: torch (see cjk_font).
     import torch
 
     enc = tokenizer(
@@ -161,6 +166,7 @@ def layer_kinds(config, num_layers: int) -> list[str]:
 
 def draw(att: np.ndarray, labels: list[str], font: str | None, title: str, path: Path) -> None:
     """One heatmap PNG."""
+    # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -30,11 +30,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bertforge.cli import ArgumentParser
+from bertforge.data_prep.reader import ShardReader
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger, report
+from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
 
 log = get_logger(__name__)
@@ -158,6 +162,9 @@ def fill_mask(
             f"`python -m pretrain.export RUN --output {hf_dir}` (RUN: a training run's "
             "--output_dir)."
         )
+    # Imports inside functions here: transformers, torch (through pretrain.data and
+    # components.metrics) and tokenizers, used after the steps have run in their own processes; the
+    # demo's own process stays light until then.
     from transformers import pipeline
 
     fill = pipeline("fill-mask", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
@@ -187,9 +194,7 @@ def frequent_token_guess(shards: Path, masking: dict) -> dict:
     """The accuracy on the validation split's masked tokens of always guessing the token that is
     masked most often in the training split, under the run's masking: the score a model that
     learned only token frequencies gets, to read the trained model's accuracy against."""
-    import numpy as np
-
-    from bertforge.data_prep.reader import ShardReader
+    # Lazy: torch (see fill_mask).
     from bertforge.pretrain.data.loader import DataConfig, build_loader
     from bertforge.pretrain.data.masking import IGNORE_INDEX, MaskingConfig
 
@@ -204,6 +209,7 @@ def frequent_token_guess(shards: Path, masking: dict) -> dict:
     train = labels("train")
     top = int(np.bincount(train).argmax())
     val = labels("validation")
+    # Lazy: tokenizers (see fill_mask).
     from tokenizers import Tokenizer
 
     token = Tokenizer.from_file(str(shards / "tokenizer" / "tokenizer.json")).id_to_token(top)
@@ -238,8 +244,6 @@ def demo_paths(out: Path) -> dict[str, Path]:
 
 def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[str, list, bool]]:
     """The command table: (name, command, stream its output?) for each step, in order."""
-    from bertforge.pretrain.components.distributed import free_port
-
     half = args.steps // 2
     py = sys.executable
     return [
@@ -313,6 +317,7 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
 
 def run_demo(args: argparse.Namespace) -> dict:
     """All steps; returns the summary that is also written to OUTPUT/demo.json."""
+    # Lazy: components.metrics imports torch (see fill_mask).
     from bertforge.pretrain.components.metrics import read_metrics
 
     out = Path(args.output_dir).absolute()

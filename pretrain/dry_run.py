@@ -21,8 +21,12 @@ from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.build import resolve_run
-from bertforge.pretrain.config.recipe import resolved_flags
+from bertforge.pretrain.components.schedule_override import guard_factor
+from bertforge.pretrain.config.ds_config import load_user_config
+from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
+from bertforge.pretrain.config.recipe import defaults, resolved_flags, value_sources
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
+from bertforge.pretrain.config.train_config import CONCERNS, OptimConfig, foreign_concerns
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
 from bertforge.pretrain.data.mixture import open_training
@@ -329,9 +333,6 @@ def _schedule_report(cfg, run) -> dict[str, Any] | None:
 def checkpoint_schedule(point, launch_peak: float, max_steps: int) -> dict[str, Any]:
     """The schedule a resume continues: the one its checkpoint's run resolved (with the guard's
     lr cut it carries), not this launch's flags."""
-    from bertforge.pretrain.components.schedule_override import guard_factor
-    from bertforge.pretrain.config.train_config import OptimConfig
-
     saved = point.state.get("config", {})
     names = {f.name for f in dataclasses.fields(OptimConfig)}
     optim = OptimConfig(**{k: v for k, v in saved.get("optim", {}).items() if k in names})
@@ -354,8 +355,6 @@ def checkpoint_schedule(point, launch_peak: float, max_steps: int) -> dict[str, 
 def phase_plan_report(plan, peak_lr: float) -> dict[str, Any]:
     """--phases: the plan's phases in :func:`lr_phases`' form (lr at each boundary), with the
     table of steps, tokens, lr, batch, data and mask rate as the note, and the resolved plan."""
-    from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
-
     return {
         "schedule": "phases",
         "decay_shape": "per phase",
@@ -396,16 +395,12 @@ _BATCH_KEYS = {
 def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
     """The resolved recipe's values that are not defaults, each with where it came from (a
     flag, the recipe file, the DeepSpeed JSON, the phase plan, the anneal, the checkpoint)."""
-    from bertforge.pretrain.config.recipe import defaults, value_sources
-    from bertforge.pretrain.config.train_config import CONCERNS, foreign_concerns
-
     by: dict[str, str] = {}
     if run.phases is not None:
         by["run.max_steps"] = f"phases {parsed.run.phases}"
     if run.anneal is not None:
         by["run.max_steps"] = by["optim.lr"] = f"anneal_from {parsed.run.anneal_from}"
     cfg = run.cfg
-    from bertforge.pretrain.config.ds_config import load_user_config
 
     user = load_user_config(cfg.run.ds_config)
     ranks = run.setup.batch.world_size

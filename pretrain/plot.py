@@ -93,6 +93,7 @@ class PlotError(UserError, ValueError):
 
 def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
     """loss_vs_time.png: training and validation loss against elapsed seconds (none: [])."""
+    # Imports inside functions here: matplotlib (pyplot), only when a figure is drawn.
     import matplotlib.pyplot as plt
 
     elapsed = {r["step"]: r["elapsed_s"] for r in data["train"] if "elapsed_s" in r}
@@ -122,6 +123,7 @@ def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
 
 def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write one PNG per panel (and overview.png); returns the paths written."""
+    # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,6 +182,7 @@ def plot_downstream(
     metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None
 ) -> list[Path]:
     """downstream.png: each ``split: "downstream"`` task metric against the step (none: [])."""
+    # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,6 +218,7 @@ def plot_sources(
 ) -> list[Path]:
     """sources.png for a mixture: validation loss per source, and each source's share of the
     training samples so far, against the step (no mixture: [])."""
+    # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
     matplotlib.use("Agg")

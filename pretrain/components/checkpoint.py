@@ -102,6 +102,8 @@ class CheckpointSaveError(RuntimeError):
 
 def rng_state() -> dict[str, Any]:
     """This process's RNG states (torch CPU and accelerator, numpy, python)."""
+    # Lazy: deepspeed takes seconds to import; the commands that import this module without running
+    # a job (--help, the doctor) do without it.
     from deepspeed.accelerator import get_accelerator
 
     state = {
@@ -117,6 +119,7 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`rng_state` returned."""
+    # Lazy: deepspeed (seconds to import) only when a job runs; see the first import here.
     from deepspeed.accelerator import get_accelerator
 
     torch.set_rng_state(state["torch"])

@@ -129,6 +129,8 @@ def _hints(info: DistInfo) -> str:
 
 def _connect(info: DistInfo, timeout_s: float):
     """Host (rank 0) or reach the rendezvous store; raise RendezvousError when impossible."""
+    # Imports inside functions here: torch and deepspeed, so this module stays light to import (the
+    # demo takes free_port from it; watchdog, op_builds and shm_buffers likewise).
     import torch.distributed as dist
 
     addr = f"{info.master_addr}:{info.master_port}"
@@ -239,6 +241,7 @@ def init_distributed(
     `python` (a world of one on a free local port). A stale op-build lock raises
     `op_builds.OpBuildError` (a UserError); a stop signal while waiting for a build exits 0.
     """
+    # Lazy: deepspeed and torch (see _connect).
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -306,6 +309,7 @@ def sum_across_ranks(values: list[float], device) -> list[float]:
     Used for the decisions every rank must take together (save now? stop evaluating?) and for
     global counts (masked tokens of the global batch).
     """
+    # Lazy: torch (see _connect).
     import torch
     import torch.distributed as dist
 

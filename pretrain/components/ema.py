@@ -19,6 +19,7 @@ import contextlib
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save
 
 from bertforge.files import write_bytes_atomic
 from bertforge.pretrain.config.flag_checks import EMAError, check_ema_decay
@@ -53,6 +54,8 @@ class EMA:
         params = dict(module.named_parameters())
         gather = contextlib.nullcontext()
         if engine.zero_optimization_stage() == 3:
+            # Lazy: deepspeed takes seconds to import; the commands that import this module without
+            # running a job (--help, the doctor) do without it.
             import deepspeed
 
             gather = deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None)
@@ -64,7 +67,6 @@ class EMA:
         """Rank 0: write the EMA into checkpoint folder ``ckpt`` (atomic); returns the file."""
         if self.rank != 0 or self.shadow is None:
             return None
-        from safetensors.torch import save
 
         path = ckpt / EMA_FILE
         write_bytes_atomic(path, save({k: v.contiguous() for k, v in self.shadow.items()}))
@@ -87,6 +89,5 @@ def load_ema(ckpt: Path) -> dict[str, torch.Tensor]:
             f"--ema: the checkpoint {ckpt} holds no {EMA_FILE} (its run was trained without "
             "--ema DECAY); export its weights without --ema"
         )
-    from safetensors.torch import load_file
 
     return load_file(str(path))

@@ -67,6 +67,7 @@ def memory_stats() -> dict[str, float]:
             "mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
     try:
+        # Lazy and guarded: metrics go on without psutil (the except below).
         import psutil
 
         return {"mem_rss_gib": psutil.Process(os.getpid()).memory_info().rss / 2**30}

@@ -245,6 +245,8 @@ def prepare(op_names: list[str], preempt=None) -> list[str]:
     """Build or load each op of ``op_names`` (DeepSpeed builder class names) that this
     accelerator has and supports, one process per op at a time; the names of those prepared.
     DeepSpeed's own later ``load()`` returns the module loaded here."""
+    # Lazy: deepspeed takes seconds to import; the commands that import this module without running
+    # a job (--help, the doctor) do without it.
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 

@@ -51,6 +51,7 @@ def release_after_init(rank: int, world_size: int) -> None:
     exactly as DeepSpeed read them. A no-op when DeepSpeed made no segment (ranks on several
     machines, torchrun without LOCAL_SIZE, a GPU accelerator).
     """
+    # Lazy: torch; components.distributed imports this module and stays light (see there).
     import torch.distributed as dist
 
     path = SHM_DIR / buffer_name(

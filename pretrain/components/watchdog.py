@@ -87,6 +87,7 @@ class Watchdog:
 
     def start(self) -> Watchdog:
         """Connect, beat once (publishing this host's name) and start the thread."""
+        # Lazy: torch; components.distributed imports this module and stays light (see there).
         import torch.distributed as dist
 
         try:

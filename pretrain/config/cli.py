@@ -17,18 +17,28 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
+from bertforge.data_prep.progress import normalize_mode
+from bertforge.data_prep.sources import MixtureError, parse_mixture
+from bertforge.preemption import parse_signals
 from bertforge.pretrain.config.flag_checks import (
     AnnealError,
     EMAError,
     check_anneal_flags,
     check_ema_decay,
 )
+from bertforge.pretrain.config.recipe import RecipeError, load_recipe, section_of
+from bertforge.pretrain.config.schedule import ScheduleError, build_schedule
 from bertforge.pretrain.config.train_config import (
     CONCERNS,
     GuardConfig,
     RunConfig,
     TrainConfig,
     foreign_concerns,
+)
+from bertforge.pretrain.model.document_attention import AttentionError
+from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset, resolve_attention
+from bertforge.pretrain.model.sharing import (
+    layer_groups,  # (a --config_json depth: again at build)
 )
 
 _SKIP_FOREIGN = {"preset", "name"}  # the model preset's name comes from --model
@@ -146,8 +156,6 @@ def config_from_args(
     base = _preset_for(ns, flags, model_given, parser)
     _normalize_progress(ns, names, parser)
     concerns = {g: cls(**_overrides(ns, names, g)) for g, cls in CONCERNS.items()}
-    from bertforge.pretrain.model.document_attention import AttentionError
-    from bertforge.pretrain.model.registry import resolve_attention
 
     model = dataclasses.replace(base, **flags)
     try:  # the run's config.json records what auto meant for this arch
@@ -179,8 +187,6 @@ def config_from_args(
 
 def _normalize_progress(ns: argparse.Namespace, names: dict, parser) -> None:
     """--progress true/false as auto/off (checked before the config is built)."""
-    from bertforge.data_prep.progress import normalize_mode
-
     dest = names[("log", "progress")]
     try:
         value = getattr(ns, dest, None)
@@ -192,8 +198,6 @@ def _normalize_progress(ns: argparse.Namespace, names: dict, parser) -> None:
 def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]:
     """Fill the flags not given from ``--recipe`` (a flag given wins); returns where each value
     that is not a default came from: {"section.field": "flag --x" | "recipe FILE"}."""
-    from bertforge.pretrain.config.recipe import RecipeError, load_recipe, section_of
-
     spelled = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
     sources = {
         f"{section_of(g)}.{f}": f"flag {spelled.get(dest, '--' + dest)}"
@@ -218,8 +222,6 @@ def _apply_recipe(ns: argparse.Namespace, names: dict, parser) -> dict[str, str]
 def _preset_for(ns: argparse.Namespace, flags: dict, model_given: bool, parser) -> Any:
     """The preset the model starts from: --model's, or --arch's tiny one when only --arch is
     given; a --model of the other arch is refused (naming both flags)."""
-    from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset
-
     arch = flags.get("arch")
     if arch is not None and arch not in ARCHES:
         parser.error(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
@@ -280,15 +282,11 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     _check_guard(cfg.guard, parser)
     if cfg.checkpoint.keep_last < 1:
         parser.error("--keep_last must be at least 1")
-    from bertforge.preemption import parse_signals
 
     try:
         parse_signals(cfg.checkpoint.preemption_signals)
     except ValueError as e:
         parser.error(str(e))
-    from bertforge.pretrain.model.sharing import (
-        layer_groups,  # (a --config_json depth: again at build)
-    )
 
     try:
         layer_groups(cfg.model_cfg.share_layers, cfg.model_cfg.num_hidden_layers)
@@ -326,8 +324,6 @@ def _check_schedule(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail on --schedule flags that contradict each other or do not fit in the run (the
     schedule is built once here for that), and on an --override_lr_schedule with nothing to
     override."""
-    from bertforge.pretrain.config.schedule import ScheduleError, build_schedule
-
     try:
         build_schedule(cfg.optim, cfg.run.max_steps)
     except ScheduleError as e:
@@ -380,8 +376,6 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
 
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
-    from bertforge.data_prep.sources import MixtureError, parse_mixture
-
     if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")
     try:

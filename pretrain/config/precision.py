@@ -42,6 +42,8 @@ def requested_precision(ds_config: dict[str, Any], cfg: PrecisionConfig) -> str:
 
 def supported_precisions() -> dict[str, bool]:
     """What this process's DeepSpeed accelerator can train in."""
+    # Lazy: deepspeed takes seconds to import; the commands that import this module without running
+    # a job (--help, the doctor) do without it.
     from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()
@@ -56,6 +58,7 @@ def resolve_precision(
     ds_config: dict[str, Any], cfg: PrecisionConfig, source: str = "DeepSpeed config"
 ) -> tuple[dict[str, Any], str, str | None]:
     """Return (config copy with exactly one precision enabled, precision, fallback note or None)."""
+    # Lazy: deepspeed (seconds to import) only when a job runs; see the first import here.
     from deepspeed.accelerator import get_accelerator
 
     want = requested_precision(ds_config, cfg)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from bertforge.cli import base_type, suggest
+from bertforge.cli import base_type, field_default, suggest
 from bertforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -149,8 +149,6 @@ def dump_recipe(resolved: dict[str, dict[str, Any]], header: str = "") -> str:
 
 def defaults(groups: dict[str, type]) -> dict[str, dict[str, Any]]:
     """{group: {field: default}} of the config dataclasses (a factory's value called)."""
-    from bertforge.cli import field_default
-
     return {g: {f.name: field_default(f) for f in dataclasses.fields(c)} for g, c in groups.items()}
 
 

@@ -312,6 +312,7 @@ CONCERNS: dict[str, type] = {
 
 def foreign_concerns() -> dict[str, type]:
     """Dataclasses owned by the model and data modules (flags are generated from their fields)."""
+    # Lazy, as in _preset_names: the data and model modules import torch; these dataclasses don't.
     from bertforge.pretrain.data.loader import DataConfig
     from bertforge.pretrain.data.masking import MaskingConfig
     from bertforge.pretrain.model.bert import ModelConfig

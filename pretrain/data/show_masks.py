@@ -69,6 +69,7 @@ def render_sequence(
 def show_masks(loader, n: int, tokenizer_file: str) -> list[dict[str, Any]]:
     """The first ``n`` training sequences of ``loader`` (a :func:`pretrain.data.loader.build_loader`
     loader), each with its marked text and counts; ``index`` is its dataset index."""
+    # Lazy: tokenizers only when sequences are shown (--show_masks N of a dry run).
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_file)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bertforge.pretrain.config.batching import resolve_batch
 from bertforge.pretrain.doctor.memory_estimate import estimate_memory, gib
 
 OK, WARN, FAIL = "ok", "WARN", "FAIL"
@@ -228,8 +229,6 @@ def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list
 
 def batch_plan(cfg: dict, world: int, flags: dict[str, int | None]) -> Any:
     """The trainer's own batch resolution (raises pretrain.config.batching.BatchSizeError)."""
-    from bertforge.pretrain.config.batching import resolve_batch
-
     return resolve_batch(cfg, world, **flags)
 
 

@@ -26,8 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from bertforge.data_prep.layout import MANIFEST
 from bertforge.data_prep.reader import ShardError, load_manifest
+from bertforge.pretrain.model.bert import padded_vocab
+from bertforge.pretrain.model.registry import build_model, get_spec
+from bertforge.pretrain.model.registry import preset as preset_config
 
 if TYPE_CHECKING:
     from bertforge.pretrain.model.bert import ModelConfig
@@ -104,12 +109,6 @@ def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[
     """(parameter count, (ModelConfig, padded vocabulary)) of the trainer's model for a preset name
     or a full ModelConfig (flag overrides such as --num_hidden_layers and --share_layers
     included), built on the meta device (no memory used)."""
-    import torch
-
-    from bertforge.pretrain.model.bert import padded_vocab
-    from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.registry import preset as preset_config
-
     cfg = preset_config(model) if isinstance(model, str) else model
     with torch.device("meta"):
         built = build_model(cfg, vocab_size, nsp)
@@ -135,7 +134,6 @@ def model_shape(
         if m is not None:
             vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
             max_len = m["max_seq_len"]
-    from bertforge.pretrain.model.registry import get_spec
 
     n, (cfg, padded) = count_params(model, vocab, nsp)
     return ModelShape(
@@ -177,7 +175,6 @@ def estimate_memory(
     if stage in (1, 2):
         buffers = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET)) * w_bytes
         buffers = min(buffers, grads)  # a bucket never exceeds the gradients it holds
-    from bertforge.pretrain.model.registry import get_spec
 
     s, b, h, L = shape.seq_len, micro_batch, shape.hidden, shape.layers
     act_scale = 1 if half else 2  # the formulas count 16-bit activations

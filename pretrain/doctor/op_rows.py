@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from bertforge.pretrain.components import op_builds
+from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
 from bertforge.pretrain.doctor.checks import FAIL, LOCAL, OK, WARN, Row
 
 
@@ -20,6 +21,8 @@ def _accelerator():
     """DeepSpeed's accelerator; DeepSpeed's logger is made on import, bound to stderr here, so
     its start-up lines never mix into the table or the ``--json`` output on stdout."""
     with contextlib.redirect_stdout(sys.stderr):
+        # Lazy: deepspeed takes seconds to import; the commands that import this module without
+        # running a job (--help, the doctor) do without it.
         from deepspeed.accelerator import get_accelerator
 
         return get_accelerator()
@@ -28,6 +31,7 @@ def _accelerator():
 def _op_names(op_classes: list[str]) -> list[str]:
     """The ops (builder NAMEs) this accelerator has and DeepSpeed would use, of ``op_classes``."""
     accelerator = _accelerator()
+    # Lazy: deepspeed (seconds to import) only when a job runs; see the first import here.
     import deepspeed.ops
 
     names = []
@@ -75,8 +79,6 @@ def lock_rows(root: Path) -> list[Row]:
 def run_config(ds_config: dict, optim) -> dict:
     """``ds_config`` as the trainer hands it to DeepSpeed (its optimizer block decides the op:
     on the CPU AdamW is torch's unless the file says ``torch_adam: false``)."""
-    from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
-
     try:
         return configure_optimizer(ds_config, optim, _accelerator().device_name())
     except OptimizerConfigError:  # the launch refuses it with its own message; size as written

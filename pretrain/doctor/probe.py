@@ -124,6 +124,8 @@ def probe(data: str | list[str], output_dir: str) -> dict:
     out["disk_free"] = disk_free(Path(output_dir))
     out["gpus"], out["gpu_bytes"], out["gpu_name"] = 0, None, None
     try:
+        # Lazy and guarded: this file runs on each node as a standard-library script (module doc);
+        # torch last, when it is there.
         import torch
 
         n = torch.cuda.device_count()

@@ -23,6 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
@@ -35,6 +37,7 @@ from bertforge.pretrain.data.downstream_tasks import (
 )
 from bertforge.pretrain.evaluate.finetune import Recipe
 from bertforge.pretrain.evaluate.report import markdown_table, plot_steps, write_results
+from bertforge.pretrain.evaluate.runner import evaluate_models
 
 log = get_logger(__name__)
 
@@ -118,10 +121,6 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    import torch
-
-    from bertforge.pretrain.evaluate.runner import evaluate_models
-
     args = _parser().parse_args(argv)
     out = Path(args.out)
     try:

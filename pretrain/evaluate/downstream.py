@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bertforge.cli import ArgumentParser
@@ -45,7 +46,7 @@ from bertforge.pretrain.components import leases
 from bertforge.pretrain.data.downstream_tasks import TaskData, load_downstream_tasks
 from bertforge.pretrain.evaluate.finetune import encode, recipe_for, run_once
 from bertforge.pretrain.evaluate.metrics import PRIMARY
-from bertforge.pretrain.evaluate.models import ModelSource
+from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve
 from bertforge.pretrain.evaluate.runner import choose_lr, default_device
 
 log = get_logger(__name__)
@@ -54,8 +55,6 @@ log = get_logger(__name__)
 @contextmanager
 def preserved_rng() -> Iterator[None]:
     """Restore python, numpy, torch (and CUDA) RNG states on exit."""
-    import numpy as np
-
     py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
@@ -125,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     Lets the trainer run the evaluation in a background process after a checkpoint (no rank
     waits for it) and read the records back when the process has finished.
     """
-    from bertforge.pretrain.evaluate.models import materialize, resolve
-
     p = ArgumentParser(prog="python -m pretrain.evaluate.downstream", description=main.__doc__)
     p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")
     p.add_argument("--tasks", required=True, help="tasks JSON file")

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from bertforge.pretrain.data.downstream_tasks import TaskData, TaskError
@@ -145,8 +146,6 @@ def _optimizer(model: torch.nn.Module, lr: float, recipe: Recipe) -> torch.optim
 
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (head initialisation, dropout)."""
-    import numpy as np
-
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -171,6 +170,7 @@ def _fit(
     model, tokenizer, data: TaskData, encoded: Encoded, recipe: Recipe, lr: float, seed: int, device
 ) -> dict[str, Any]:
     """Train, checking dev ``recipe.dev_checks`` times; leaves the model at its best dev check."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     from transformers import get_linear_schedule_with_warmup
 
     total = total_steps(len(encoded.train), recipe)

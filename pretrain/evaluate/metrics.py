@@ -15,6 +15,7 @@ PRIMARY = {"single": "macro_f1", "pair": "macro_f1", "bio": "entity_f1", "plain"
 
 def classification_scores(gold: list[int], pred: list[int], num_labels: int) -> dict[str, float]:
     """Accuracy and macro-F1 (labels absent from both gold and pred count as F1 0)."""
+    # Lazy: scikit-learn/scipy/seqeval take seconds to import; only scoring needs them.
     from sklearn.metrics import accuracy_score, f1_score
 
     return {
@@ -27,6 +28,7 @@ def classification_scores(gold: list[int], pred: list[int], num_labels: int) -> 
 
 def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     """Entity-level precision, recall and F1 of BIO-tagged sentences (seqeval)."""
+    # Lazy: scikit-learn/scipy/seqeval take seconds to import; only scoring needs them.
     from seqeval.metrics import f1_score, precision_score, recall_score
 
     return {
@@ -38,6 +40,7 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict[str, flo
 
 def tag_scores(gold: list[list[str]], pred: list[list[str]], labels: list[str]) -> dict[str, float]:
     """Token accuracy and macro-F1 of plain tags (each token scored on its own)."""
+    # Lazy: scikit-learn/scipy/seqeval take seconds to import; only scoring needs them.
     from sklearn.metrics import accuracy_score, f1_score
 
     flat_gold = [t for sent in gold for t in sent]

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
+from bertforge.pretrain.model.run_checkpoints import list_complete
 
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
 _LABEL_RE = re.compile(r"^(?P<label>[\w.+-]+)=(?P<rest>.+)$")  # LABEL=PATH; a label has no "/"
@@ -68,8 +69,6 @@ def split_label(spec: str) -> tuple[str | None, str]:
 def resolve(spec: str) -> list[ModelRef]:
     """Turn ``[LABEL=]PATH``, ``[LABEL=]RUN@STEP`` or ``[LABEL=]RUN@all`` into model references
     (labelled LABEL, or the folder's name; a run's checkpoints as LABEL@STEP)."""
-    from bertforge.pretrain.model.run_checkpoints import list_complete
-
     label, spec = split_label(spec)
     m = _SPEC_RE.match(spec)
     path, step = Path(m.group("path")), m.group("step")
@@ -121,6 +120,8 @@ def materialize(ref: ModelRef, workdir: str | Path | None = None) -> Path:
     if ref.checkpoint is None:
         ref.hf_dir = ref.path
         return ref.path
+    # Lazy: the export imports the model registry, which imports transformers (seconds); the
+    # evaluate command's --help and an HF folder's evaluation do without it.
     from bertforge.pretrain.export.hf_export import export
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="bertforge_eval_"))
@@ -133,6 +134,7 @@ def materialize(ref: ModelRef, workdir: str | Path | None = None) -> Path:
 
 def task_model_class(task_type: str):
     """The transformers Auto class of a task type."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     import transformers
 
     if task_type == "classification":
@@ -186,8 +188,10 @@ class ModelSource:
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> ModelSource:
         """Weights, config and tokenizer of an HF folder."""
+        # Lazy: transformers takes seconds to import; only this path needs it.
         import transformers
 
+        # Lazy: the model registry imports transformers too (see materialize).
         from bertforge.pretrain.model.registry import spec_for_model_type
 
         path = Path(path)
@@ -215,6 +219,7 @@ class ModelSource:
         cls, hf_state_dict: dict[str, Any], hf_config, tokenizer_dir: str | Path
     ) -> ModelSource:
         """Weights with transformers' names (``model.hf_state_dict(unpad_vocab=True)``)."""
+        # Lazy: transformers takes seconds to import; only this path needs it.
         import transformers
 
         tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))

@@ -24,6 +24,8 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from bertforge.pretrain.data.downstream_tasks import TaskData
 from bertforge.pretrain.evaluate.metrics import PRIMARY, score
 
@@ -71,7 +73,7 @@ def majority_class(data: TaskData) -> dict[str, Any]:
 
 def _text_features(data: TaskData):
     """A fitted feature function of classification examples (see the module doc)."""
-    import numpy as np
+    # Lazy: scikit-learn/scipy/seqeval take seconds to import; only scoring needs them.
     from scipy.sparse import csr_matrix, hstack
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.pipeline import make_union
@@ -141,6 +143,7 @@ def _regroup(examples: list, flat: list[str]) -> list[list[str]]:
 
 def classical(data: TaskData) -> dict[str, Any]:
     """Dev and test scores of the classical model, C chosen on dev (see the module doc)."""
+    # Lazy: scikit-learn/scipy/seqeval take seconds to import; only scoring needs them.
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
@@ -188,8 +191,6 @@ def classical(data: TaskData) -> dict[str, Any]:
 def _int32_indices(matrix):
     """CSR with 32-bit indices: scikit-learn's linear models refuse the 64-bit ones that recent
     scipy versions give to large vocabularies."""
-    import numpy as np
-
     matrix = matrix.tocsr()
     if matrix.nnz < 2**31:
         matrix.indices = matrix.indices.astype(np.int32)

@@ -116,6 +116,7 @@ def _draw_task(ax, results: dict[str, Any], models: list[dict[str, Any]], task: 
 
 def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """One PNG per run with several checkpoints: primary test metric of each task against step."""
+    # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -20,7 +20,8 @@ from bertforge.logs import get_logger
 from bertforge.pretrain.data.downstream_tasks import TaskData
 from bertforge.pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
 from bertforge.pretrain.evaluate.metrics import PRIMARY
-from bertforge.pretrain.evaluate.models import ModelSource
+from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve_all
+from bertforge.pretrain.evaluate.references import reference_rows
 
 
 def default_device() -> torch.device:
@@ -95,8 +96,6 @@ SMALL_DEV = 100  # below this many dev examples, the lr choice and early stoppin
 
 def reference_results(data: TaskData) -> list[dict[str, Any]]:
     """The task's reference rows in the shape of a model's result (one value, no seeds)."""
-    from bertforge.pretrain.evaluate.references import reference_rows
-
     out = []
     for row in reference_rows(data):
         test = {m: spread([v]) for m, v in row.pop("test").items()}
@@ -147,8 +146,6 @@ def evaluate_models(
     log=stderr_log,
 ) -> dict[str, Any]:
     """Evaluate every model (``PATH``, ``RUN@STEP``, ``RUN@all``) on every loaded task."""
-    from bertforge.pretrain.evaluate.models import materialize, resolve_all
-
     refs = resolve_all(model_specs)
     device = device or default_device()
     notes = [n for n in map(small_dev_note, tasks) if n]

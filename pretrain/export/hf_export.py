@@ -19,6 +19,9 @@ A run trained with ``--share_layers all|groups:G`` (ALBERT-style sharing) is exp
 standard BERT class with the shared weights copied into every layer that uses them: the folder
 loads anywhere ``BertForMaskedLM`` does and computes exactly what the trained model computes; it is
 as large on disk as an unshared model of the same depth.
+
+Imports inside functions here: transformers, and the model registry (which imports it), take
+seconds to import; only writing and verifying a folder needs them, not ``--help``.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def find_checkpoint(run: Path, checkpoint: str | None = None) -> Path:
 def _load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, Any]:
     """The missing, unexpected and mismatched keys of loading ``out`` as ``auto`` (less the
     ``allowed`` unexpected ones); transformers' own report of them is kept quiet."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     import transformers
 
     level = transformers.logging.get_verbosity()
@@ -109,6 +113,7 @@ def verify_export(
     """Load ``out`` with transformers (strict key check; with ``pooler``, a masked-LM BERT's
     added pooler is the only key its masked-LM class does not use, and ``AutoModel`` misses
     nothing) and run fill-mask; returns the result."""
+    # Lazy: transformers takes seconds to import; only this path needs it.
     import transformers
 
     auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.logs import get_logger
 
@@ -76,8 +78,6 @@ def _said_length_of(tokenizer) -> int | None:
 
 def initialised_pooler(conf, seed: int) -> dict[str, Any]:
     """BERT's pooler as ``BertPreTrainedModel._init_weights`` starts it, from ``seed``."""
-    import torch
-
     g = torch.Generator().manual_seed(int(seed))
     size = conf.hidden_size
     weight = torch.empty(size, size).normal_(0.0, conf.initializer_range, generator=g)

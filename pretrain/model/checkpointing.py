@@ -19,6 +19,8 @@ def apply_activation_checkpointing(model, mode: str, *, shares_layers: bool = Fa
             activation_checkpointing_kwargs={"use_reentrant": False}
         )
     else:
+        # Lazy: deepspeed takes seconds to import; the commands that import this module without
+        # running a job (--help, the doctor) do without it.
         import deepspeed
 
         # DeepSpeed's reentrant checkpoint runs a separate backward per layer, so a shared

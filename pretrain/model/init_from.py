@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from bertforge.data_prep.tokenizer import plain_encoding
 from bertforge.logs import get_logger
@@ -96,10 +97,9 @@ def _tokenizer(folder: Path, quiet: bool = False):
     """The `tokenizers.Tokenizer` of an HF tokenizer folder (tokenizer.json or vocab.txt);
     ``quiet``: a second load within one --init_from, which has said its warning already."""
     if (folder / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     else:
+        # Lazy: transformers takes seconds to import; only this path needs it.
         from transformers import AutoTokenizer
 
         try:
@@ -231,6 +231,8 @@ def _gathered(model: torch.nn.Module):
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         return contextlib.nullcontext()
+    # Lazy: deepspeed takes seconds to import; the commands that import this module without running
+    # a job (--help, the doctor) do without it.
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(params, modifier_rank=0)

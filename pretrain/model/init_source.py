@@ -36,7 +36,13 @@ from safetensors.torch import load_file
 from bertforge.pretrain.model.bert.model import resolve_config
 from bertforge.pretrain.model.errors import InitError
 from bertforge.pretrain.model.model_config import ModelConfig
-from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, PRESETS, spec_for_model_type
+from bertforge.pretrain.model.registry import (
+    ARCHES,
+    DEFAULT_PRESET,
+    PRESETS,
+    resolve_attention,
+    spec_for_model_type,
+)
 from bertforge.pretrain.model.run_checkpoints import (
     CheckpointError,
     CorruptCheckpointError,
@@ -296,7 +302,6 @@ def _on_arch(base_cfg: Any, arch: str, explicit: dict[str, Any]) -> Any:
     command line resolves it for the flags' arch)."""
     if base_cfg.arch == arch:
         return base_cfg
-    from bertforge.pretrain.model.registry import resolve_attention
 
     given = {k: v for k, v in explicit.items() if k != "name"}
     cfg = dataclasses.replace(PRESETS[DEFAULT_PRESET[arch]], **given)

@@ -188,6 +188,8 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
     """fp32 weights of a ZeRO-2/3 checkpoint folder (all ranks' shards merged)."""
+    # Lazy: deepspeed takes seconds to import; the commands that import this module without running
+    # a job (--help, the doctor) do without it.
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)

@@ -126,6 +126,8 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the
         MLM bias outside their modules' own forward, so it gathers them for the MLM loss.
         The trainer calls it before ``deepspeed.initialize``; harmless without ZeRO-3."""
+        # Lazy: deepspeed takes seconds to import; the commands that import this module without
+        # running a job (--help, the doctor) do without it.
         from deepspeed.runtime.zero.partition_parameters import register_external_parameter
 
         register_external_parameter(self, self.cls.predictions.decoder.weight)

@@ -166,6 +166,8 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
     def register_zero3_external_parameters(self) -> None:
         """ZeRO-3 must gather the decoder weight (the embedding's) and bias for the loss, which
         uses them outside the decoder module's own forward; harmless without ZeRO-3."""
+        # Lazy: deepspeed takes seconds to import; the commands that import this module without
+        # running a job (--help, the doctor) do without it.
         from deepspeed.runtime.zero.partition_parameters import register_external_parameter
 
         register_external_parameter(self, self.decoder.weight)
