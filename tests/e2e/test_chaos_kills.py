@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from benchmarks.training import chaos
+from benchmarks.training import chaos, chaos_summary
 
 KILLS, STEPS, SEED = 5, 30, 0
 
@@ -90,16 +90,16 @@ def _train(step, loss):
 
 
 def _summarize(tmp_path, monkeypatch, s, launches, pending, final_steps, weights, left):
-    """chaos.summarize on fabricated launches: the reference logged loss ``step`` at each step."""
+    """summarize() on fabricated launches: the reference logged loss ``step`` at each step."""
     (tmp_path / "chaos").mkdir()
     (tmp_path / "chaos" / "metrics.jsonl").write_text(
         "".join(json.dumps(_train(i, float(i))) + "\n" for i in final_steps)
     )
-    monkeypatch.setattr(chaos, "same_weights", lambda run, ref, steps: weights)
-    monkeypatch.setattr(chaos, "leftovers", lambda run, ports: left if ports else [])
+    monkeypatch.setattr(chaos_summary, "same_weights", lambda run, ref, steps: weights)
+    monkeypatch.setattr(chaos_summary, "leftovers", lambda run, ports: left if ports else [])
     ref_launch = _launch(0, 0, None, s.steps, 0)
     ref = {"launch": ref_launch, "losses": {("train", i): float(i) for i in range(1, s.steps + 1)}}
-    summary = chaos.summarize(s, tmp_path, ref, 10.0, 0.5, launches, 20.0, pending)
+    summary = chaos_summary.summarize(s, tmp_path, ref, 10.0, 0.5, launches, 20.0, pending)
     assert json.loads((tmp_path / "chaos_summary.json").read_text()) == summary
     return summary
 
