@@ -29,12 +29,7 @@ def summary(
     first ``term_scan`` sequences of each split."""
     from tokenizers import Tokenizer
 
-    from bertforge.data_prep.unit_marks import (
-        TermMatcher,
-        count_terms,
-        mark_tokens,
-        resolve_terms_file,
-    )
+    from bertforge.data_prep.unit_marks import TermMatcher, count_terms, resolve_terms_file
     from bertforge.data_prep.wordstart import read_protected_terms
 
     manifest = load_manifest(root)
@@ -56,41 +51,9 @@ def summary(
     shard_bytes, readers = 0, {}
     for split, info in manifest["splits"].items():
         reader = readers[split] = ShardReader(root, split)
-        lengths = reader.sequence_lengths()
-        entry: dict[str, Any] = {k: info[k] for k in ("documents", "sequences", "tokens")}
-        entry["shards"] = len(info["shards"])
-        entry["bytes"] = sum(f["bytes"] for s in info["shards"] for f in s["files"].values())
+        entry = _split_entry(manifest, info, reader, bins)
         shard_bytes += entry["bytes"]
-        entry["bytes_per_token"] = round(entry["bytes"] / max(info["tokens"], 1), 4)
-        if len(lengths):
-            edges = np.linspace(0, manifest["max_seq_len"], bins + 1).round().astype(int)
-            hist, _ = np.histogram(lengths, bins=edges)
-            entry["length_histogram"] = [
-                {"from": int(a), "to": int(b), "sequences": int(c)}
-                for a, b, c in zip(edges[:-1], edges[1:], hist)
-            ]
-            entry["mean_length"] = round(float(lengths.mean()), 2)
-        if manifest["format"] == "nsp" and len(reader):
-            labels = reader.nsp_labels()
-            entry["random_next_share"] = round(float(labels.mean()), 4)
-        picks = np.linspace(0, len(reader) - 1, min(samples, len(reader))).astype(int)
-        entry["samples"] = []
-        for i in picks:
-            s = reader[int(i)]
-            ids = s.input_ids.astype(np.int64)
-            marked = mark_tokens(
-                [tok.id_to_token(int(t)) for t in ids],
-                s.word_start,
-                matcher.find(ids) if matcher else [],
-            )
-            entry["samples"].append(
-                {
-                    "index": int(i),
-                    "length": len(s.input_ids),
-                    "text": tok.decode(s.input_ids.tolist(), skip_special_tokens=False),
-                    "marked": marked,
-                }
-            )
+        entry["samples"] = _decoded_samples(reader, samples, tok, matcher)
         out["splits"][split] = entry
     out["shard_bytes"] = shard_bytes
     if matcher is not None:
@@ -100,6 +63,56 @@ def summary(
         }
     if terms_warning:
         out["protected_terms_warning"] = terms_warning
+    return out
+
+
+def _split_entry(
+    manifest: dict[str, Any], info: dict[str, Any], reader: ShardReader, bins: int
+) -> dict[str, Any]:
+    """One split's counts, bytes, sequence-length histogram (``bins`` bins up to max_seq_len)
+    and, for NSP shards, the share of random next sentences."""
+    lengths = reader.sequence_lengths()
+    entry: dict[str, Any] = {k: info[k] for k in ("documents", "sequences", "tokens")}
+    entry["shards"] = len(info["shards"])
+    entry["bytes"] = sum(f["bytes"] for s in info["shards"] for f in s["files"].values())
+    entry["bytes_per_token"] = round(entry["bytes"] / max(info["tokens"], 1), 4)
+    if len(lengths):
+        edges = np.linspace(0, manifest["max_seq_len"], bins + 1).round().astype(int)
+        hist, _ = np.histogram(lengths, bins=edges)
+        entry["length_histogram"] = [
+            {"from": int(a), "to": int(b), "sequences": int(c)}
+            for a, b, c in zip(edges[:-1], edges[1:], hist)
+        ]
+        entry["mean_length"] = round(float(lengths.mean()), 2)
+    if manifest["format"] == "nsp" and len(reader):
+        labels = reader.nsp_labels()
+        entry["random_next_share"] = round(float(labels.mean()), 4)
+    return entry
+
+
+def _decoded_samples(reader: ShardReader, samples: int, tok, matcher) -> list[dict[str, Any]]:
+    """``samples`` sequences spread evenly over a split, decoded, and marked (units and term
+    occurrences, when ``matcher`` finds terms)."""
+    from bertforge.data_prep.unit_marks import mark_tokens
+
+    picks = np.linspace(0, len(reader) - 1, min(samples, len(reader))).astype(int)
+    out = []
+    for i in picks:
+        s = reader[int(i)]
+        ids = s.input_ids.astype(np.int64)
+        marked = mark_tokens(
+            [tok.id_to_token(int(t)) for t in ids],
+            s.word_start,
+            matcher.find(ids) if matcher else [],
+        )
+        out.append(
+            {
+                "index": int(i),
+                "length": len(s.input_ids),
+                "text": tok.decode(s.input_ids.tolist(), skip_special_tokens=False),
+                "marked": marked,
+            }
+        )
     return out
 
 

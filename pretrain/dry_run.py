@@ -152,26 +152,8 @@ def run_dry_run(
     stream = stream or sys.stdout
     if reader is None:
         reader = open_training(parse_mixture(data), verify=data_cfg.verify)
-    resolved = resolve_config(model_cfg, reader.vocab_size)
-    resolved = dataclasses.replace(
-        resolved, attention=resolve_attention(resolved.attention, resolved.arch)
-    )
-    model = build_model(
-        resolved,
-        reader.vocab_size,
-        objective=objective_for_format(reader.format),
-        max_seq_len=reader.max_seq_len,
-    )
-    seq_len = reader.max_seq_len
-    # Batches come from the main process here: the report needs no worker processes.
-    loader = build_loader(
-        reader,
-        dataclasses.replace(data_cfg, num_workers=0),
-        masking_cfg,
-        micro_batch_size=micro_batch_size,
-        consumed_samples=0,
-        train=True,
-        attention=resolved.attention,
+    resolved, model, loader = _model_and_loader(
+        reader, model_cfg, masking_cfg, data_cfg, micro_batch_size
     )
     masking = realised_masking(loader, num_batches, masking_cfg, micro_batch_size)
     report = {
@@ -181,15 +163,7 @@ def run_dry_run(
             "data": dataclasses.asdict(data_cfg),
             **(extra_config or {}),
         },
-        "model": {
-            "architecture": model.hf_architecture,
-            # Distinct parameters: weights shared between layers (--share_layers) count once.
-            "parameters": int(model.num_parameters()),
-            "flops_per_token": model.flops_per_token(seq_len, masking["selected_fraction"]),
-            "seq_len": seq_len,
-            "vocab_size": reader.vocab_size,
-            "padded_vocab_size": padded_vocab(reader.vocab_size, resolved.vocab_multiple),
-        },
+        "model": _model_summary(model, resolved, reader, masking),
         "shards": shards_summary(reader),
         "masking": masking,
         **({"lr_schedule": lr_schedule} if lr_schedule else {}),
@@ -206,6 +180,52 @@ def run_dry_run(
         stream.write(format_report(report))
     stream.flush()
     return report
+
+
+def _model_and_loader(
+    reader,
+    model_cfg: ModelConfig,
+    masking_cfg: MaskingConfig,
+    data_cfg: DataConfig,
+    micro_batch_size: int,
+) -> tuple[ModelConfig, Any, Any]:
+    """The model config resolved for ``reader``'s data, the model it builds and a training loader
+    that draws its batches in this process (the report needs no worker processes)."""
+    resolved = resolve_config(model_cfg, reader.vocab_size)
+    resolved = dataclasses.replace(
+        resolved, attention=resolve_attention(resolved.attention, resolved.arch)
+    )
+    model = build_model(
+        resolved,
+        reader.vocab_size,
+        objective=objective_for_format(reader.format),
+        max_seq_len=reader.max_seq_len,
+    )
+    loader = build_loader(
+        reader,
+        dataclasses.replace(data_cfg, num_workers=0),
+        masking_cfg,
+        micro_batch_size=micro_batch_size,
+        consumed_samples=0,
+        train=True,
+        attention=resolved.attention,
+    )
+    return resolved, model, loader
+
+
+def _model_summary(model, resolved: ModelConfig, reader, masking: dict[str, Any]) -> dict[str, Any]:
+    """The report's "model": its class, size, FLOPs per token at the realised masking, and
+    sequence and vocabulary sizes."""
+    seq_len = reader.max_seq_len
+    return {
+        "architecture": model.hf_architecture,
+        # Distinct parameters: weights shared between layers (--share_layers) count once.
+        "parameters": int(model.num_parameters()),
+        "flops_per_token": model.flops_per_token(seq_len, masking["selected_fraction"]),
+        "seq_len": seq_len,
+        "vocab_size": reader.vocab_size,
+        "padded_vocab_size": padded_vocab(reader.vocab_size, resolved.vocab_multiple),
+    }
 
 
 def _sharing(model_cfg: dict[str, Any]) -> str:

@@ -197,26 +197,13 @@ class Trainer:
         own = self.preempt is None
         preempt = PreemptionHandler(self.cfg.checkpoint.preemption_signals) if own else self.preempt
         try:
-            if self.faults:  # a planned crash or preemption at the end of start-up
-                self.faults.signal_if_due("startup", step, self.rank)
-            if self.ckpts.signalled(preempt):  # a signal during start-up (any rank)
-                self.metrics.info(
-                    f"stopped by a signal during start-up, before step {step + 1}: nothing to "
-                    "save (the run starts from a complete checkpoint or from step 0); continue "
-                    "with --resume auto"
-                )
+            if self._signalled_in_startup(step, preempt):
                 return 0
             timer, batches = StepTimer(), _iterate(self.data.loader)
             while step < max_steps:
                 timer.restart()
-                if self.phases:  # this step's batch (the guard reads it from place.plan too)
-                    self.plan = self.phases.apply(self.engine, self.plan, step, consumed)
-                    self.place.plan = self.plan
-                    if self.phases.loader_changes_at(step, self.cfg.masking):  # data or masking
-                        batches = _iterate(self._train_loader(step, consumed))
-                    default = self.cfg.model_cfg.global_rope_theta  # a phase's rope_theta
-                    if theta := self.phases.set_rope_theta(self.engine.module, step, default):
-                        self.metrics.info(f"step {step + 1}: global rope theta {theta:g}")
+                if self.phases:
+                    batches = self._enter_phase_step(step, consumed, batches)
                 try:
                     rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale
@@ -243,29 +230,11 @@ class Trainer:
                 # Validation at an interval step; the end of training always validates below.
                 if eval_interval and step % eval_interval == 0 and step < max_steps:
                     self.evaluate(step)
-                reason = self.ckpts.save_due(step, preempt, self.budget)
-                if reason is None and self.guard and self.guard.anchor_due(step):
-                    reason = "guard"  # the guard's first rollback target, after warmup
+                reason = self._due_save(step, preempt)
                 if reason == "budget":
-                    self.metrics.info(
-                        f"time budget of {self.cfg.run.max_time_hours} "
-                        f"h used up after step {step}: final validation and save"
-                    )
                     break
-                if reason and not self.save(step, consumed, reason):
-                    return EXIT_SAVE_FAILED
-                if reason in PERIODIC_SAVES and self.ckpts.signalled(preempt):
-                    # A signal during that save: stop now, without another step. Had the save
-                    # failed (a periodic one only warns), take the signal save in its place.
-                    reason = "signal"
-                    if self.ckpts.last_saved_step != step and not self.save(step, consumed, reason):
-                        return EXIT_SAVE_FAILED
-                if reason == "signal":
-                    self.metrics.info(
-                        f"stopped by a signal after step {step}; continue with --resume auto"
-                    )
-                    self._finish_downstream(timeout_s=30.0)  # a preempted job cannot wait long
-                    return 0
+                if (status := self._save_when_due(step, consumed, reason, preempt)) is not None:
+                    return status
             self.evaluate(step)
             if self.cfg.checkpoint.save_final and self.ckpts.last_saved_step != step:
                 if not self.save(step, consumed, "budget" if reason == "budget" else "final"):
@@ -276,6 +245,60 @@ class Trainer:
         finally:
             if own:
                 preempt.restore()
+
+    def _signalled_in_startup(self, step: int, preempt: PreemptionHandler) -> bool:
+        """Whether a signal came during start-up (any rank): the run stops with nothing to save."""
+        if self.faults:  # a planned crash or preemption at the end of start-up
+            self.faults.signal_if_due("startup", step, self.rank)
+        if not self.ckpts.signalled(preempt):
+            return False
+        self.metrics.info(
+            f"stopped by a signal during start-up, before step {step + 1}: nothing to save (the "
+            "run starts from a complete checkpoint or from step 0); continue with --resume auto"
+        )
+        return True
+
+    def _enter_phase_step(self, step: int, consumed: int, batches):
+        """--phases: ``step``'s batch plan (the guard reads it from place.plan too), its loader
+        when its data or masking changes, its rope theta; returns the batches to train on."""
+        self.plan = self.phases.apply(self.engine, self.plan, step, consumed)
+        self.place.plan = self.plan
+        if self.phases.loader_changes_at(step, self.cfg.masking):  # data or masking
+            batches = _iterate(self._train_loader(step, consumed))
+        default = self.cfg.model_cfg.global_rope_theta  # a phase's rope_theta
+        if theta := self.phases.set_rope_theta(self.engine.module, step, default):
+            self.metrics.info(f"step {step + 1}: global rope theta {theta:g}")
+        return batches
+
+    def _due_save(self, step: int, preempt: PreemptionHandler) -> str | None:
+        """Why a save is due after ``step`` (None: none); a used-up budget is announced here."""
+        reason = self.ckpts.save_due(step, preempt, self.budget)
+        if reason is None and self.guard and self.guard.anchor_due(step):
+            reason = "guard"  # the guard's first rollback target, after warmup
+        if reason == "budget":
+            self.metrics.info(
+                f"time budget of {self.cfg.run.max_time_hours} "
+                f"h used up after step {step}: final validation and save"
+            )
+        return reason
+
+    def _save_when_due(
+        self, step: int, consumed: int, reason: str | None, preempt: PreemptionHandler
+    ) -> int | None:
+        """Take the save ``reason`` asks for; the exit status if the run stops here, else None."""
+        if reason and not self.save(step, consumed, reason):
+            return EXIT_SAVE_FAILED
+        if reason in PERIODIC_SAVES and self.ckpts.signalled(preempt):
+            # A signal during that save: stop now, without another step. Had the save
+            # failed (a periodic one only warns), take the signal save in its place.
+            reason = "signal"
+            if self.ckpts.last_saved_step != step and not self.save(step, consumed, reason):
+                return EXIT_SAVE_FAILED
+        if reason == "signal":
+            self.metrics.info(f"stopped by a signal after step {step}; continue with --resume auto")
+            self._finish_downstream(timeout_s=30.0)  # a preempted job cannot wait long
+            return 0
+        return None
 
     def _train_loader(self, step: int, consumed: int):
         """The training loader of ``step``'s phase (its data, at ``consumed`` less the samples

@@ -299,90 +299,106 @@ def resolve(
     block = micro_batch * world_size
     _check_divisible(global_batch, block, f"{path}: the run's global batch")
     out: list[ResolvedPhase] = []
-    step = consumed = 0
-    data: list[str] | None = None
-    data_start = 0
-    mask: float | None = None
-    theta: float | None = None
-    lr_prev = 1.0
     for ph in phases:
-        if ph.rope_theta is not None:
-            _check_rotary(arch, _where(path, ph, "rope_theta"))
-        own = ph.data is not None
-        data = ph.data if own else data
-        data_start = consumed if own else data_start
-        mask = ph.mask_prob if ph.mask_prob is not None else mask
-        theta = ph.rope_theta if ph.rope_theta is not None else theta
-        length = seq_len(data)
-        ramp = None
-        if isinstance(ph.batch, Ramp):
-            r = ph.batch
-            for key, value in (("start", r.start), ("increment", r.increment)):
-                _check_divisible(value, block, _where(path, ph, f"batch.{key}"))
-            if r.start >= global_batch or (global_batch - r.start) % r.increment:
-                raise PhasePlanError(
-                    f"{_where(path, ph, 'batch.start')}: a ramp goes from start {r.start} by "
-                    f"increments of {r.increment} to the run's global batch {global_batch}; "
-                    "start must be below it and the difference a multiple of the increment"
-                )
-            fixed = None
-        else:
-            fixed = global_batch if ph.batch is None else ph.batch
-            _check_divisible(fixed, block, _where(path, ph, "batch"))
-        target = None if ph.tokens is None else -(-ph.tokens // length)  # samples
-        if isinstance(ph.batch, Ramp):
-            if ph.batch.ramp_tokens is not None:
-                ramp_samples = ph.batch.ramp_tokens // length
-            elif target is not None:
-                ramp_samples = target
-            else:  # "the whole phase" is not known in samples before the ramp is
-                raise PhasePlanError(
-                    f"{_where(path, ph, 'batch.ramp_tokens')}: a ramp in a phase measured in "
-                    "`steps` needs ramp_tokens (or give the phase's length in `tokens`)"
-                )
-            ramp = {"start": ph.batch.start, "increment": ph.batch.increment}
-            ramp["ramp_samples"] = ramp_samples
-        start_step, start_consumed, n = step, consumed, 0
-        batches = []
-        while (ph.steps is not None and n < ph.steps) or (
-            target is not None and consumed - start_consumed < target
-        ):
-            b = fixed if ramp is None else ramp_batch(ramp, global_batch, consumed - start_consumed)
-            batches.append(b)
-            consumed, n = consumed + b, n + 1
-            if ramp is None and ph.tokens is not None:  # a fixed batch: the rest directly
-                rest = -(-(target - (consumed - start_consumed)) // b)
-                batches += [b] * max(rest, 0)
-                consumed, n = consumed + b * max(rest, 0), n + max(rest, 0)
-        step = start_step + n
-        floor = ph.min_lr_ratio if ph.min_lr_ratio is not None else min_lr_ratio
-        shape = Segment(ph.name, ph.lr, start_step, step, top=lr_prev, floor=floor, offset=1)
-        out.append(
-            ResolvedPhase(
-                name=ph.name,
-                start_step=start_step,
-                end_step=step,
-                start_consumed=start_consumed,
-                end_consumed=consumed,
-                tokens=(consumed - start_consumed) * length,
-                seq_len=length,
-                lr_shape=ph.lr,
-                lr_start=shape.value(start_step),
-                lr_end=shape.value(step - 1),
-                min_lr_ratio=floor,
-                batch_start=batches[0],
-                batch_end=batches[-1],
-                batch_fixed=fixed,
-                ramp=ramp,
-                data=data,
-                own_data=own,
-                data_start=data_start,
-                mask_prob=mask,
-                rope_theta=theta,
-            )
-        )
-        lr_prev = shape.value(step - 1)
+        prev = out[-1] if out else None
+        out.append(_resolve_phase(ph, prev, path, global_batch, block, seq_len, min_lr_ratio, arch))
     return out
+
+
+def _resolve_phase(
+    ph: Phase,
+    prev: ResolvedPhase | None,
+    path: str,
+    global_batch: int,
+    block: int,
+    seq_len: Callable[[list[str] | None], int],
+    min_lr_ratio: float,
+    arch: str,
+) -> ResolvedPhase:
+    """One phase, starting where ``prev`` (None: the first phase) ended and inheriting its data,
+    mask rate, rope theta and closing lr where it sets none of its own."""
+    if ph.rope_theta is not None:
+        _check_rotary(arch, _where(path, ph, "rope_theta"))
+    start_step, start_consumed = (prev.end_step, prev.end_consumed) if prev else (0, 0)
+    own = ph.data is not None
+    data = ph.data if own else (prev.data if prev else None)
+    data_start = start_consumed if own else (prev.data_start if prev else 0)
+    mask = ph.mask_prob if ph.mask_prob is not None else (prev.mask_prob if prev else None)
+    theta = ph.rope_theta if ph.rope_theta is not None else (prev.rope_theta if prev else None)
+    length = seq_len(data)
+    fixed, ramp = _phase_batch(ph, global_batch, block, length, path)
+    target = None if ph.tokens is None else -(-ph.tokens // length)  # samples
+    batches = _phase_batches(ph, fixed, ramp, global_batch, target)
+    step, consumed = start_step + len(batches), start_consumed + sum(batches)
+    floor = ph.min_lr_ratio if ph.min_lr_ratio is not None else min_lr_ratio
+    top = prev.lr_end if prev else 1.0
+    shape = Segment(ph.name, ph.lr, start_step, step, top=top, floor=floor, offset=1)
+    return ResolvedPhase(
+        name=ph.name,
+        start_step=start_step,
+        end_step=step,
+        start_consumed=start_consumed,
+        end_consumed=consumed,
+        tokens=(consumed - start_consumed) * length,
+        seq_len=length,
+        lr_shape=ph.lr,
+        lr_start=shape.value(start_step),
+        lr_end=shape.value(step - 1),
+        min_lr_ratio=floor,
+        batch_start=batches[0],
+        batch_end=batches[-1],
+        batch_fixed=fixed,
+        ramp=ramp,
+        data=data,
+        own_data=own,
+        data_start=data_start,
+        mask_prob=mask,
+        rope_theta=theta,
+    )
+
+
+def _phase_batch(
+    ph: Phase, global_batch: int, block: int, length: int, path: str
+) -> tuple[int | None, dict | None]:
+    """A phase's batch, checked: (its fixed global batch, None) or (None, its ramp in samples)."""
+    if not isinstance(ph.batch, Ramp):
+        fixed = global_batch if ph.batch is None else ph.batch
+        _check_divisible(fixed, block, _where(path, ph, "batch"))
+        return fixed, None
+    r = ph.batch
+    for key, value in (("start", r.start), ("increment", r.increment)):
+        _check_divisible(value, block, _where(path, ph, f"batch.{key}"))
+    if r.start >= global_batch or (global_batch - r.start) % r.increment:
+        raise PhasePlanError(
+            f"{_where(path, ph, 'batch.start')}: a ramp goes from start {r.start} by "
+            f"increments of {r.increment} to the run's global batch {global_batch}; "
+            "start must be below it and the difference a multiple of the increment"
+        )
+    if r.ramp_tokens is None and ph.tokens is None:  # the phase's samples depend on the ramp
+        raise PhasePlanError(
+            f"{_where(path, ph, 'batch.ramp_tokens')}: a ramp in a phase measured in "
+            "`steps` needs ramp_tokens (or give the phase's length in `tokens`)"
+        )
+    samples = -(-ph.tokens // length) if r.ramp_tokens is None else r.ramp_tokens // length
+    return None, {"start": r.start, "increment": r.increment, "ramp_samples": samples}
+
+
+def _phase_batches(
+    ph: Phase, fixed: int | None, ramp: dict | None, global_batch: int, target: int | None
+) -> list[int]:
+    """The global batch of each step of a phase (``ph.steps`` of them, or up to ``target``)."""
+    consumed, batches = 0, []  # samples within the phase
+    while (ph.steps is not None and len(batches) < ph.steps) or (
+        target is not None and consumed < target
+    ):
+        b = fixed if ramp is None else ramp_batch(ramp, global_batch, consumed)
+        batches.append(b)
+        consumed += b
+        if ramp is None and ph.tokens is not None:  # a fixed batch: the rest directly
+            rest = max(-(-(target - consumed) // b), 0)
+            batches += [b] * rest
+            consumed += b * rest
+    return batches
 
 
 def plan_schedule(plan: list[ResolvedPhase]) -> Schedule:

@@ -194,44 +194,13 @@ class Masker:
         n_maskable = maskable.sum(axis=1)
 
         starts = self._unit_starts(maskable, word_start)
-        # int16 positions: accumulate along rows is several times faster than with int64.
-        pos_dtype = np.int16 if T < 2**15 else np.int64
-        arange_t = np.arange(T, dtype=pos_dtype)[None, :]
-        unit_start = np.maximum.accumulate(np.where(starts, arange_t, pos_dtype(0)), axis=1)
-
         # Static masking keys every epoch as the first: a sample keeps its mask for the run.
         epochs = np.zeros_like(epochs) if cfg.static_masking else epochs
         h = token_hashes(cfg.seed, epochs, sample_index, T)
-        key = np.take_along_axis(h, unit_start, axis=1)
-        key[~maskable] = np.iinfo(np.uint64).max  # sorted last, never selected
-
+        key = _unit_keys(h, starts, maskable)
         p, target = self._targets(positions, mask_prob, n_maskable)
         cap = cfg.max_predictions if cfg.max_predictions is not None else T
-
-        # Units in hash order: a unit occupies sorted slots [a, b]; it is taken when its midpoint
-        # falls within the target ((a + b + 1) / 2 <= target, which is exact for single tokens)
-        # and it ends within the cap.
-        order = np.argsort(key, axis=1)
-        j = np.arange(T)[None, :]
-        if cfg.whole_word:
-            skey = np.take_along_axis(key, order, axis=1)
-            first = np.ones((B, T), dtype=bool)
-            first[:, 1:] = skey[:, 1:] != skey[:, :-1]
-            last = np.ones((B, T), dtype=bool)
-            last[:, :-1] = first[:, 1:]
-            a = np.maximum.accumulate(np.where(first, arange_t, pos_dtype(0)), axis=1)
-            b = np.minimum.accumulate(np.where(last, arange_t, pos_dtype(T - 1))[:, ::-1], axis=1)[
-                :, ::-1
-            ]
-            take = (
-                (a.astype(np.int64) + b + 1 <= 2 * target[:, None])
-                & (b < cap)
-                & (j < n_maskable[:, None])
-            )
-        else:  # single-token units (a == b == j): the same rule reduces to the first `target`
-            take = j < np.minimum(np.minimum(target, cap), n_maskable)[:, None]
-        selected = np.zeros((B, T), dtype=bool)
-        np.put_along_axis(selected, order, take, axis=1)
+        selected = self._select(key, target, cap, n_maskable)
 
         out, labels, n_mask, n_rand = self._replace(ids, selected, h)
         n_sel = int(selected.sum())
@@ -247,6 +216,38 @@ class Masker:
             "mask_prob": float(p.mean()) if B else float(cfg.mask_prob),
         }
         return out, labels, {**stats, **fractions(stats)}
+
+    def _select(
+        self, key: np.ndarray, target: np.ndarray, cap: int, n_maskable: np.ndarray
+    ) -> np.ndarray:
+        """[B, T] bool: the tokens to predict, taken unit by unit in ``key`` order.
+
+        Units in hash order: a unit occupies sorted slots [a, b]; it is taken when its midpoint
+        falls within the target ((a + b + 1) / 2 <= target, which is exact for single tokens)
+        and it ends within the cap."""
+        B, T = key.shape
+        order = np.argsort(key, axis=1)
+        j = np.arange(T)[None, :]
+        if self.cfg.whole_word:
+            arange_t = _positions(T)
+            zero, end = arange_t.dtype.type(0), arange_t.dtype.type(T - 1)
+            skey = np.take_along_axis(key, order, axis=1)
+            first = np.ones((B, T), dtype=bool)
+            first[:, 1:] = skey[:, 1:] != skey[:, :-1]
+            last = np.ones((B, T), dtype=bool)
+            last[:, :-1] = first[:, 1:]
+            a = np.maximum.accumulate(np.where(first, arange_t, zero), axis=1)
+            b = np.minimum.accumulate(np.where(last, arange_t, end)[:, ::-1], axis=1)[:, ::-1]
+            take = (
+                (a.astype(np.int64) + b + 1 <= 2 * target[:, None])
+                & (b < cap)
+                & (j < n_maskable[:, None])
+            )
+        else:  # single-token units (a == b == j): the same rule reduces to the first `target`
+            take = j < np.minimum(np.minimum(target, cap), n_maskable)[:, None]
+        selected = np.zeros((B, T), dtype=bool)
+        np.put_along_axis(selected, order, take, axis=1)
+        return selected
 
     def _replace(
         self, ids: np.ndarray, selected: np.ndarray, h: np.ndarray
@@ -289,6 +290,23 @@ class Masker:
             p = np.where(np.isnan(override), p, override)
         target = np.floor(p * n_maskable + 0.5).astype(np.int64)
         return p, np.where((n_maskable > 0) & (p > 0), np.maximum(target, 1), 0)
+
+
+def _positions(T: int) -> np.ndarray:
+    """[1, T] positions 0..T-1; int16 where they fit: accumulate along rows is several times
+    faster than with int64."""
+    return np.arange(T, dtype=np.int16 if T < 2**15 else np.int64)[None, :]
+
+
+def _unit_keys(h: np.ndarray, starts: np.ndarray, maskable: np.ndarray) -> np.ndarray:
+    """[B, T] sort keys: each token keys by its unit's first token's hash (a unit sorts as one
+    block); tokens that cannot be masked sort last."""
+    arange_t = _positions(h.shape[1])
+    zero = arange_t.dtype.type(0)
+    unit_start = np.maximum.accumulate(np.where(starts, arange_t, zero), axis=1)
+    key = np.take_along_axis(h, unit_start, axis=1)
+    key[~maskable] = np.iinfo(np.uint64).max  # sorted last, never selected
+    return key
 
 
 def unit_starts(maskable: np.ndarray, word_start: np.ndarray | None) -> np.ndarray:

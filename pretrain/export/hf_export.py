@@ -178,47 +178,12 @@ def export(
     card (README.md; ``language`` and ``datasets`` go into its YAML header). ``ema``: the
     checkpoint's EMA weights (``--ema`` of the trainer) instead of its weights."""
     import torch
-    import transformers
-
-    from bertforge.pretrain.model.bert import ModelConfig
-    from bertforge.pretrain.model.registry import ARCHES, build_model
 
     run = Path(run)
-    if average and checkpoint:
-        raise AverageError("--average and --checkpoint name the weights twice: give one")
-    if average and ema:
-        raise AverageError("--average and --ema name the weights twice: give one")
-    if average:  # the newest averaged checkpoint's state describes the run (step, data, card)
-        chosen = select_checkpoints(run, average)
-        ckpt = chosen[-1][1]
-        sd = average_checkpoints([path for _, path in chosen])
-        state = {**read_state(ckpt), "averaged_steps": [step for step, _ in chosen]}
-    else:
-        ckpt = find_checkpoint(run, checkpoint)
-        sd = load_ema(ckpt) if ema else consolidated_state_dict(ckpt)
-        state = {**read_state(ckpt), **({"ema_weights": True} if ema else {})}
-    model_cfg = ModelConfig(**state["config"]["model_cfg"])
+    ckpt, sd, state = _checkpoint_weights(run, checkpoint, average, ema)
     nsp = bool(state.get("nsp", False))
-    model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
-    load_weights(model, sd, ckpt)
-    theta = trained_rope_theta(state)
-    if theta is not None:  # a phase plan's rope_theta: the one the checkpoint's weights ended at
-        model.set_global_rope_theta(theta)
-    hf_cls = getattr(transformers, model.hf_architecture)
-    conf = model.hf_config(unpad_vocab=True)
-    tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
-    # the special-token ids the arch's config names (ModernBERT's; BERT's needs none)
-    ARCHES[model.arch].adapter.set_tokenizer_ids(conf, tok)
-    hf_model = hf_cls(conf)
-    hf_sd = model.hf_state_dict(unpad_vocab=True)
-    missing, unexpected = hf_model.load_state_dict(hf_sd, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"name mapping to {model.hf_architecture} failed: missing {missing}, "
-            f"unexpected {unexpected}"
-        )
-    hf_model.tie_weights()
-    tok.model_max_length = trained_length(state, conf.max_position_embeddings, tok)
+    model = _trained_model(state, sd, ckpt, nsp)
+    hf_model, conf, tok = _hf_model(model, run, state)
     pooler = adds_pooler(model.arch, nsp)
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
@@ -253,6 +218,67 @@ def export(
         if verify:
             result.update(verify_export(tmp, nsp, pooler=pooler))
     return result
+
+
+def _checkpoint_weights(
+    run: Path, checkpoint: str | None, average: str | None, ema: bool
+) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """The weights to export, as (the checkpoint whose state describes the run, the weights,
+    that state): one checkpoint's (or its EMA's), or the mean of those ``average`` names."""
+    if average and checkpoint:
+        raise AverageError("--average and --checkpoint name the weights twice: give one")
+    if average and ema:
+        raise AverageError("--average and --ema name the weights twice: give one")
+    if average:  # the newest averaged checkpoint's state describes the run (step, data, card)
+        chosen = select_checkpoints(run, average)
+        ckpt = chosen[-1][1]
+        sd = average_checkpoints([path for _, path in chosen])
+        state = {**read_state(ckpt), "averaged_steps": [step for step, _ in chosen]}
+    else:
+        ckpt = find_checkpoint(run, checkpoint)
+        sd = load_ema(ckpt) if ema else consolidated_state_dict(ckpt)
+        state = {**read_state(ckpt), **({"ema_weights": True} if ema else {})}
+    return ckpt, sd, state
+
+
+def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, nsp: bool):
+    """The training model the checkpoint's config builds, holding the weights ``sd`` at the rope
+    theta its last step trained with."""
+    from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.registry import build_model
+
+    model_cfg = ModelConfig(**state["config"]["model_cfg"])
+    model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
+    load_weights(model, sd, ckpt)
+    theta = trained_rope_theta(state)
+    if theta is not None:  # a phase plan's rope_theta: the one the checkpoint's weights ended at
+        model.set_global_rope_theta(theta)
+    return model
+
+
+def _hf_model(model, run: Path, state: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``model`` as its transformers class (vocabulary padding sliced off, weights tied) with its
+    config and the run's tokenizer: (HF model, HF config, tokenizer)."""
+    import transformers
+
+    from bertforge.pretrain.model.registry import ARCHES
+
+    hf_cls = getattr(transformers, model.hf_architecture)
+    conf = model.hf_config(unpad_vocab=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
+    # the special-token ids the arch's config names (ModernBERT's; BERT's needs none)
+    ARCHES[model.arch].adapter.set_tokenizer_ids(conf, tok)
+    hf_model = hf_cls(conf)
+    hf_sd = model.hf_state_dict(unpad_vocab=True)
+    missing, unexpected = hf_model.load_state_dict(hf_sd, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"name mapping to {model.hf_architecture} failed: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
+    hf_model.tie_weights()
+    tok.model_max_length = trained_length(state, conf.max_position_embeddings, tok)
+    return hf_model, conf, tok
 
 
 def _pooler_line(arch: str, nsp: bool) -> str | None:

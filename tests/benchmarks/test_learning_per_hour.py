@@ -141,7 +141,7 @@ def test_curve_crossing_and_interpolation():
 
 
 def test_summary_reports_each_side_against_the_others_final_loss():
-    from benchmarks.learning.per_hour import summary
+    from benchmarks.learning.per_hour_report import summary
 
     sides = {
         "hf": [{"time_s": 20.0, "loss": 9.0, "step": 5}, {"time_s": 80.0, "loss": 8.0, "step": 20}],
