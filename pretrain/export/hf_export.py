@@ -54,11 +54,8 @@ from bertforge.pretrain.model.run_checkpoints import (
     list_complete,
     read_state,
     resolve_resume,
+    run_tokenizer_dir,
 )
-
-# The run's tokenizer rule (pretrain.model.run_checkpoints, which --init_from reads runs with) under
-# the name export()'s body uses.
-from bertforge.pretrain.model.run_checkpoints import run_tokenizer_dir as _tokenizer_dir
 
 log = get_logger(__name__)
 
@@ -265,7 +262,7 @@ def _hf_model(model, run: Path, state: dict[str, Any]) -> tuple[Any, Any, Any]:
 
     hf_cls = getattr(transformers, model.hf_architecture)
     conf = model.hf_config(unpad_vocab=True)
-    tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_dir(run, state)))
+    tok = transformers.AutoTokenizer.from_pretrained(str(run_tokenizer_dir(run, state)))
     # the special-token ids the arch's config names (ModernBERT's; BERT's needs none)
     ARCHES[model.arch].adapter.set_tokenizer_ids(conf, tok)
     hf_model = hf_cls(conf)
