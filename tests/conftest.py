@@ -110,6 +110,7 @@ SLOW_FILES_FIRST = (
     "tests/e2e/test_chaos_kills.py",
     "tests/benchmarks/test_gpu_check.py",
     "tests/e2e/test_two_rank_training.py",
+    "tests/pretrain/export/test_outside_clients.py",
     "tests/experiments/test_downstream_gain.py",
     "tests/experiments/test_domain_gain.py",
     "tests/e2e/test_signal_any_moment.py",
