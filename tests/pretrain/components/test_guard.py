@@ -355,7 +355,9 @@ def test_without_save_interval_the_anchor_checkpoint_gives_a_nan_its_rollback(
     run = tmp_path / "run"
     proc = _run(run, english_shards, "loss_nan@6", "--max_steps", "7", "--guard_window", "4")
     assert f"checkpoint (guard) step 4: {run / 'checkpoints' / tag_for(4)}" in proc.stdout
-    (event,) = read_metrics(run / "metrics.jsonl", "guard")
+    # Only the NaN acts; a grad-norm spike the guard merely records ("ok") may follow the rollback
+    # on some thread counts (its z sits near the threshold at this size).
+    (event,) = [e for e in read_metrics(run / "metrics.jsonl", "guard") if e["action"] != "ok"]
     assert (event["event"], event["action"], event["to_step"]) == ("loss_nonfinite", "rollback", 4)
     assert event["skipped_samples"] == [64, 96]
     assert [s for s, _ in list_complete(run / "checkpoints")] == [4, 7]
