@@ -33,9 +33,9 @@ INSTALL ?= install
 demo: $(INSTALL)
 	$(PYTHON) -m pretrain.demo --output_dir $(DEMO_DIR)
 
-# Two workers, a test file per worker at a time (module fixtures built once): 11 min instead of
-# 22 on 2 cores. TEST_WORKERS=0 runs everything in this one process. The 25 slowest tests are
-# listed at the end: CI's budget (25 min for .ci/run) is spent there.
+# Two workers, a test file per worker at a time (module fixtures built once; the suite's measured
+# time is in the README's "Tests and lint"). TEST_WORKERS=0 runs everything in this one process.
+# The 25 slowest tests are listed at the end: CI's budget for .ci/run is spent there.
 TEST_WORKERS ?= 2
 test: $(INSTALL)
 	$(PYTHON) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests

@@ -103,7 +103,9 @@ def test_sigterm_to_one_rank_saves_every_rank_and_exits_0(zero3_bf16):
     assert (
         f"stopped by a signal after step {stop}; continue with --resume auto" in zero3_bf16["out"]
     )
-    assert saved_reasons(ckpts)[stop] == "signal"
+    # A signal that lands during a time save (one every 0.3 s here) stops the run on that save
+    # instead of writing the same step again: either way the stop step has a complete checkpoint.
+    assert saved_reasons(ckpts)[stop] in ("signal", "time")
     assert find_latest(ckpts).name == tag_for(stop)
     assert_every_rank_saved(ckpts / tag_for(stop), stop)
     # The run stopped at the step boundary after the signal, not 400 steps later.
