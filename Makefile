@@ -40,8 +40,8 @@ TEST_WORKERS ?= 2
 test: $(INSTALL)
 	$(PYTHON) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
-# The day-to-day lane: no multi-process runs (no `slow` mark), no end-to-end or benchmark folders;
-# under 4 minutes on 2 cores.
+# The day-to-day lane: no runs of the trainer, doctor or DeepSpeed as processes (the `slow` mark),
+# no end-to-end or benchmark folders; under 4 minutes on 2 cores.
 FAST_TESTS ?= -m "not slow" --ignore=tests/e2e --ignore=tests/benchmarks
 test-fast: $(INSTALL)
 	$(PYTHON) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile $(FAST_TESTS) tests

@@ -144,6 +144,7 @@ def _status(rows, check, host=None):
     ]
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_cli_bad_hostfile_line_exits_nonzero(tmp_path, english_shards):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=one\n")
@@ -319,6 +320,7 @@ def test_device_and_memory_rules():
     assert [r.status for r in rows] == ["ok", "ok"]
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_missing_project_folder_on_a_node_is_a_probe_failure(tmp_path, english_shards):
     """The launcher runs `cd DIR; PYTHON ...` on every node; without DIR nothing can start."""
     rc, rows = _doctor(
@@ -336,6 +338,7 @@ def test_missing_project_folder_on_a_node_is_a_probe_failure(tmp_path, english_s
     assert not any(r["check"] == "versions" for r in rows)
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_a_trainer_launch_line_pastes_into_the_doctor(english_shards, tmp_path):
     """The doctor's flags are the trainer's: every flag of a launch line is accepted with the
     trainer's meaning (--activation_checkpointing takes none|torch|deepspeed, as the trainer's),
@@ -364,6 +367,7 @@ def test_a_trainer_launch_line_pastes_into_the_doctor(english_shards, tmp_path):
     assert bad.returncode == 2 and "--activation_checkpointing" in bad.stderr
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_a_one_host_hostfile_of_this_machine_needs_no_ssh(tmp_path, english_shards):
     """`localhost slots=2` (issue 36, item 5): no sshd runs here, yet the doctor does not fail on
     ssh; it probes this machine and names the launcher's flags that skip the ssh check."""

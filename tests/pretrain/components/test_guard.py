@@ -266,6 +266,7 @@ def spike_run(english_shards, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_loss_spike_is_skipped_without_touching_the_weights(spike_run):
     first, event = read_metrics(spike_run / "metrics.jsonl", "guard")
     # A NaN before the first checkpoint: nothing to roll back to, so the step is skipped.
@@ -291,6 +292,7 @@ def test_loss_spike_is_skipped_without_touching_the_weights(spike_run):
     ]
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_without_the_guard_training_is_as_before(spike_run, english_shards, tmp_path):
     """--no_stability_guard: no guard records; a NaN loss's non-finite gradients are skipped
     by DeepSpeed's own overflow check and training goes on. Between the events (a NaN at step 1,
@@ -308,6 +310,7 @@ def test_without_the_guard_training_is_as_before(spike_run, english_shards, tmp_
     assert math.isfinite(got[7]["loss"]) and sorted(got) == list(range(1, 8))
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_nan_rolls_back_skips_the_exact_range_and_resumes(english_shards, tmp_path):
     run = tmp_path / "run"
     args = ["--save_interval", "4", "--keep_last", "5", "--guard_lr_factor", "0.5"]
@@ -335,6 +338,7 @@ def test_nan_rolls_back_skips_the_exact_range_and_resumes(english_shards, tmp_pa
     assert state["guard"]["rollbacks"] == 1 and state["guard"]["events"][0]["to_step"] == 4
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_nan_after_every_rollback_gives_up(english_shards, tmp_path):
     run = tmp_path / "run"
     proc = _run(run, english_shards, "loss_nan@6,loss_nan@6,loss_nan@6", "--max_steps", "8",
@@ -347,6 +351,7 @@ def test_nan_after_every_rollback_gives_up(english_shards, tmp_path):
     assert [s for s, _ in list_complete(run / "checkpoints")] == [4]  # nothing saved after
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_without_save_interval_the_anchor_checkpoint_gives_a_nan_its_rollback(
     english_shards, tmp_path
 ):

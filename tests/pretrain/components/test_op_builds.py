@@ -131,6 +131,7 @@ def test_our_own_builders_take_turns_and_a_waiter_names_the_builder(tmp_path, mo
     assert any(f"pid {os.getpid()} building it" in m for m in messages), messages
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_killed_during_the_first_op_build_the_next_launch_names_the_lock(tmp_path):
     """The chaos moment "killed during the first op build": a process building DeepSpeed's CPU
     all-reduce op is SIGKILLed while torch's lock exists; the next `--build_ops` (what a run does

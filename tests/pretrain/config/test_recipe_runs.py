@@ -32,6 +32,7 @@ def _dry_run(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_the_runs_recipe_yaml_reproduces_its_losses_exactly(trained, tmp_path):
     recipe = yaml.safe_load((trained / "recipe.yaml").read_text())
     assert recipe["optim"]["lr"] == 2e-3 and recipe["optim"]["warmup_steps"] == 1

@@ -270,6 +270,7 @@ def test_corrupt_or_foreign_shards_give_a_clear_error(english_shards, tmp_path, 
     assert tokens.name in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_dry_run_reports_model_shards_and_masking(english_nsp_shards):
     proc = run_cli(
         "pretrain/main.py",

@@ -186,6 +186,7 @@ def test_downstream_records_and_rng_untouched(tiny, pydoc_tasks, tmp_path):
     assert {r["lr"] for r in records} <= set(recipe_for(tasks[0]).lrs) == {1e-4, 3e-3}
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 @pytest.mark.filterwarnings("ignore:no font with Chinese glyphs")  # tested in test_attention
 def test_run_folder_checkpoints_scored_and_plotted(
     chinese_shards, tiny, snownlp_tasks, tmp_path, capsys

@@ -197,6 +197,7 @@ print("SAME")
 """
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_deepspeed_activation_checkpointing_keeps_loss_and_gradients():
     import os
     import subprocess

@@ -385,6 +385,7 @@ print("equal")
 """
 
 
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_load_into_a_zero3_partitioned_module(base_tokenizer, tmp_path):
     """Parameters ZeRO-3 already partitioned (zero.Init) are gathered, loaded and re-partitioned."""
     import subprocess
