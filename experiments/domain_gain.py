@@ -254,11 +254,19 @@ def main(argv: list[str] | None = None) -> int:
     base = exp.base()
     tasks, corpus = exp.tasks_and_corpus()
     terms, ext = exp.terms_and_tokenizer(corpus)
-    shards = {"base": exp.shards(corpus, terms, base, "base")}
-    shards["ext"] = exp.shards(corpus, terms, ext, "ext")
-    inits = {"base": base, "random_rows": random_rows_folder(base, ext, exp.out / "random_rows")}
+    arms = args.arms or list(ARMS)
+    # the shards and initial weights of the continued arms that run, nothing more
+    continued = [ARMS[arm] for arm in arms if ARMS[arm] is not None]
+    tokenizers = {"base": base, "ext": ext}
+    shards = {
+        name: exp.shards(corpus, terms, tokenizers[name], name)
+        for name in dict.fromkeys(shard_set for shard_set, _, _ in continued)
+    }
+    inits = {"base": base}
+    if any(init == "random_rows" for _, _, init in continued):
+        inits["random_rows"] = random_rows_folder(base, ext, exp.out / "random_rows")
     results, records = {}, {}
-    for arm in args.arms or ARMS:
+    for arm in arms:
         if ARMS[arm] is None:
             results[arm] = exp.evaluate_arm(arm, base, tasks)
             continue

@@ -13,11 +13,20 @@ from benchmarks.common import random_bert_mlm
 from bertforge.files import write_json_atomic
 
 
+def without_launcher(args) -> bool:
+    """``--quick`` on one rank: each side runs as one plain process, without its launcher."""
+    return bool(getattr(args, "quick", False)) and args.ranks == 1
+
+
 def hf_command(shards: Path, out: Path, args, launched: float) -> list[str]:
-    """``torchrun --nproc_per_node R -m benchmarks.learning.per_hour --hf_worker ...``."""
+    """``torchrun --nproc_per_node R -m benchmarks.learning.per_hour --hf_worker ...`` (``--quick``
+    on one rank: ``python -m benchmarks.learning.per_hour --hf_worker ...``, one plain process)."""
+    launcher = [sys.executable]
+    if not without_launcher(args):
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks)]
+        launcher += ["--master_port", str(args.port + 1)]
     return [
-        *(sys.executable, "-m", "torch.distributed.run"),
-        *("--nproc_per_node", str(args.ranks), "--master_port", str(args.port + 1)),
+        *launcher,
         *("-m", "benchmarks.learning.per_hour"),
         *("--hf_worker", "--shards", str(shards), "--hf_out", str(out)),
         *("--model", args.model, "--precision", args.precision),
@@ -29,7 +38,8 @@ def hf_command(shards: Path, out: Path, args, launched: float) -> list[str]:
 
 
 def hf_worker(args) -> None:
-    """One HF Trainer rank (under torchrun): train until the budget, snapshots by the callback."""
+    """One HF Trainer rank (under torchrun, or alone): train until the budget, snapshots by the
+    callback."""
     import numpy as np
     import transformers
     from transformers import DataCollatorForLanguageModeling, Trainer
@@ -90,7 +100,8 @@ def hf_training_args(args, world: int):
         save_strategy="no",
         eval_strategy="no",
         logging_strategy="no",
-        ddp_backend="gloo",
+        # gloo under torchrun; alone (no launcher: no LOCAL_RANK) no process group at all
+        ddp_backend="gloo" if "LOCAL_RANK" in os.environ else None,
         ddp_find_unused_parameters=False,  # every parameter is used: skip the extra graph walk
         disable_tqdm=True,
         seed=0,

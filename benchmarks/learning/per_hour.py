@@ -40,7 +40,9 @@ with its side's step-0 model (HF: saved as its Trainer starts; ours: an lr-0 one
 the report gives their difference (``step0_loss_gap``). The shards use the checkpoint's tokenizer;
 the text is the docstrings of 13 stdlib packages (``data_prep/domain_text.py``,
 ``DOCSTRING_PACKAGES``) unless ``--corpus``; lr 1e-4, 20 warmup steps, bf16 unless given.
-``--quick`` (CI): 3 s per side on 1 rank, 2 snapshots, email/http/urllib docstrings only.
+``--quick`` (CI): 3 s per side on 1 rank, 2 snapshots, email/http/urllib docstrings only; each
+side is then one plain process without its launcher (``python pretrain/main.py``, the HF worker
+without torchrun), whose start-up would be most of such a run.
 
     python -m benchmarks.learning.per_hour --init_from minilm --budget_s 270
 """
@@ -71,7 +73,7 @@ from benchmarks.learning.evaluator import (
     plot_curves,
 )
 from benchmarks.learning.heldout import bert_vocab, split_corpus
-from benchmarks.learning.hf_side import hf_command, hf_worker
+from benchmarks.learning.hf_side import hf_command, hf_worker, without_launcher
 from benchmarks.learning.per_hour_report import print_table, step0_gap, summary
 from benchmarks.learning.real_checkpoint import minilm
 from benchmarks.learning.seeded_head import seeded_mlm_folder
@@ -112,10 +114,11 @@ def ours_options(shards: Path, run: Path, args) -> dict:
 
 def ours_command(shards: Path, run: Path, args, **override) -> list[str]:
     """``deepspeed --num_gpus R pretrain/main.py`` with :func:`ours_options` (``override``: some
-    of them changed, None drops one)."""
+    of them changed, None drops one); ``python pretrain/main.py`` when :func:`without_launcher`."""
     options = {**ours_options(shards, run, args), **override}
+    ranks = None if without_launcher(args) else args.ranks
     return [
-        *command_line.trainer(ranks=args.ranks, master_port=args.port, **options),
+        *command_line.trainer(ranks=ranks, master_port=args.port, **options),
         *shlex.split(args.ours_args),
     ]
 

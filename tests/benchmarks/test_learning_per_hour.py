@@ -1,14 +1,20 @@
 """benchmarks.learning.per_hour: held-out text never reaches the shards, the evaluator's masks
-are fixed and its loss is transformers' own, and the curve arithmetic of the report."""
+are fixed and its loss is transformers' own, and the curve arithmetic of the report.
+
+The command runs in this process (``per_hour.main``, what ``python -m benchmarks.learning.per_hour``
+calls): the sides it trains are still launched as processes of their own, and the tests are about
+what the command writes, not about its start-up (a fresh interpreter costs seconds of imports)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 import torch
-from helpers.commands import run_cli
 
+from benchmarks.learning import per_hour
 from benchmarks.learning.evaluator import (
     build_masked_batches,
     heldout_loss,
@@ -17,22 +23,21 @@ from benchmarks.learning.evaluator import (
 )
 
 
+def per_hour_main(*args: str) -> str:
+    """``python -m benchmarks.learning.per_hour ARGS`` in this process: what it printed (its
+    log lines included); fails unless it returns 0."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert per_hour.main(list(args)) == 0
+    return printed.getvalue()
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     """The --dry_run plan on the pydoc corpus with a small trained vocabulary."""
     work = tmp_path_factory.mktemp("bench_learning")
-    args = [
-        "-m",
-        "benchmarks.learning.per_hour",
-        "--dry_run",
-        "--model",
-        "tiny",
-        "--budget_s",
-        "90",
-    ]
-    proc = run_cli(*args, "--vocab_size", "2000", "--workdir", str(work))
-    assert proc.returncode == 0, proc.stderr
-    return work, proc.stdout
+    args = ["--dry_run", "--model", "tiny", "--budget_s", "90"]
+    return work, per_hour_main(*args, "--vocab_size", "2000", "--workdir", str(work))
 
 
 def test_heldout_text_is_split_off_before_the_shards(dry_run):
@@ -192,17 +197,8 @@ def test_score_only_scores_snapshots_trained_earlier(dry_run, tmp_path):
         BertForMaskedLM(conf).save_pretrained(folder)
         snaps.append({"model": str(folder), "step": 5 * (k + 1), "wall_s": t, "time_s": t})
     (work / "hf" / "snapshots.json").write_text(json.dumps(snaps))
-    args = [
-        "-m",
-        "benchmarks.learning.per_hour",
-        "--score_only",
-        "--sides",
-        "hf",
-        "--model",
-        "tiny",
-    ]
-    proc = run_cli(*args, "--budget_s", "90", "--vocab_size", "2000", "--workdir", str(work))
-    assert proc.returncode == 0, proc.stderr
+    args = ["--score_only", "--sides", "hf", "--model", "tiny", "--budget_s", "90"]
+    per_hour_main(*args, "--vocab_size", "2000", "--workdir", str(work))
     result = json.loads((work / "learning.json").read_text())
     batches = torch.load(work / "heldout_batches.pt")
     want = heldout_loss(snaps[-1]["model"], batches)["loss"]
@@ -242,9 +238,7 @@ def test_continued_quick_both_sides_start_from_the_same_seeded_folder(tmp_path):
     time-to-reach keys (numbers are not checked: a few seconds of training say nothing)."""
     encoder = _small_encoder(tmp_path / "encoder")
     work = tmp_path / "work"
-    args = ["-m", "benchmarks.learning.per_hour", "--init_from", str(encoder), "--quick"]
-    proc = run_cli(*args, "--workdir", str(work), "--port", "29890")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    per_hour_main("--init_from", str(encoder), "--quick", "--workdir", str(work), "--port", "29890")
     result = json.loads((work / "learning.json").read_text())
     assert set(result["sides"]) == {"hf", "ours"}
     for side, recs in result["sides"].items():

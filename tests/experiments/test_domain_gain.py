@@ -1,16 +1,19 @@
 """experiments.domain_gain (experiment B): the quick form runs the stages of the arms it
 is given from a small base model the test writes, prints the main table (every arm against the
-base) and the tips table (the tips whose two arms ran), and a finished experiment is not redone."""
+base) and the tips table (the tips whose two arms ran), and a finished experiment is not redone.
+
+The experiment runs in this process (``main``, what ``python -m experiments.domain_gain`` runs):
+its stages are still processes of their own, and a fresh interpreter for the experiment itself
+would only add seconds of imports."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from helpers.commands import run_cli
 from helpers.tiny_bert import build_tiny_bert
 
-from experiments.domain_gain import REFERENCE, TIPS
+from experiments.domain_gain import REFERENCE, TIPS, main
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +24,12 @@ def _table_rows(printed: str) -> list[str]:
     return [line for line in printed.splitlines() if line.startswith("| ")]
 
 
-def test_quick_experiment_prints_both_tables_and_resumes(tmp_path):
+def test_quick_experiment_prints_both_tables_and_resumes(tmp_path, capsys):
     base = build_tiny_bert(tmp_path / "base")
     out = tmp_path / "gain"
-    cmd = ("-m", "experiments.domain_gain", "--out", str(out), "--base", str(base))
-    cmd += ("--quick", "--arms", REFERENCE, *ARMS)
-    rows = _table_rows(run_cli(*cmd).stdout)
+    cmd = ["--out", str(out), "--base", str(base), "--quick", "--arms", REFERENCE, *ARMS]
+    assert main(cmd) == 0
+    rows = _table_rows(capsys.readouterr().out)
     assert [r.split(" | ")[0][2:] for r in rows[1:4]] == [REFERENCE, *ARMS]
     assert rows[1].count("; ") == 0  # the reference row has no difference to itself
     assert all(r.count("; ") == 1 for r in rows[2:4])
@@ -43,7 +46,7 @@ def test_quick_experiment_prints_both_tables_and_resumes(tmp_path):
     tokens = {arm: r["tokens"] for arm, r in summary["pretraining"].items()}
     assert tokens["d_vocab_mean"] == tokens["e_vocab_random"]
 
-    run_cli(*cmd)  # finished: nothing runs again, the same tables come out
+    assert main(cmd) == 0  # finished: nothing runs again, the same tables come out
     again = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert again["seconds"] == {} and again["tasks"] == summary["tasks"]
 

@@ -1,6 +1,10 @@
 """experiments.downstream_gain: the quick form runs every stage and prints the table of
 arms x tasks; a finished or half-finished experiment is continued, not redone; the paired
-difference's interval is the bootstrap of the seeds' differences."""
+difference's interval is the bootstrap of the seeds' differences.
+
+The experiment runs in this process (``main``, what ``python -m experiments.downstream_gain``
+runs): its stages are still processes of their own, and a fresh interpreter for the experiment
+itself would only add seconds of imports."""
 
 from __future__ import annotations
 
@@ -8,10 +12,9 @@ import json
 import shutil
 
 import pytest
-from helpers.commands import run_cli
 
 from experiments.arms import paired_difference
-from experiments.downstream_gain import TASKS
+from experiments.downstream_gain import TASKS, main
 
 pytestmark = pytest.mark.slow
 
@@ -20,10 +23,11 @@ def _summary(out) -> dict:
     return json.loads((out / "summary.json").read_text(encoding="utf-8"))
 
 
-def test_quick_experiment_prints_the_table_and_resumes(tmp_path):
+def test_quick_experiment_prints_the_table_and_resumes(tmp_path, capsys):
     out = tmp_path / "gain"
-    cmd = ("-m", "experiments.downstream_gain", "--out", str(out), "--quick")
-    first = run_cli(*cmd).stdout
+    cmd = ["--out", str(out), "--quick"]
+    assert main(cmd) == 0
+    first = capsys.readouterr().out
     rows = [line for line in first.splitlines() if line.startswith("| ")]
     assert rows[0] == "| arm | " + " | ".join(TASKS) + " |"
     assert rows[1].startswith("| random | ") and rows[2].startswith("| pretrained | ")
@@ -38,12 +42,12 @@ def test_quick_experiment_prints_the_table_and_resumes(tmp_path):
     assert (out / "gain.png").stat().st_size > 0
     assert set(summary["seconds"]) == {"pretrain", "evaluate_random", "evaluate_pretrained"}
 
-    run_cli(*cmd)  # finished: nothing is run again, the same table comes out
+    assert main(cmd) == 0  # finished: nothing is run again, the same table comes out
     again = _summary(out)
     assert again["seconds"] == {} and again["tasks"] == summary["tasks"]
 
     shutil.rmtree(out / "eval" / "pretrained")  # half-finished: only the missing stage runs
-    run_cli(*cmd)
+    assert main(cmd) == 0
     assert set(_summary(out)["seconds"]) == {"evaluate_pretrained"}
 
 

@@ -1,15 +1,18 @@
 """experiments.schedules: the quick form prints one row per arm of every comparison
 (the phase plan's and the anneal's included) and writes a summary with no absolute path of this
-machine."""
+machine.
+
+The experiment runs in this process (``main``, what ``python -m experiments.schedules`` runs): its
+trainer runs are still processes of their own, and a fresh interpreter for the experiment itself
+would only add seconds of imports."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from helpers.commands import run_cli
 
-from experiments.schedules import SCHEDULE_ARMS
+from experiments.schedules import SCHEDULE_ARMS, main
 
 pytestmark = pytest.mark.slow
 
@@ -21,9 +24,10 @@ def _rows(table: str, title: str) -> dict[str, str]:
     return {r.split(" | ")[0][2:]: r for r in rows}
 
 
-def test_quick_reports_every_arm_and_writes_portable_json(tmp_path):
+def test_quick_reports_every_arm_and_writes_portable_json(tmp_path, capsys):
     out = tmp_path / "sched"
-    table = run_cli("-m", "experiments.schedules", "--out", str(out), "--quick").stdout
+    assert main(["--out", str(out), "--quick"]) == 0
+    table = capsys.readouterr().out
     arms = _rows(table, "(a)-(d): validation loss at the last step")
     assert list(arms) == list(SCHEDULE_ARMS)
     for arm, row in arms.items():
