@@ -70,11 +70,12 @@ def env_with_hf_kernels(wheel, tmp_path_factory) -> Path:
     """A fresh environment (system packages visible: torch, deepspeed, transformers) holding our
     wheel, installed non-editable, and Hugging Face's `kernels` in transformers' range.
 
-    Without PYTHONPATH, as every command of this environment runs: a checkout on it (its
-    bertforge.egg-info, once built) would make pip take bertforge for installed already and skip
-    the wheel."""
+    No pip of its own (ensurepip costs seconds): the system's pip, visible like the other system
+    packages, installs into the environment it runs in. Without PYTHONPATH, as every command of
+    this environment runs: a checkout on it (its bertforge.egg-info, once built) would make pip
+    take bertforge for installed already and skip the wheel."""
     root = tmp_path_factory.mktemp("env")
-    venv.create(root, system_site_packages=True, with_pip=True)
+    venv.create(root, system_site_packages=True, with_pip=False)
     python = root / "bin" / "python"
     lo, hi = hf_imports.KERNELS_MIN_VERSION, hf_imports.KERNELS_MAX_VERSION
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
