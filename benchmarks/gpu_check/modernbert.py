@@ -16,10 +16,15 @@ from pathlib import Path
 
 from benchmarks.gpu_check.common import PartResult, Plan
 from benchmarks.gpu_check.train import run_matrix
-from bertforge.pretrain.model.attention_paths import PATH_LOG_PREFIX
 
-# The trainer's log line naming the attention path it chose (padded / unpadded varlen).
-PATH_LINE = re.compile(re.escape(PATH_LOG_PREFIX) + r"([^\n]*)")
+
+def path_line() -> re.Pattern:
+    """The trainer's log line naming the attention path it chose (padded / unpadded varlen).
+    Imported here, not at the top: the module imports torch and transformers (~7 s of CPU), and
+    every part's process imports this one."""
+    from bertforge.pretrain.model.attention_paths import PATH_LOG_PREFIX
+
+    return re.compile(re.escape(PATH_LOG_PREFIX) + r"([^\n]*)")
 
 
 def attention_used(run_dir: Path) -> dict:
@@ -28,7 +33,7 @@ def attention_used(run_dir: Path) -> dict:
     found = None
     log = run_dir.parents[1] / "logs" / f"modernbert.{run_dir.name}.log"  # run_matrix's log
     if log.is_file():
-        found = PATH_LINE.search(log.read_text(errors="replace"))
+        found = path_line().search(log.read_text(errors="replace"))
     return {
         "attention": config["model_cfg"]["attention"],
         "attention path": found.group(1).strip()[:120] if found else "not logged",

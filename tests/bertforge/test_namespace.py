@@ -68,21 +68,29 @@ def test_wheel_adds_one_top_level_name(wheel):
 @pytest.fixture(scope="module")
 def env_with_hf_kernels(wheel, tmp_path_factory) -> Path:
     """A fresh environment (system packages visible: torch, deepspeed, transformers) holding our
-    wheel, installed non-editable, and Hugging Face's `kernels` in transformers' range."""
+    wheel, installed non-editable, and Hugging Face's `kernels` in transformers' range.
+
+    No pip of its own (ensurepip costs seconds): the system's pip, visible like the other system
+    packages, installs into the environment it runs in. Without PYTHONPATH, as every command of
+    this environment runs: a checkout on it (its bertforge.egg-info, once built) would make pip
+    take bertforge for installed already and skip the wheel."""
     root = tmp_path_factory.mktemp("env")
-    venv.create(root, system_site_packages=True, with_pip=True)
+    venv.create(root, system_site_packages=True, with_pip=False)
     python = root / "bin" / "python"
     lo, hi = hf_imports.KERNELS_MIN_VERSION, hf_imports.KERNELS_MAX_VERSION
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, f"kernels>={lo},<={hi}"], check=True, timeout=600, capture_output=True)
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=300, capture_output=True)
+    for args in ([f"kernels>={lo},<={hi}"], ["--no-deps", str(wheel)]):
+        subprocess.run([*pip, *args], check=True, timeout=600, capture_output=True, env=_env())
     return python
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [str(python), *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
