@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.commands import REPO
-from helpers.launch import ds_config, launch, losses
+from helpers.launch import ds_config, guard_actions, launch, losses
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
@@ -169,7 +169,7 @@ def test_b_zero2_fp16_deepspeed_checkpointing_and_the_guard(english_shards, tmp_
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["precision_resolved"] == "fp16" and cfg["activation_checkpointing"] == "deepspeed"
     assert cfg["deepspeed"]["zero_optimization"]["stage"] == 2
-    (event,) = read_metrics(run / "metrics.jsonl", "guard")
+    (event,) = guard_actions(run)
     assert (event["step"], event["event"], event["action"]) == (5, "loss_spike", "skip")
     assert event["skipped_samples"] == [4 * BATCH, 5 * BATCH]
     train = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.commands import REPO
-from helpers.launch import COMMON, launch
+from helpers.launch import COMMON, guard_actions, launch
 
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
@@ -42,7 +42,7 @@ def test_nan_on_one_rank_rolls_back_onto_the_two_rank_checkpoint(english_shards,
     assert "saved on 2 ranks, now 1" in out  # the resume converted it once
     assert "back to step 4 (rollback 1)" in out, out[-3000:]
     assert "written on 2 ranks, through its universal conversion" in out
-    (event,) = read_metrics(run / "metrics.jsonl", "guard")
+    (event,) = guard_actions(run)
     assert event["action"] == "rollback" and event["to_step"] == 4
     assert event["converted_from_world_size"] == 2
     assert event["skipped_samples"] == [64, 96]  # the checkpoint's position .. the NaN step's end
