@@ -17,6 +17,13 @@ from helpers.shards import build_shards
 
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus  # noqa: F401 (re-exported)
 from bertforge.kernels.api import enable_interpreter_without_cuda
+from bertforge.pretrain.components.op_builds import use_environment_folder
+
+# DeepSpeed's ops (the CPU all-reduce) come from this environment's build folder, the one
+# `make install` built, also for tests that start DeepSpeed without the trainer (in this process,
+# or `python -c` children): torch's default folder would be a second, unbuilt one, and its first
+# build (about a minute on 2 cores) would hold its lock while other tests wait on it.
+use_environment_folder()
 
 # The device the kernel tests run on: CUDA tensors and the compiled Triton kernel where torch sees
 # a GPU; CPU tensors under Triton's interpreter elsewhere. The interpreter must be chosen before
