@@ -133,7 +133,8 @@ def init_weights(args, tokenizer: Path, out: Path, max_len: int) -> Path:
     import torch
     from transformers import AutoTokenizer, ModernBertForMaskedLM
 
-    from bertforge.pretrain.model.modernbert import modernbert_config, set_tokenizer_ids
+    from bertforge.pretrain.model.modernbert.adapter import set_tokenizer_ids
+    from bertforge.pretrain.model.modernbert.model import modernbert_config
     from bertforge.pretrain.model.registry import preset
 
     if (out / "config.json").is_file():

@@ -40,6 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bertforge.logs import get_logger
+from bertforge.pretrain.model.band_chunks import default_chunk
 from bertforge.pretrain.model.document_attention import document_mask
 
 try:  # torch >= 2.10; raises NotImplementedError on the CPU
@@ -51,9 +52,6 @@ log = get_logger(__name__)
 
 #: The ``config._attn_implementation`` name of :func:`document_attention_forward`.
 ATTN_IMPLEMENTATION = "bertforge_document"
-#: Smallest chunk of the blocked local path: a tiny window would otherwise mean many tiny SDPA
-#: problems (each query block still sees only its own and its two neighbouring chunks).
-MIN_CHUNK = 32
 #: Document id of the positions the blocked path adds around the sequence (never a real id, and
 #: not padding's -1, so neither attends to them).
 OUTSIDE = -2
@@ -94,12 +92,6 @@ class DocumentLayout:
         ends = torch.tensor([n], device=docs.device)
         cu = torch.cat([torch.zeros_like(ends), starts, ends]).to(torch.int32)
         return cls(document_ids, cu, int((cu[1:] - cu[:-1]).max()))
-
-
-def default_chunk(window: int) -> int:
-    """Chunk length of the blocked local path for a band half-width ``window``: a query chunk
-    attends to 3 chunks of keys."""
-    return max(int(window), MIN_CHUNK)
 
 
 def window_of(sliding_window: int | None) -> int | None:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from bertforge.pretrain.model.bert.model import resolve_config
+from bertforge.pretrain.model.bert.arch import resolve_config
 from bertforge.pretrain.model.errors import InitError
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.registry import (

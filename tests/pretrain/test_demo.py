@@ -1,10 +1,13 @@
-"""pretrain.demo's argument handling, plan and frequent-token guesser (the demo itself runs in CI
-as `make demo`)."""
+"""pretrain.demo: `make demo` end to end at 20 steps, its argument handling, plan and
+frequent-token guesser (the 1,200-step demo's numbers in the README come from `make demo`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +25,32 @@ from bertforge.pretrain.demo import (
     prepare_output,
     write_corpus,
 )
+
+
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
+def test_make_demo_runs_every_step_end_to_end(tmp_path):
+    """The README's `make demo`, shortened to 20 steps: text -> shards -> doctor -> 2-rank
+    training, stop and resume -> export -> fill-mask -> plots, each step's output where the
+    summary says. (.ci/run checks /dev/shm after the whole suite: other tests' jobs run beside.)"""
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "demo", "INSTALL=", f"PYTHON={sys.executable}",
+         f"DEMO_DIR={out}", "DEMO_ARGS=--steps 20 --eval_interval 10 --warmup_steps 2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / MARKER).read_text())
+    assert summary["status"] == "done"
+    assert list(summary["timings_s"]) == [
+        "shards", "doctor", "train steps 1-10", "resume steps 11-20", "export", "fill-mask", "plot"
+    ]  # fmt: skip
+    assert [v["step"] for v in summary["validation"]] == [10, 20]
+    assert "resumed from" in (out / "logs" / "04_resume.log").read_text().lower()
+    fills = json.loads(Path(summary["paths"]["fill_mask"]).read_text())
+    assert len(fills) == 5 and all(len(f["predictions"]) == 3 for f in fills)
+    assert summary["plots"] and all(Path(p).stat().st_size > 0 for p in summary["plots"])
+    assert (Path(summary["paths"]["hf"]) / "model.safetensors").is_file()
 
 
 def test_plan_lists_every_step_with_its_command(tmp_path):

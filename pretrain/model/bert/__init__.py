@@ -1,26 +1,15 @@
-"""``--arch bert``: the 2018 BERT (model.py), its Hugging Face adapter (adapter.py) and its spec
-(spec.py). ``build_model`` and the presets of every arch are the registry's
-(``bertforge.pretrain.model.registry``), which imports this package."""
+"""``--arch bert``: the 2018 BERT. ``arch.py`` (its config, light to import), ``model.py`` (the
+module; transformers' modeling code, imported only to build a model), ``adapter.py`` (its Hugging
+Face checkpoints) and ``spec.py`` (the registry's entry). ``build_model`` and the presets of every
+arch are the registry's (``bertforge.pretrain.model.registry``)."""
 
-from bertforge.pretrain.model.bert.model import (
-    BertForPretrainingMasked,
-    bert_config,
-    build_bert,
-    resolve_config,
-)
-from bertforge.pretrain.model.checkpointing import (
-    CHECKPOINTING_MODES,
-    apply_activation_checkpointing,
-)
+from bertforge.pretrain.model.bert.arch import ARCH_FIELDS, bert_config, resolve_config
 from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 
 __all__ = [
-    "CHECKPOINTING_MODES",
-    "BertForPretrainingMasked",
+    "ARCH_FIELDS",
     "ModelConfig",
-    "apply_activation_checkpointing",
     "bert_config",
-    "build_bert",
     "export_config",
     "padded_vocab",
     "resolve_config",

@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import BertConfig
 
-from bertforge.pretrain.model.bert.model import _ARCH_FIELDS
+from bertforge.pretrain.model.bert.arch import ARCH_FIELDS
 from bertforge.pretrain.model.errors import InitError
 from bertforge.pretrain.model.specs import StateDictAdapter
 
@@ -24,7 +24,7 @@ def fields_from_hf(path: Path, config: dict[str, Any]) -> dict[str, Any]:
             "this trainer's BERT uses absolute position embeddings only."
         )
     full = BertConfig.from_dict(config)
-    return {"arch": "bert", **{k: getattr(full, k) for k in _ARCH_FIELDS}}
+    return {"arch": "bert", **{k: getattr(full, k) for k in ARCH_FIELDS}}
 
 
 def to_ours(key: str) -> str:
@@ -42,7 +42,7 @@ def to_ours(key: str) -> str:
 ADAPTER = StateDictAdapter(
     model_types=("bert",),
     fields_from_hf=fields_from_hf,
-    run_fields=_ARCH_FIELDS,
+    run_fields=ARCH_FIELDS,
     conflict_fields=(
         "hidden_size",
         "num_hidden_layers",

@@ -13,14 +13,10 @@ same ``nn.Parameter`` objects (:mod:`pretrain.model.sharing`, shared with the Mo
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig
 from transformers.models.bert.modeling_bert import (
     BertModel,
     BertOnlyMLMHead,
@@ -30,66 +26,15 @@ from transformers.models.bert.modeling_bert import (
 
 from bertforge.kernels import api as kernels
 from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.bert.arch import bert_config, resolve_config
 from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask
-from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
+from bertforge.pretrain.model.model_config import ModelConfig, export_config
 from bertforge.pretrain.model.sharing import LayerSharingMixin, layer_groups
 from bertforge.pretrain.model.specs import ObjectiveSpec
 
-_ARCH_FIELDS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "layer_norm_eps",
-    "initializer_range",
-)
-
-
-def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
-    """Fill the architecture from `cfg.config_json` when given; check it against the shards'
-    vocabulary."""
-    if not cfg.config_json:
-        return cfg
-    path = Path(cfg.config_json)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"model config JSON {path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"model config JSON {path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        msg = f"model config JSON {path}: expected an object of BERT config keys"
-        raise ValueError(msg)  # noqa: TRY004 (bad file content: a ValueError like the others)
-    if "vocab_size" in data and data["vocab_size"] not in (
-        vocab_size,
-        padded_vocab(vocab_size, cfg.vocab_multiple),
-    ):
-        raise ValueError(
-            f"model config JSON {path}: vocab_size {data['vocab_size']} does not match the shards' "
-            f"tokenizer ({vocab_size} in manifest.json). The vocabulary always comes from the "
-            "shards: delete the vocab_size key, or rebuild the shards with the matching tokenizer."
-        )
-    updates = {k: data[k] for k in _ARCH_FIELDS if k in data}
-    return dataclasses.replace(cfg, **updates)
-
-
-def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
-    """transformers.BertConfig for `cfg` with the vocabulary padded to cfg.vocab_multiple."""
-    if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(
-            f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
-            f"{cfg.num_attention_heads}"
-        )
-    arch = {k: getattr(cfg, k) for k in _ARCH_FIELDS}
-    conf = BertConfig(vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple), **arch)
-    conf._attn_implementation = "sdpa"
-    return conf
+if TYPE_CHECKING:
+    from transformers import BertConfig
 
 
 class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):

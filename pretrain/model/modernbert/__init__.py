@@ -1,24 +1,14 @@
-"""``--arch modernbert``: transformers' ModernBERT block with our masked-rows head (model.py),
-its Hugging Face adapter (adapter.py) and its spec (spec.py)."""
+"""``--arch modernbert``: transformers' ModernBERT block with our masked-rows head. ``arch.py`` (the
+layer pattern and what it refuses, light to import), ``model.py`` (the module; transformers'
+modeling code, imported only to build a model), ``adapter.py`` (its Hugging Face checkpoints) and
+``spec.py`` (the registry's entry)."""
 
 from bertforge.pretrain.model.errors import ArchError
-from bertforge.pretrain.model.modernbert.adapter import set_tokenizer_ids
-from bertforge.pretrain.model.modernbert.model import (
+from bertforge.pretrain.model.modernbert.arch import (
     VOCAB_KEYS,
-    ModernBertForPretrainingMasked,
-    build_modernbert,
+    check_engine,
     layer_types,
-    modernbert_config,
     unsupported,
 )
 
-__all__ = [
-    "VOCAB_KEYS",
-    "ArchError",
-    "ModernBertForPretrainingMasked",
-    "build_modernbert",
-    "layer_types",
-    "modernbert_config",
-    "set_tokenizer_ids",
-    "unsupported",
-]
+__all__ = ["VOCAB_KEYS", "ArchError", "check_engine", "layer_types", "unsupported"]

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import ModernBertConfig
 
 from bertforge.pretrain.model.errors import InitError
-from bertforge.pretrain.model.modernbert.model import VOCAB_KEYS, layer_types
+from bertforge.pretrain.model.modernbert.arch import VOCAB_KEYS, layer_types
 from bertforge.pretrain.model.specs import StateDictAdapter
 
 #: ModelConfig fields a ModernBERT checkpoint sets.

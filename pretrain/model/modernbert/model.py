@@ -12,7 +12,7 @@ strictly; the forward pass gathers the masked rows before the head and ends in
 presets); the padding columns take no part in the softmax.
 
 What only the BERT arch has is refused with :class:`ArchError` (exit status 2) before any
-rendezvous: :func:`unsupported` lists it for the registry's ``check_supported``.
+rendezvous: ``arch.unsupported`` lists it for the registry's ``check_supported``.
 """
 
 from __future__ import annotations
@@ -34,44 +34,9 @@ from bertforge.pretrain.model.checkpointing import apply_activation_checkpointin
 from bertforge.pretrain.model.document_attention import document_mask, unpad
 from bertforge.pretrain.model.errors import ArchError
 from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
+from bertforge.pretrain.model.modernbert.arch import VOCAB_KEYS, layer_types
 from bertforge.pretrain.model.sharing import LayerSharingMixin
 from bertforge.pretrain.model.specs import ObjectiveSpec
-
-#: Rows sliced to the tokenizer's vocabulary on export (the decoder weight is the embedding's).
-VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
-
-
-def unsupported(cfg: ModelConfig, objective: ObjectiveSpec) -> list[str]:
-    """What only the BERT arch implements beyond the objectives (the spec lists the ones it
-    trains), each "what: why" (empty: fine)."""
-    if cfg.config_json:
-        return [f"--config_json {cfg.config_json}: it reads a BERT config.json"]
-    return []
-
-
-def check_engine(cfg: ModelConfig, zero_stage: int, checkpointing: str) -> None:
-    """Refuse the engine settings this arch cannot train with, naming the flags (before any
-    rendezvous)."""
-    shared = cfg.share_layers.strip().lower() != "none"
-    if shared and zero_stage == 3 and checkpointing == "deepspeed":
-        # Shared layers need DeepSpeed's non-reentrant checkpoint (pretrain.model.
-        # checkpointing); under ZeRO-3 its recompute of ModernBERT's layers
-        # meets released weights ("The size of tensor a (0) must match ... 192" in backward;
-        # DeepSpeed 0.19.8, shared or not), while BERT's layers and torch's checkpoint train.
-        raise ArchError(
-            f"--arch modernbert with --share_layers {cfg.share_layers}, --activation_checkpointing "
-            "deepspeed and ZeRO-3 (--ds_config) does not train: DeepSpeed's non-reentrant "
-            "checkpoint, which shared layers need, loses ModernBERT's weights under ZeRO-3. "
-            "Use --activation_checkpointing torch (the same recomputation), ZeRO-2, or "
-            "--share_layers none."
-        )
-
-
-def layer_types(num_layers: int, every: int) -> list[str]:
-    """ModernBERT's layer pattern: layer i attends globally when i % every == 0."""
-    if every < 1:
-        raise ArchError(f"--global_attn_every_n_layers must be at least 1, got {every}")
-    return ["full_attention" if i % every == 0 else "sliding_attention" for i in range(num_layers)]
 
 
 def modernbert_config(cfg: ModelConfig, vocab_size: int) -> ModernBertConfig:
@@ -340,7 +305,7 @@ def build_modernbert(
     cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> ModernBertForPretrainingMasked:
     """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries (what the arch
-    does not support, :func:`unsupported`, the registry's ``build_model`` refused already)."""
+    does not support, ``arch.unsupported``, the registry's ``build_model`` refused already)."""
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a tokenizer")
     if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertforge.pretrain.model.attention_paths import default_chunk
+from bertforge.pretrain.model.band_chunks import default_chunk
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.modernbert.adapter import ADAPTER
-from bertforge.pretrain.model.modernbert.model import (
-    build_modernbert,
-    check_engine,
-    layer_types,
-    unsupported,
-)
-from bertforge.pretrain.model.specs import ModelSpec
+from bertforge.pretrain.model.modernbert.arch import check_engine, layer_types, unsupported
+from bertforge.pretrain.model.specs import ModelSpec, ObjectiveSpec, PretrainingModel
 
 
 def _preset(name: str, hidden: int, layers: int, heads: int, ffn: int, max_pos: int):
@@ -41,6 +36,16 @@ PRESETS = {
     "modernbert-base": _preset("modernbert-base", 768, 22, 12, 1152, 8192),
     "modernbert-large": _preset("modernbert-large", 1024, 28, 16, 2624, 8192),
 }
+
+
+def build(
+    cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
+) -> PretrainingModel:
+    """The model (``model.build_modernbert``). Imported here, not at the top: transformers'
+    modeling code costs seconds of imports that the doctor, the dry run and the CLI skip."""
+    from bertforge.pretrain.model.modernbert.model import build_modernbert  # heavy, only to build
+
+    return build_modernbert(cfg, vocab_size, objective, max_seq_len)
 
 
 def memory_terms(cfg: ModelConfig) -> dict[str, Any]:
@@ -83,7 +88,7 @@ SPEC = ModelSpec(
     display_name="ModernBERT",
     presets=PRESETS,
     default_preset="modernbert-tiny",
-    build=build_modernbert,
+    build=build,
     adapter=ADAPTER,
     default_attention="document",
     objectives=("mlm",),
