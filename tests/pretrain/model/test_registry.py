@@ -92,3 +92,24 @@ def test_no_product_file_outside_the_model_package_names_an_architecture():
         and names.search(f.read_text(encoding="utf-8"))
     ]
     assert not found, f"these name an architecture; ask pretrain.model.registry instead: {found}"
+
+
+def test_the_command_line_imports_no_modeling_code():
+    """The flags, the registry and the doctor's CLI read every arch through its spec and arch.py;
+    transformers' modeling modules (seconds of imports: torch._dynamo, DTensor) load only when a
+    model is built, so a misspelt flag or --help answers without them (the auto classes' name
+    tables are not modeling code)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, bertforge.pretrain.config.cli, bertforge.pretrain.doctor.cli\n"
+        "from bertforge.pretrain.model.registry import ARCHES, PRESETS\n"
+        "heavy = ('.bert.model', '.modernbert.model', '.attention_paths')\n"
+        "print([m for m in sys.modules if m.startswith('transformers.models.') and '.modeling_'"
+        " in m and '.auto.' not in m or m.endswith(heavy)])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.strip() == "[]", out
