@@ -1,17 +1,21 @@
 """The stability guard on a grid of healthy runs and of real divergences (issue 36, item 11).
 
     python -m benchmarks.training.guard_grid --corpus TEXT [--out /tmp/guard_grid] [--steps 200]
-        [--lrs 1e-3 2e-3 3e-3] [--seeds 1 2] [--modernbert_lrs 2e-3] [--modernbert_seeds 1]
-        [--jobs 2] [--only NAME ...]
+        [--archs bert modernbert] [--lrs 1e-3 2e-3 3e-3] [--seeds 1 2 3]
+        [--small_lrs 3e-3] [--small_seeds 1 2 3] [--jobs 2] [--only NAME ...]
 
 Every run is the project's trainer as a user launches it, on one process and one thread, with the
-guard at its defaults (on): tiny model, ``--warmup_steps 50``, batch 16, linear decay, on shards
-built from ``--corpus`` (one document a line; the measurements used the Chinese novel beside the
-checkout). Two kinds of run:
+guard at its defaults (on): ``--warmup_steps 50``, batch 16, linear decay, on shards built from
+``--corpus`` (one document a line; the measurements used the Chinese novel beside the checkout).
+Two sizes of each architecture (:data:`SIZES`): tiny (the presets ``tiny`` and
+``modernbert-tiny``) and small (BERT's ``small`` preset, 512 x 4 layers, and a ModernBERT of the
+same width and depth). Two kinds of run:
 
-- **healthy**: BERT over ``--lrs`` x ``--seeds`` and ModernBERT over ``--modernbert_lrs`` x
-  ``--modernbert_seeds``. A false positive is a run whose loss falls (mean of the last 10 steps
-  below that of the first 10) and that the guard ended (exit status 6) or rolled back.
+- **healthy**: each arch at tiny over ``--lrs`` x ``--seeds`` and at small over ``--small_lrs`` x
+  ``--small_seeds`` (a small step costs about 10x a tiny one on a CPU thread: the top of the lr
+  range, where the spikes were, by default). A false positive is a run whose loss falls (mean of
+  the last 10 steps below that of the first 10) and that the guard ended (exit status 6) or rolled
+  back (a rollback in place, without a checkpoint, too); steps it skipped are counted apart.
 - **divergence**, per architecture at the middle lr and the first seed: a NaN loss planned at
   step ``--nan_step`` (``BERTFORGE_FAULTS=loss_nan@K``: caught when the guard rolls back), and
   an absurd lr (``--absurd_lr``, 1.0: caught when the guard rolls back or gives up).
@@ -41,6 +45,22 @@ log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
 BATCH, WARMUP, VOCAB, SEQ = 16, 50, 8000, 128
 
+#: (arch, size) -> the trainer's model flags. ModernBERT has no small preset: its tiny preset
+#: (GeGLU, a global layer every 3, no biases) at BERT-small's width and depth, GeGLU width 1.5x
+#: as in modernbert-base (768 -> 1152).
+SIZES: dict[tuple[str, str], dict[str, object]] = {
+    ("bert", "tiny"): {"model": "tiny"},
+    ("bert", "small"): {"model": "small"},
+    ("modernbert", "tiny"): {"model": "modernbert-tiny"},
+    ("modernbert", "small"): {
+        "model": "modernbert-tiny",
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "intermediate_size": 768,
+    },
+}
+
 
 @dataclass
 class Cell:
@@ -51,10 +71,12 @@ class Cell:
     seed: int
     kind: str  # "healthy" | "nan" | "absurd_lr"
     faults: str = ""
+    size: str = "tiny"  # a key of SIZES with the arch
 
     @property
     def name(self) -> str:
-        return f"{self.arch}_{self.kind}_lr{self.lr:g}_s{self.seed}"
+        size = "" if self.size == "tiny" else f"{self.size}_"  # tiny: the names of earlier grids
+        return f"{self.arch}_{size}{self.kind}_lr{self.lr:g}_s{self.seed}"
 
 
 @dataclass
@@ -72,6 +94,11 @@ class Outcome:
     current_rules_escalate_at: int | None = None  # see current_rules_escalation
 
     @property
+    def skips(self) -> int:
+        """Steps the guard skipped (a loss spike's update dropped)."""
+        return sum(n for k, n in self.events.items() if k.endswith(":skip"))
+
+    @property
     def loss_falls(self) -> bool:
         return self.loss_last < self.loss_first
 
@@ -86,19 +113,21 @@ class Outcome:
 
 
 def grid(args) -> list[Cell]:
-    """The healthy cells, then the divergences of each architecture."""
-    cells = [Cell("bert", lr, s, "healthy") for lr in args.lrs for s in args.seeds]
-    cells += [
-        Cell("modernbert", lr, s, "healthy")
-        for lr in args.modernbert_lrs
-        for s in args.modernbert_seeds
+    """The healthy cells (tiny, then small), then the divergences of each architecture (tiny,
+    the middle lr, the first seed)."""
+    cells = [
+        Cell(arch, lr, s, "healthy", size=size)
+        for size, lrs, seeds in (
+            ("tiny", args.lrs, args.seeds),
+            ("small", args.small_lrs, args.small_seeds),
+        )
+        for arch in args.archs
+        for lr in lrs
+        for s in seeds
     ]
-    for arch, lrs, seeds in (
-        ("bert", args.lrs, args.seeds),
-        ("modernbert", args.modernbert_lrs, args.modernbert_seeds),
-    ):
-        if lrs and seeds:
-            lr, seed = sorted(lrs)[len(lrs) // 2], seeds[0]
+    if args.lrs and args.seeds:
+        lr, seed = sorted(args.lrs)[len(args.lrs) // 2], args.seeds[0]
+        for arch in args.archs:
             cells.append(Cell(arch, lr, seed, "nan", f"loss_nan@{args.nan_step}"))
             cells.append(Cell(arch, args.absurd_lr, seed, "absurd_lr"))
     return cells
@@ -111,8 +140,8 @@ def run_cell(cell: Cell, shards: Path, out: Path, steps: int) -> Outcome:
     if not done.is_file():
         cmd = command_line.trainer(
             ds_config=CPU_DS_CONFIG, data=shards, output_dir=run, arch=cell.arch,
-            model="tiny" if cell.arch == "bert" else "modernbert-tiny",
-            lr=cell.lr, seed=cell.seed, warmup_steps=WARMUP, max_steps=steps,
+            **SIZES[(cell.arch, cell.size)], lr=cell.lr, seed=cell.seed, warmup_steps=WARMUP,
+            max_steps=steps,
             global_batch_size=BATCH, micro_batch_size=BATCH, num_workers=0, progress=False,
             eval_interval=0, eval_batches=2, save_final=False, keep_last=2,
         )  # fmt: skip
@@ -185,15 +214,15 @@ def current_rules_escalation(train: list[dict]) -> int | None:
 def table(outcomes: list[Outcome]) -> str:
     """The markdown table and the two numbers."""
     rows = [
-        "| arch | kind | lr | seed | exit | step records | loss first 10 -> last 10 | guard events "
-        "| rollbacks | verdict | replayed: old rules escalate at | today's rules |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arch | size | kind | lr | seed | exit | step records | loss first 10 -> last 10 "
+        "| guard events | rollbacks | verdict | replayed: old rules escalate at | today's rules |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         c = o.cell
         events = ", ".join(f"{k} x{v}" for k, v in sorted(o.events.items())) or "-"
         rows.append(
-            f"| {c.arch} | {c.kind} | {c.lr:g} | {c.seed} | {o.exit} | {o.steps} | "
+            f"| {c.arch} | {c.size} | {c.kind} | {c.lr:g} | {c.seed} | {o.exit} | {o.steps} | "
             f"{o.loss_first:.2f} -> {o.loss_last:.2f} | {events} | {o.rollbacks} | {o.verdict} | "
             f"{o.old_rules_escalate_at or '-'} | {o.current_rules_escalate_at or '-'} |"
         )
@@ -206,6 +235,8 @@ def table(outcomes: list[Outcome]) -> str:
         "",
         f"healthy runs ended or rolled back by the guard: {fp} of {len(healthy)} "
         f"(loss fell in {sum(o.loss_falls for o in healthy)})",
+        f"steps skipped (a loss spike's update dropped) in healthy runs: "
+        f"{sum(o.skips for o in healthy)}, in {sum(o.skips > 0 for o in healthy)} runs",
         f"divergences caught: {caught} of {len(diverging)}",
         f"the rules before issue 36 would have rolled back or ended {old} of {len(healthy)} "
         "healthy runs",
@@ -218,10 +249,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--corpus", type=Path, required=True, help="text, one document a line")
     p.add_argument("--out", type=Path, default=Path("/tmp/guard_grid"))
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--lrs", type=float, nargs="*", default=[1e-3, 2e-3, 3e-3])
-    p.add_argument("--seeds", type=int, nargs="*", default=[1, 2])
-    p.add_argument("--modernbert_lrs", type=float, nargs="*", default=[2e-3])
-    p.add_argument("--modernbert_seeds", type=int, nargs="*", default=[1])
+    p.add_argument(
+        "--archs", nargs="*", default=["bert", "modernbert"], choices=["bert", "modernbert"]
+    )
+    p.add_argument("--lrs", type=float, nargs="*", default=[1e-3, 2e-3, 3e-3], help="tiny runs")
+    p.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3], help="tiny runs")
+    p.add_argument("--small_lrs", type=float, nargs="*", default=[3e-3], help="small runs")
+    p.add_argument("--small_seeds", type=int, nargs="*", default=[1, 2, 3], help="small runs")
     p.add_argument("--nan_step", type=int, default=120)
     p.add_argument("--absurd_lr", type=float, default=1.0)
     p.add_argument("--jobs", type=int, default=2, help="runs at once")
