@@ -151,10 +151,14 @@ def init_weights(args, tokenizer: Path, out: Path, max_len: int) -> Path:
     return out
 
 
-def ours_train_cmd(args, shards: Path, init: Path, run: Path, seq: int, attention: str) -> list:
-    """Our trainer for a throughput run (no saves, no evaluation)."""
+def ours_train_cmd(
+    args, shards: Path, init: Path, run: Path, seq: int, attention: str, script: Path | None = None
+) -> list:
+    """Our trainer for a throughput run (no saves, no evaluation); ``script``: another entry that
+    wraps the trainer (benchmarks.training.step_profile's timers)."""
     batch = args.batch_tokens // seq
     return command_line.trainer(
+        **({"script": script} if script else {}),
         ranks=args.ranks,
         master_port=args.port,
         ds_config=CPU_DS_CONFIG,

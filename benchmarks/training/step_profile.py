@@ -175,26 +175,34 @@ def ours_rank_main() -> int:
 # ---- HF: benchmarks.learning.hf_side's worker with timers ---------------------------------------
 
 
-def instrument_hf(sections: Sections) -> None:
-    """Timers on HF Trainer's step: forward, backward (DDP's all-reduce inside), clipping,
-    the fused AdamW step; the step itself from the callback."""
+def instrument_hf_trainer(sections: Sections, model_class: str) -> None:
+    """Timers on HF Trainer's step: forward of ``transformers.<model_class>``, backward (DDP's
+    all-reduce inside), clipping, the fused AdamW step. The step itself is the callback's
+    (:func:`stop_clock`), which the caller puts in place of its harness's own."""
     import accelerate
     import torch
     import transformers
 
-    from benchmarks.learning import hf_side
-
     timed(transformers.Trainer, "training_step", " training_step (forward + backward)", sections)
-    timed(transformers.BertForMaskedLM, "forward", "  model forward", sections)
+    timed(getattr(transformers, model_class), "forward", "  model forward", sections)
     timed(accelerate.Accelerator, "backward", "  backward (DDP all-reduce inside)", sections)
     timed(accelerate.Accelerator, "clip_grad_norm_", " clip_grad_norm_", sections)
     timed(torch.optim.AdamW, "step", " AdamW step (fused)", sections)
     time_collectives(sections)
-    hf_side.snapshot_clock = lambda args: _stop_clock(sections)
 
 
-def _stop_clock(sections: Sections):
-    """A TrainerCallback that marks step starts and stops the run after the measured steps."""
+def instrument_hf(sections: Sections) -> None:
+    """HF's BERT side (benchmarks.learning.hf_side): the Trainer's timers, and the step clock in
+    place of its wall-clock snapshot callback."""
+    from benchmarks.learning import hf_side
+
+    instrument_hf_trainer(sections, "BertForMaskedLM")
+    hf_side.snapshot_clock = lambda args: stop_clock(sections)
+
+
+def stop_clock(sections: Sections, times: list[float] | None = None):
+    """A TrainerCallback that marks step starts and stops the run after the measured steps;
+    ``times`` (a harness's own step clock) gets each step's end time too."""
     from transformers import TrainerCallback
 
     class StopClock(TrainerCallback):
@@ -209,6 +217,8 @@ def _stop_clock(sections: Sections):
             sections.begin_step()
 
         def on_step_end(self, targs, state, control, **_kw):
+            if times is not None:
+                times.append(time.perf_counter())
             if sections.done():
                 write_report(sections, "hf")
                 control.should_training_stop = True
@@ -235,7 +245,7 @@ def run_side(side: str, args, shards: Path, work: Path, out: Path) -> dict:
     """Launch one side with timers; rank 0's and rank 1's sections."""
     from benchmarks.learning import per_hour
 
-    env = {ENV_OUT: str(out), ENV_STEPS: f"{args.warmup},{args.steps}", "PYTHONPATH": str(REPO)}
+    env = profile_env(out, args.warmup, args.steps)
     args.budget_s = 1e9  # the step count ends the run, not the clock
     if side == "ours":
         cmd = per_hour.ours_command(
@@ -251,9 +261,23 @@ def run_side(side: str, args, shards: Path, work: Path, out: Path) -> dict:
     else:
         cmd = per_hour.hf_command(shards, work / "hf", args, time.time())
         cmd[cmd.index("benchmarks.learning.per_hour")] = "benchmarks.training.step_profile"
+    clear_reports(out)
+    per_hour.launch(cmd, args, work / f"{side}_profile.log", env)
+    return rank_reports(out)
+
+
+def profile_env(out: Path, warmup: int, steps: int) -> dict[str, str]:
+    """What a side's ranks need to time themselves and write their reports (OUT.rankN.json)."""
+    return {ENV_OUT: str(out), ENV_STEPS: f"{warmup},{steps}", "PYTHONPATH": str(REPO)}
+
+
+def clear_reports(out: Path) -> None:
     for old in Path(out).parent.glob(Path(out).name + ".rank*.json"):
         old.unlink()
-    per_hour.launch(cmd, args, work / f"{side}_profile.log", env)
+
+
+def rank_reports(out: Path) -> dict[str, dict]:
+    """{rank: its sections} from the reports the ranks wrote."""
     return {
         p.stem.split(".rank")[-1]: json.loads(p.read_text())["sections"]
         for p in sorted(Path(out).parent.glob(Path(out).name + ".rank*.json"))

@@ -1,6 +1,7 @@
 """benchmarks.training.modernbert: the --quick form runs both sides on the same shards and
 prints the throughput table (its shape, not its numbers); the summary and the tables from
-recorded runs (no launch)."""
+recorded runs (no launch). benchmarks.training.step_profile_modernbert, on the same prepared
+folder: both sides timed, the shared ModernBERT pieces inside both forwards."""
 
 from __future__ import annotations
 
@@ -8,14 +9,24 @@ import json
 
 import pytest
 
+from benchmarks.training import step_profile_modernbert
 from benchmarks.training.modernbert import main, print_tables, throughput_summary
 
 HEADER = "| seq | arm | attention | runs | tokens/s median [min, max] | vs HF "
 
 
-def test_quick_runs_both_sides_and_prints_the_table(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """One prepared folder (held-out split, shards, the seeded initial weights) for both
+    harnesses: each keeps a finished build and weights it finds there."""
+    return tmp_path_factory.mktemp("modernbert_bench")
+
+
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
+def test_quick_runs_both_sides_and_prints_the_table(workdir, capsys):
     """The command in this process (``main``, what ``python -m benchmarks.training.modernbert``
     runs: its interpreter's start-up is not what is tested); each side's 2 ranks are launched."""
+    tmp_path = workdir
     assert main(["--quick", "--workdir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert HEADER in printed
@@ -27,6 +38,30 @@ def test_quick_runs_both_sides_and_prints_the_table(tmp_path, capsys):
         assert row["tokens_per_s"]["median"] > 0 and row["peak_rss_mib"]["median"] > 0
         assert row["ranks_seen"] == [2]  # each rank found, loader workers not counted
     assert str(tmp_path) not in (tmp_path / "modernbert.json").read_text()  # portable paths
+
+
+@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
+def test_step_profile_times_the_shared_modernbert_pieces_on_both_sides(workdir, capsys):
+    out = workdir / "profile.json"
+    argv = ["--quick", "--workdir", str(workdir), "--steps", "2", "--warmup", "1", "--repeats", "1"]
+    assert step_profile_modernbert.main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "hf: rank 0, ms per optimizer step" in printed and "ours: rank 0" in printed
+    runs = {r["side"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"hf", "ours"} and all(set(r["ranks"]) == {"0", "1"} for r in runs.values())
+    attention = {"hf": "sdpa", "ours": "bertforge_document"}
+    for side, run in runs.items():
+        sections = run["ranks"]["0"]
+        for name, calls in (
+            ("   encoder (ModernBertModel)", 1),
+            ("   prediction head", 1),
+            (f"    attention ({attention[side]}, all layers)", 3),  # modernbert-tiny: 3 layers
+        ):
+            assert sections[name]["calls_per_step"] == calls, (side, name, sections.get(name))
+            assert sections[name]["ms_per_step"] > 0
+        assert sections["iteration (step start to step start)"]["ms_per_step"] > 0
+    assert "   ZeRO-2 gradient reduce" in runs["ours"]["ranks"]["0"]
+    assert "  backward (DDP all-reduce inside)" in runs["hf"]["ranks"]["0"]
 
 
 def _run(arm, seq, tps, rss_mib, attention="document", repeat=0):
