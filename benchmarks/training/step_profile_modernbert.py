@@ -122,6 +122,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
     if not args.quick:
         args.seq_lens = [mine.seq]
         args.learn_seq = mine.seq
+    # the lr warm-up inside the steps left out (both sides): a run shorter than its warm-up is
+    # refused, and the lr does not change a step's time
+    args.warmup_steps = min(args.warmup_steps, mine.warmup)
     if args.precision == "auto":
         args.precision = "bf16"  # the precision both sides train the measured runs in
     return mine, args
