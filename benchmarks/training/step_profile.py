@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from bertforge.logs import get_logger
@@ -160,11 +161,19 @@ def _time_data_wait(sections: Sections, timer_cls) -> None:
     timer_cls.waited = waited
 
 
-def ours_rank_main() -> int:
-    """One rank of ours (under the DeepSpeed launcher): pretrain/main.py with timers."""
+def sections_from_env() -> Sections:
+    """A rank's sections for the warm-up and measured steps its parent set (ENV_STEPS)."""
     warmup, steps = map(int, os.environ[ENV_STEPS].split(","))
-    sections = Sections(warmup, steps)
+    return Sections(warmup, steps)
+
+
+def ours_rank_main(extra: Callable[[Sections], None] | None = None) -> int:
+    """One rank of ours (under the DeepSpeed launcher): pretrain/main.py with timers; ``extra``
+    adds an arch's own timers (step_profile_modernbert)."""
+    sections = sections_from_env()
     instrument_ours(sections)
+    if extra is not None:
+        extra(sections)
     from bertforge.pretrain.main import main
 
     code = main(keep_handler=True)
@@ -231,8 +240,7 @@ def hf_rank_main(argv: list[str]) -> int:
     from benchmarks.learning.hf_side import hf_worker
     from benchmarks.learning.per_hour import parse_args
 
-    warmup, steps = map(int, os.environ[ENV_STEPS].split(","))
-    sections = Sections(warmup, steps)
+    sections = sections_from_env()
     instrument_hf(sections)
     hf_worker(parse_args(argv))
     return 0

@@ -56,8 +56,7 @@ def hf_rank_main(argv: list[str]) -> int:
     """One rank of HF (under torchrun): benchmarks.training.modernbert_hf's worker with timers."""
     from benchmarks.training import modernbert_hf
 
-    warmup, steps = map(int, os.environ[sp.ENV_STEPS].split(","))
-    sections = sp.Sections(warmup, steps)
+    sections = sp.sections_from_env()
     sp.instrument_hf_trainer(sections, "ModernBertForMaskedLM")
     time_modernbert(sections, "sdpa")
     modernbert_hf.step_clock = lambda times: sp.stop_clock(sections, times)
@@ -69,15 +68,7 @@ def ours_rank_main() -> int:
     ModernBERT pieces; the attention path registers itself when imported."""
     from bertforge.pretrain.model import attention_paths
 
-    warmup, steps = map(int, os.environ[sp.ENV_STEPS].split(","))
-    sections = sp.Sections(warmup, steps)
-    sp.instrument_ours(sections)
-    time_modernbert(sections, attention_paths.ATTN_IMPLEMENTATION)
-    from bertforge.pretrain.main import main
-
-    code = main(keep_handler=True)
-    sys.stdout.flush()
-    os._exit(code)
+    return sp.ours_rank_main(lambda s: time_modernbert(s, attention_paths.ATTN_IMPLEMENTATION))
 
 
 def run_side(side: str, args, data: dict, seq: int, mine, work: Path, out: Path) -> dict:
