@@ -66,7 +66,7 @@ from bertforge.pretrain.model.registry import (
     check_supported,
     resolve_attention,
 )
-from bertforge.pretrain.model.specs import objective_for_format
+from bertforge.pretrain.model.specs import resolve_objective
 from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
@@ -173,7 +173,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     train_reader, val_readers = open_shards(cfg)
     cfg = dataclasses.replace(cfg, model_cfg=_model_for_shards(cfg, train_reader.max_seq_len))
     # what the arch cannot train (the shards' objective, a flag), before any rendezvous
-    check_supported(cfg.model_cfg, objective_for_format(train_reader.format))
+    check_supported(cfg.model_cfg, resolve_objective(cfg.objective_cfg, train_reader.format))
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
     point = find_resume(
         cfg.run.resume,
@@ -249,7 +249,7 @@ def build_encoder(
     model = build_model(
         cfg.model_cfg,
         vocab_size=reader.vocab_size,
-        objective=objective_for_format(reader.format),
+        objective=resolve_objective(cfg.objective_cfg, reader.format),
         max_seq_len=max_seq_len,
     )
     report = None

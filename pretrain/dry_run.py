@@ -33,8 +33,9 @@ from bertforge.pretrain.data.mixture import open_training
 from bertforge.pretrain.data.show_masks import format_shown
 from bertforge.pretrain.data.show_masks import show_masks as shown_masks
 from bertforge.pretrain.model.bert import ModelConfig, padded_vocab, resolve_config
+from bertforge.pretrain.model.objective_config import ObjectiveConfig
 from bertforge.pretrain.model.registry import ARCHES, build_model, resolve_attention
-from bertforge.pretrain.model.specs import objective_for_format
+from bertforge.pretrain.model.specs import resolve_objective
 
 log = get_logger(__name__)
 DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)
@@ -139,6 +140,7 @@ def run_dry_run(
     reader=None,
     lr_schedule: dict[str, Any] | None = None,
     recipe: list[dict[str, Any]] | None = None,
+    objective_cfg: ObjectiveConfig | None = None,
 ) -> dict[str, Any]:
     """Build reader, model and loader; draw `num_batches` training batches; print and return
     the report. extra_config: further resolved settings (e.g. the trainer's) merged under "config".
@@ -148,12 +150,13 @@ def run_dry_run(
     reader: the training reader of ``data`` when the caller opened it already.
     lr_schedule: the phases of :func:`lr_phases` (under "lr_schedule").
     recipe: :func:`recipe_lines` (under "recipe": each non-default value and its source).
+    objective_cfg: ``--objective`` and its knobs (default: the shards decide).
     """
     stream = stream or sys.stdout
     if reader is None:
         reader = open_training(parse_mixture(data), verify=data_cfg.verify)
     resolved, model, loader = _model_and_loader(
-        reader, model_cfg, masking_cfg, data_cfg, micro_batch_size
+        reader, model_cfg, masking_cfg, data_cfg, micro_batch_size, objective_cfg
     )
     masking = realised_masking(loader, num_batches, masking_cfg, micro_batch_size)
     report = {
@@ -188,6 +191,7 @@ def _model_and_loader(
     masking_cfg: MaskingConfig,
     data_cfg: DataConfig,
     micro_batch_size: int,
+    objective_cfg: ObjectiveConfig | None = None,
 ) -> tuple[ModelConfig, Any, Any]:
     """The model config resolved for ``reader``'s data, the model it builds and a training loader
     that draws its batches in this process (the report needs no worker processes)."""
@@ -198,7 +202,7 @@ def _model_and_loader(
     model = build_model(
         resolved,
         reader.vocab_size,
-        objective=objective_for_format(reader.format),
+        objective=resolve_objective(objective_cfg, reader.format),
         max_seq_len=reader.max_seq_len,
     )
     loader = build_loader(
@@ -217,10 +221,12 @@ def _model_summary(model, resolved: ModelConfig, reader, masking: dict[str, Any]
     """The report's "model": its class, size, FLOPs per token at the realised masking, and
     sequence and vocabulary sizes."""
     seq_len = reader.max_seq_len
+    extra = getattr(model, "generator", None)  # an objective's network beside the encoder
     return {
         "architecture": model.hf_architecture,
         # Distinct parameters: weights shared between layers (--share_layers) count once.
         "parameters": int(model.num_parameters()),
+        **({"generator_parameters": int(extra.num_parameters())} if extra is not None else {}),
         "flops_per_token": model.flops_per_token(seq_len, masking["selected_fraction"]),
         "seq_len": seq_len,
         "vocab_size": reader.vocab_size,
@@ -266,6 +272,11 @@ def format_report(r: dict[str, Any]) -> str:
             f"        {m['parameters']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOPs per "
             f"token (train, seq {m['seq_len']}); vocab {m['vocab_size']} padded to "
             f"{m['padded_vocab_size']}"
+        ),
+        *(
+            [f"        of which the generator (--objective rtd): {m['generator_parameters']:,}"]
+            if "generator_parameters" in m
+            else []
         ),
         (
             f"shards  {s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, "
@@ -452,7 +463,8 @@ def main(cfg) -> int:
         run = resolve_run(cfg)  # the launch's own checks, before any rendezvous
         parsed, cfg = cfg, run.cfg  # the config as it will run
         flags = resolved_flags(cfg, run.setup)
-        extra = {k: v for k, v in flags.items() if k not in ("model_cfg", "masking", "data_cfg")}
+        own = ("model_cfg", "masking", "data_cfg")
+        extra = {k: v for k, v in flags.items() if k not in own}
         extra["world_size"] = run.setup.batch.world_size
         run_dry_run(
             cfg.run.data_sources,
@@ -466,6 +478,7 @@ def main(cfg) -> int:
             show_masks=cfg.run.show_masks,
             reader=run.train_reader,
             lr_schedule=_schedule_report(cfg, run),
+            objective_cfg=cfg.objective_cfg,
         )
     # A shard found corrupt while drawing batches is the loader's ValueError.
     except (UserError, ValueError) as e:

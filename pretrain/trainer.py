@@ -37,6 +37,8 @@ from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.masking import merge_stats
 from bertforge.pretrain.model.registry import resolve_attention
+from bertforge.pretrain.model.rtd import RTD_COUNTS
+from bertforge.pretrain.model.specs import resolve_objective
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
@@ -45,8 +47,17 @@ PERIODIC_SAVES = ("interval", "time", "guard")
 
 # Per-rank sums over one optimizer step, all-reduced together (one collective, no host sync per
 # micro-batch): MLM loss (already normalised by the global masked count), correct predictions,
-# and for NSP shards the NSP loss (mean over micro-batches), correct and count.
-STEP_SUMS = ("mlm_loss", "mlm_correct", "nsp_loss", "nsp_correct", "nsp_count")
+# for NSP shards the NSP loss (mean over micro-batches), correct and count, and for replaced-token
+# detection the discriminator's loss (normalised by the global real-token count) and its counts.
+STEP_SUMS = (
+    "mlm_loss",
+    "mlm_correct",
+    "nsp_loss",
+    "nsp_correct",
+    "nsp_count",
+    "rtd_loss",
+    *RTD_COUNTS,
+)
 
 
 def fp16_gave_up(error: BaseException) -> bool:
@@ -79,8 +90,11 @@ def engine_record(engine, consumed: int, timer: StepTimer, budget: TimeBudget) -
     }
 
 
-def loss_record(sums: dict[str, float], n_masked: float, world: int) -> dict[str, Any]:
-    """Loss and accuracy of a step from the all-reduced :data:`STEP_SUMS`."""
+def loss_record(
+    sums: dict[str, float], n_masked: float, world: int, rtd_weight: float = 0.0
+) -> dict[str, Any]:
+    """Loss and accuracy of a step from the all-reduced :data:`STEP_SUMS` (``loss`` is what the
+    step minimised: MLM, + NSP, + rtd_weight x the discriminator's loss)."""
     rec = {
         "loss": sums["mlm_loss"],
         "mlm_loss": sums["mlm_loss"],
@@ -90,6 +104,14 @@ def loss_record(sums: dict[str, float], n_masked: float, world: int) -> dict[str
         rec["nsp_loss"] = sums["nsp_loss"] / world
         rec["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
         rec["loss"] += rec["nsp_loss"]
+    if sums["rtd_tokens"] > 0:
+        tokens, replaced = sums["rtd_tokens"], sums["rtd_replaced"]
+        rec["rtd_loss"] = sums["rtd_loss"]
+        rec["rtd_accuracy"] = sums["rtd_correct"] / tokens
+        rec["rtd_precision"] = sums["rtd_true_positive"] / max(sums["rtd_predicted"], 1.0)
+        rec["rtd_recall"] = sums["rtd_true_positive"] / max(replaced, 1.0)
+        rec["rtd_replaced_share"] = replaced / tokens
+        rec["loss"] += rtd_weight * rec["rtd_loss"]
     return rec
 
 
@@ -188,6 +210,10 @@ class Trainer:
         self.metrics, self.ckpts, self.budget = outputs.metrics, outputs.ckpts, self.clock.budget
         self.source_names = _source_names(data.loader.dataset.reader)
         self.faults = self.ckpts.faults  # one plan per launch: the save faults fire in the manager
+        objective = resolve_objective(cfg.objective_cfg, data.loader.dataset.reader.format)
+        # replaced-token detection: the discriminator's loss is weighted into the step's loss and
+        # normalised by the global batch's real tokens, as the MLM loss is by its masked ones
+        self.rtd_weight = objective.settings.rtd_weight if "rtd" in objective.heads else 0.0
         if self.faults:
             self.metrics.warning(self.faults.describe())
 
@@ -349,10 +375,18 @@ class Trainer:
         scale = float(accum * self.world)
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in STEP_SUMS}
         fault = self._planned_fault(eng.global_steps + 1)
+        normalizers = {"mlm_normalizer": max(n_masked, 1.0)}
+        if self.rtd_weight:
+            normalizers["token_normalizer"] = max(n_tokens, 1.0)
         for i, mb in enumerate(micro):
-            out = eng(**self._to_device(mb), mlm_normalizer=max(n_masked, 1.0))
+            out = eng(**self._to_device(mb), **normalizers)
             mlm = out["mlm_loss"] if fault is None else out["mlm_loss"] * fault
             loss = mlm * scale
+            if self.rtd_weight:
+                loss = loss + self.rtd_weight * out["rtd_loss"] * scale
+                sums["rtd_loss"] += out["rtd_loss"].detach().double()
+                for k in RTD_COUNTS:
+                    sums[k] += out[k].double()
             if out.get("nsp_loss") is not None:
                 loss = loss + out["nsp_loss"]
                 sums["nsp_loss"] += out["nsp_loss"].detach().double() / accum
@@ -369,7 +403,9 @@ class Trainer:
             dist.all_reduce(stacked)
         rec = {
             "step": eng.global_steps + 1,
-            **loss_record(dict(zip(STEP_SUMS, stacked.tolist())), n_masked, self.world),
+            **loss_record(
+                dict(zip(STEP_SUMS, stacked.tolist())), n_masked, self.world, self.rtd_weight
+            ),
             "tokens": n_tokens,
             "masked": n_masked,
             "samples": self.plan.global_batch,

@@ -174,6 +174,7 @@ def config_from_args(
         cfg = TrainConfig(
             **concerns,
             model_cfg=model,
+            objective_cfg=foreign["objective_cfg"](**_overrides(ns, names, "objective_cfg")),
             data_cfg=foreign["data_cfg"](**data_over),
             masking=foreign["masking"](**mask_over),
             explicit_model={**{k: v for k, v in chosen.items() if k != "name"}, **flags},

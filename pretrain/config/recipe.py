@@ -42,6 +42,7 @@ SECTIONS = {
     "guard": "guard",
     "log": "log",
     "model": "model_cfg",
+    "objective": "objective_cfg",
     "data": "data_cfg",
     "masking": "masking",
 }

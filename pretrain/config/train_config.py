@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bertforge.pretrain.data.loader import DataConfig
     from bertforge.pretrain.data.masking import MaskingConfig
     from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.objective_config import ObjectiveConfig
 
 
 def _preset_names() -> list[str]:
@@ -316,8 +317,14 @@ def foreign_concerns() -> dict[str, type]:
     from bertforge.pretrain.data.loader import DataConfig
     from bertforge.pretrain.data.masking import MaskingConfig
     from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.objective_config import ObjectiveConfig
 
-    return {"model_cfg": ModelConfig, "data_cfg": DataConfig, "masking": MaskingConfig}
+    return {
+        "model_cfg": ModelConfig,
+        "objective_cfg": ObjectiveConfig,
+        "data_cfg": DataConfig,
+        "masking": MaskingConfig,
+    }
 
 
 @dataclass(frozen=True)
@@ -336,6 +343,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     # Owned by their modules; filled by parse_args. Names kept as in config.json / checkpoints.
     model_cfg: ModelConfig | None = None  # the architecture: --model's preset plus flag overrides
+    objective_cfg: ObjectiveConfig | None = None  # --objective and the rtd knobs
     data_cfg: DataConfig | None = None  # loader settings (order, workers, padding)
     masking: MaskingConfig | None = None  # dynamic masking settings
     # ModelConfig fields the command line set on purpose (a given --model counts for all of its

@@ -56,6 +56,7 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     run_tokenizer_dir,
 )
+from bertforge.pretrain.model.specs import objective_of_run
 
 log = get_logger(__name__)
 
@@ -181,7 +182,9 @@ def export(
     nsp = bool(state.get("nsp", False))
     model = _trained_model(state, sd, ckpt, nsp)
     hf_model, conf, tok = _hf_model(model, run, state)
-    pooler = adds_pooler(model.arch, nsp)
+    # replaced-token detection: the discriminator is the export, its generator goes beside it
+    generator = model.generator_hf() if hasattr(model, "generator_hf") else None
+    pooler = adds_pooler(model.arch, nsp) and generator is None
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
@@ -212,9 +215,46 @@ def export(
             language=language,
             datasets=datasets,
         )
-        if verify:
+        if generator is not None:
+            result["generator"] = str(output / GENERATOR_DIR)
+            _save_generator(tmp / GENERATOR_DIR, *generator, tok)
+        if verify and generator is not None:
+            result.update(verify_rtd_export(tmp))
+        elif verify:
             result.update(verify_export(tmp, nsp, pooler=pooler))
     return result
+
+
+#: where an RTD export puts its generator (ElectraForMaskedLM), inside the export folder
+GENERATOR_DIR = "generator"
+
+
+def _save_generator(out: Path, conf, sd: dict[str, Any], tok) -> None:
+    """The RTD generator as transformers' ElectraForMaskedLM (with the run's tokenizer)."""
+    import transformers
+
+    model = transformers.ElectraForMaskedLM(conf)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"name mapping to ElectraForMaskedLM failed: missing {missing}, unexpected {unexpected}"
+        )
+    model.tie_weights()
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+
+
+def verify_rtd_export(out: Path) -> dict[str, Any]:
+    """Load an RTD export with transformers (strict key check): the discriminator with
+    AutoModelForPreTraining, the generator with AutoModelForMaskedLM and its fill-mask."""
+    import transformers
+
+    bad = _load_problems(transformers.AutoModelForPreTraining, out)
+    model = bad.pop("model")
+    if bad:
+        raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
+    res = verify_export(out / GENERATOR_DIR, nsp=False)
+    return {"architecture": type(model).__name__, "fill_mask": res["fill_mask"]}
 
 
 def _checkpoint_weights(
@@ -245,7 +285,11 @@ def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, nsp: b
     from bertforge.pretrain.model.registry import build_model
 
     model_cfg = ModelConfig(**state["config"]["model_cfg"])
-    model = build_model(model_cfg, vocab_size=int(state["vocab_size"]), nsp=nsp)
+    model = build_model(
+        model_cfg,
+        vocab_size=int(state["vocab_size"]),
+        objective=objective_of_run(state["config"], nsp),
+    )
     load_weights(model, sd, ckpt)
     theta = trained_rope_theta(state)
     if theta is not None:  # a phase plan's rope_theta: the one the checkpoint's weights ended at

@@ -12,3 +12,8 @@ class ArchError(UserError, ValueError):
 
 class InitError(CheckpointError):
     """An --init_from source that cannot initialise this run; the message says what to do."""
+
+
+class ObjectiveError(UserError, ValueError):
+    """An objective the run cannot train (``--objective`` against the shards' format, or an
+    objective the arch does not implement); exit status 2."""

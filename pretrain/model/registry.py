@@ -60,7 +60,12 @@ def check_supported(cfg: ModelConfig, objective: ObjectiveSpec = MLM) -> None:
     naming the flag, before any rendezvous."""
     spec = get_spec(cfg.arch)
     refused = spec.unsupported(cfg, objective)
-    if objective.name not in spec.objectives:
+    chosen = objective.settings is not None and objective.settings.objective != "auto"
+    if objective.name not in spec.objectives and chosen:
+        refused.append(
+            f"--objective {objective.name}: {spec.display_name} trains {', '.join(spec.objectives)}"
+        )
+    elif objective.name not in spec.objectives:
         missing = [
             h for h in objective.heads if all(h not in OBJECTIVES[o].heads for o in spec.objectives)
         ]

@@ -9,18 +9,23 @@ them is :mod:`pretrain.model.registry`; nothing outside this package compares ar
 A training objective is an :class:`ObjectiveSpec`: the heads it adds to the encoder, the loss
 terms the model returns (summed into ``loss``), the metrics the trainer logs for it, the shard
 format and batch keys it needs, and the extra networks trained beside the encoder (none for MLM
-and MLM+NSP; ELECTRA's replaced-token detection will name its generator there). The data decides
-the objective today: NSP shards train MLM+NSP, packed ones MLM (:func:`objective_for_format`).
+and MLM+NSP; ELECTRA's replaced-token detection names its generator there). ``--objective``
+chooses it (recipe section ``objective``); ``auto`` lets the shards decide: NSP shards train
+MLM+NSP, packed ones MLM (:func:`resolve_objective`).
 (In the spirit of torchtitan's ``protocols/model_spec.py`` and its
 ``models/<name>/state_dict_adapter.py``.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from bertforge.pretrain.model.errors import ObjectiveError
+from bertforge.pretrain.model.objective_config import ObjectiveConfig
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +116,9 @@ class ObjectiveSpec:
     data_format: str  # the shard format it trains on (data_prep build --format)
     batch_keys: tuple[str, ...] = ()  # batch tensors it needs beyond input_ids / labels
     extra_networks: tuple[str, ...] = field(default=())  # trained beside the encoder
+    #: the run's ObjectiveConfig (its knobs: rtd weight, generator size, embedding sharing);
+    #: set by resolve_objective, None for a spec taken as it is
+    settings: ObjectiveConfig | None = None
 
     @property
     def nsp(self) -> bool:
@@ -137,15 +145,60 @@ MLM_NSP = ObjectiveSpec(
     batch_keys=("token_type_ids", "next_sentence_label"),
 )
 
-OBJECTIVES: dict[str, ObjectiveSpec] = {o.name: o for o in (MLM, MLM_NSP)}
+RTD = ObjectiveSpec(
+    name="rtd",
+    description="replaced-token detection (ELECTRA): a small generator's MLM fills the masked "
+    "positions by sampling, the encoder (the discriminator) tells every token replaced or not",
+    heads=("rtd",),
+    loss_terms=("mlm_loss", "rtd_loss"),
+    metrics=(
+        "loss",
+        "mlm_loss",
+        "mlm_accuracy",
+        "rtd_loss",
+        "rtd_accuracy",
+        "rtd_precision",
+        "rtd_recall",
+        "rtd_replaced_share",
+    ),
+    data_format="packed",
+    extra_networks=("generator",),
+)
+
+OBJECTIVES: dict[str, ObjectiveSpec] = {o.name: o for o in (MLM, MLM_NSP, RTD)}
 
 
 def objective_for_format(data_format: str) -> ObjectiveSpec:
-    """The objective the shards' format trains (manifest.json's ``format``)."""
-    for objective in OBJECTIVES.values():
-        if objective.data_format == data_format:
-            return objective
-    formats = ", ".join(o.data_format for o in OBJECTIVES.values())
-    raise ValueError(
+    """The objective the shards' format trains by default (manifest.json's ``format``)."""
+    for name in ("mlm", "mlm+nsp"):
+        if OBJECTIVES[name].data_format == data_format:
+            return OBJECTIVES[name]
+    formats = ", ".join(sorted({o.data_format for o in OBJECTIVES.values()}))
+    raise ObjectiveError(
         f"shard format {data_format!r} (manifest.json): no objective trains it ({formats})"
     )
+
+
+def resolve_objective(settings: ObjectiveConfig | None, data_format: str) -> ObjectiveSpec:
+    """The objective a run trains: ``--objective`` (``auto``: the shards' format decides), with
+    its settings; one the shards cannot train is an ObjectiveError naming both."""
+    settings = settings or ObjectiveConfig()
+    if settings.objective == "auto":
+        spec = objective_for_format(data_format)
+    else:
+        spec = OBJECTIVES[settings.objective]
+        if spec.data_format != data_format:
+            raise ObjectiveError(
+                f"--objective {spec.name} trains on {spec.data_format} shards, the shards are "
+                f"{data_format} (manifest.json's format): build them with `python -m data_prep "
+                f"build --format {spec.data_format}`, or choose --objective auto"
+            )
+    return dataclasses.replace(spec, settings=settings)
+
+
+def objective_of_run(config: dict[str, Any], nsp: bool) -> ObjectiveSpec:
+    """The objective a run trained, from its recorded config (``RUN/config.json``, a
+    checkpoint's ``config``; runs written before ``--objective`` existed have none: the shards
+    decided) and whether its shards were NSP shards."""
+    settings = ObjectiveConfig(**(config.get("objective_cfg") or {}))
+    return resolve_objective(settings, "nsp" if nsp else "packed")

@@ -30,11 +30,26 @@ PRESETS = {
 def build(
     cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> PretrainingModel:
-    """The model (``model.build_bert``). Imported here, not at the top: transformers' modeling
-    code costs about 4 s of imports that the doctor, the dry run and the command line skip."""
+    """The model (``model.build_bert``; for replaced-token detection the ELECTRA pair,
+    ``electra.build_bert_rtd``). Imported here, not at the top: transformers' modeling code costs
+    about 4 s of imports that the doctor, the dry run and the command line skip."""
+    if objective.name == "rtd":
+        from bertforge.pretrain.model.bert.electra import build_bert_rtd  # heavy, only to build
+
+        return build_bert_rtd(cfg, vocab_size, objective.settings, max_seq_len)
     from bertforge.pretrain.model.bert.model import build_bert  # heavy, only to build
 
     return build_bert(cfg, vocab_size, objective, max_seq_len)
+
+
+def unsupported(cfg: ModelConfig, objective: ObjectiveSpec) -> list[str]:
+    """What BERT does not train: cross-layer sharing with replaced-token detection."""
+    if objective.name == "rtd" and cfg.share_layers != "none":
+        return [
+            f"--share_layers {cfg.share_layers} with --objective rtd: the ELECTRA pair is built "
+            "on transformers' Electra classes, which have no shared layers"
+        ]
+    return []
 
 
 def layer_activation_bytes(shape: Any, micro_batch: int, varlen: bool) -> list[float]:
@@ -52,8 +67,9 @@ SPEC = ModelSpec(
     build=build,
     adapter=ADAPTER,
     default_attention="full",
-    objectives=("mlm", "mlm+nsp"),
+    objectives=("mlm", "mlm+nsp", "rtd"),
     rotary=False,
     memory_terms=lambda cfg: {},
     layer_activation_bytes=layer_activation_bytes,
+    unsupported=unsupported,
 )
