@@ -149,7 +149,7 @@ RTD = ObjectiveSpec(
     name="rtd",
     description="replaced-token detection (ELECTRA): a small generator's MLM fills the masked "
     "positions by sampling, the encoder (the discriminator) tells every token replaced or not",
-    heads=("rtd",),
+    heads=("mlm", "rtd"),  # the generator's masked-LM head, the discriminator's
     loss_terms=("mlm_loss", "rtd_loss"),
     metrics=(
         "loss",

@@ -20,7 +20,7 @@ from bertforge.pretrain.model.registry import (
     get_spec,
     spec_for_model_type,
 )
-from bertforge.pretrain.model.specs import MLM, MLM_NSP, OBJECTIVES, objective_for_format
+from bertforge.pretrain.model.specs import MLM, MLM_NSP, OBJECTIVES, RTD, objective_for_format
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 1999
@@ -70,12 +70,13 @@ def test_the_data_format_picks_the_objective_and_its_head():
         build_model(PRESETS["tiny"], VOCAB, nsp=True, objective=MLM)
 
 
-@pytest.mark.parametrize("objective", [MLM, MLM_NSP])
+@pytest.mark.parametrize("objective", [MLM, MLM_NSP, RTD])
 def test_an_objectives_metrics_are_what_the_trainer_logs(objective):
-    from bertforge.pretrain.trainer import loss_record
+    from bertforge.pretrain.trainer import STEP_SUMS, loss_record
 
-    sums = {"mlm_loss": 2.0, "mlm_correct": 3.0, "nsp_loss": 0.0, "nsp_correct": 0.0}
+    sums = dict.fromkeys(STEP_SUMS, 0.0) | {"mlm_loss": 2.0, "mlm_correct": 3.0}
     sums["nsp_count"] = 4.0 if objective.nsp else 0.0
+    sums["rtd_tokens"] = 40.0 if "rtd" in objective.heads else 0.0
     assert set(loss_record(sums, 10.0, 1)) == set(objective.metrics)
     assert {f"{h}_loss" for h in objective.heads} == set(objective.loss_terms)
 

@@ -1,0 +1,152 @@
+"""Replaced-token detection (ELECTRA, --objective rtd) in one process: the pair against
+transformers' own Electra classes, the sampling, the corruption, the gradients each embedding
+sharing lets through, and what the objective refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.errors import ArchError, ObjectiveError
+from bertforge.pretrain.model.objective_config import ObjectiveConfig
+from bertforge.pretrain.model.registry import PRESETS, build_model, check_supported
+from bertforge.pretrain.model.rtd import (
+    corrupt,
+    discriminator_loss,
+    generator_config,
+    sample_replacements,
+)
+from bertforge.pretrain.model.specs import objective_of_run, resolve_objective
+
+VOCAB = 203  # not a multiple of 8: the padding rows must stay out of every softmax
+
+
+def rtd_model(sharing: str = "plain", seed: int = 0, **settings):
+    torch.manual_seed(seed)
+    cfg = ObjectiveConfig(objective="rtd", embedding_sharing=sharing, **settings)
+    model = build_model(PRESETS["tiny"], VOCAB, objective=resolve_objective(cfg, "packed"))
+    return model.eval()
+
+
+def masked_batch(seed: int = 1):
+    """ids [2, 24] with 6 masked positions each, the second sequence padded after 20."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (2, 24), generator=g)
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, 2:8] = ids[:, 2:8]
+    inputs = ids.clone()
+    inputs[:, 2:8] = 4  # [MASK]
+    attention = torch.ones_like(ids)
+    attention[1, 20:] = 0
+    return inputs, attention, labels
+
+
+def test_generator_size_follows_the_encoders_head_size():
+    base = PRESETS["base"]  # 768 wide, 12 heads of 64, 12 layers
+    gen = generator_config(base, ObjectiveConfig(generator_width=1 / 3, generator_depth=0.5))
+    assert (gen.hidden_size, gen.num_attention_heads, gen.num_hidden_layers) == (256, 4, 6)
+    assert gen.intermediate_size == 1024
+    tiny = generator_config(PRESETS["tiny"], ObjectiveConfig())  # 2 heads: at least one
+    assert (tiny.hidden_size, tiny.num_attention_heads) == (64, 1)
+
+
+def test_a_sample_equal_to_the_original_counts_as_original():
+    inputs, _, labels = masked_batch()
+    sampled = labels[labels != IGNORE_INDEX].clone()
+    sampled[::2] = (sampled[::2] + 1) % VOCAB  # every other sample differs from the original
+    corrupted, replaced = corrupt(inputs, labels, sampled)
+    masked = labels != IGNORE_INDEX
+    assert torch.equal(corrupted[~masked], inputs[~masked])  # only masked positions change
+    assert torch.equal(corrupted[masked], sampled)
+    assert torch.equal(replaced[masked], sampled != labels[masked])
+    assert not replaced[~masked].any() and int(replaced.sum()) == 6
+
+
+def test_sampling_draws_from_the_softmax():
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(40000, 1)
+    counts = torch.bincount(sample_replacements(logits), minlength=4).double() / 40000
+    torch.testing.assert_close(counts, torch.softmax(logits[0].double(), 0), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("sharing", ["plain", "disentangled"])
+def test_the_discriminator_is_transformers_electra_for_pretraining(sharing):
+    """Our discriminator's logits and loss against ElectraForPreTraining holding the exported
+    weights (the disentangled table written as shared + difference)."""
+    model = rtd_model(sharing)
+    with torch.no_grad():  # a difference that is not zero: the export must add it
+        if sharing == "disentangled":
+            model.discriminator.electra.embeddings.word_embeddings.delta.normal_(0, 0.02)
+    hf = transformers.ElectraForPreTraining(model.hf_config(unpad_vocab=True)).eval()
+    missing, unexpected = hf.load_state_dict(model.hf_state_dict(unpad_vocab=True), strict=False)
+    assert not missing and not unexpected
+    inputs, attention, labels = masked_batch()
+    replaced = labels != IGNORE_INDEX
+    replaced[0, 3] = False
+    ours = model.discriminator_logits(inputs, attention)
+    with torch.no_grad():
+        out = hf(input_ids=inputs, attention_mask=attention, labels=replaced.long())
+    torch.testing.assert_close(ours, out.logits, atol=1e-5, rtol=1e-5)
+    loss = discriminator_loss(ours, replaced, attention)  # BCE over the real tokens
+    torch.testing.assert_close(loss["rtd_loss"], out.loss, atol=1e-6, rtol=1e-6)
+    assert int(loss["rtd_tokens"]) == 44 and int(loss["rtd_replaced"]) == 11
+
+
+def test_the_generator_is_transformers_electra_for_masked_lm():
+    """The generator's masked-row logits and the fused MLM loss against ElectraForMaskedLM."""
+    model = rtd_model()
+    conf, sd = model.generator_hf()
+    hf = transformers.ElectraForMaskedLM(conf).eval()
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    assert not missing and not unexpected
+    inputs, attention, labels = masked_batch()
+    with torch.no_grad():
+        ref = hf(input_ids=inputs, attention_mask=attention).logits[labels != IGNORE_INDEX]
+        out = model(input_ids=inputs, attention_mask=attention, labels=labels)
+    ours = model.predict_masked(inputs, attention, None, labels)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    expected = F.cross_entropy(ref.double(), labels[labels != IGNORE_INDEX])
+    torch.testing.assert_close(out["mlm_loss"].double(), expected, atol=1e-5, rtol=1e-5)
+    total = out["mlm_loss"] + 50.0 * out["rtd_loss"]
+    torch.testing.assert_close(out["loss"], total)
+
+
+@pytest.mark.parametrize("sharing", ["plain", "disentangled"])
+def test_no_gradient_reaches_the_generator_through_the_sample(sharing):
+    """The discriminator's loss alone: the generator's layers get no gradient (the sample is not
+    differentiated); its token embeddings get one only under plain sharing (DeBERTa-v3's
+    disentangled sharing stops it, the difference takes it)."""
+    model = rtd_model(sharing).train()
+    inputs, attention, labels = masked_batch()
+    out = model(input_ids=inputs, attention_mask=attention, labels=labels)
+    out["rtd_loss"].backward()
+    gen_layers = [p.grad for p in model.generator.electra.encoder.parameters()]
+    assert all(g is None or not g.any() for g in gen_layers)
+    word = model.generator.electra.embeddings.word_embeddings.weight.grad
+    if sharing == "plain":
+        assert word is not None and word.abs().sum() > 0
+    else:
+        assert word is None or not word.any()
+        assert model.discriminator.electra.embeddings.word_embeddings.delta.grad.abs().sum() > 0
+
+
+def test_the_objective_is_refused_where_it_cannot_train():
+    rtd = ObjectiveConfig(objective="rtd")
+    with pytest.raises(ObjectiveError, match="--objective rtd trains on packed shards"):
+        resolve_objective(rtd, "nsp")
+    with pytest.raises(ArchError, match="--objective rtd: ModernBERT trains mlm"):
+        check_supported(PRESETS["modernbert-tiny"], resolve_objective(rtd, "packed"))
+    shared = dataclasses.replace(PRESETS["tiny"], share_layers="all")
+    with pytest.raises(ArchError, match="--share_layers all with --objective rtd"):
+        check_supported(shared, resolve_objective(rtd, "packed"))
+    with pytest.raises(ValueError, match="--generator_width 0"):
+        ObjectiveConfig(generator_width=0)
+    assert resolve_objective(None, "nsp").name == "mlm+nsp"
+    # a run recorded before --objective existed: the shards decided
+    assert objective_of_run({"model_cfg": {}}, nsp=False).name == "mlm"
+    assert objective_of_run({"objective_cfg": dataclasses.asdict(rtd)}, nsp=False).name == "rtd"
