@@ -30,8 +30,13 @@ from bertforge.pretrain.components.faults import SPIKE_FACTOR
 from bertforge.pretrain.components.guard import EXIT_GAVE_UP, Verdict
 from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
-from bertforge.pretrain.components.optim import current_lr
 from bertforge.pretrain.components.phases import PhaseTracker
+from bertforge.pretrain.components.step_records import (
+    STEP_SUMS,
+    engine_record,
+    loss_record,
+    validation_record,
+)
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
@@ -44,20 +49,6 @@ EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
 # A failed one warns; the run retries at the next interval ("guard": the guard's anchor).
 PERIODIC_SAVES = ("interval", "time", "guard")
-
-# Per-rank sums over one optimizer step, all-reduced together (one collective, no host sync per
-# micro-batch): MLM loss (already normalised by the global masked count), correct predictions,
-# for NSP shards the NSP loss (mean over micro-batches), correct and count, and for replaced-token
-# detection the discriminator's loss (normalised by the global real-token count) and its counts.
-STEP_SUMS = (
-    "mlm_loss",
-    "mlm_correct",
-    "nsp_loss",
-    "nsp_correct",
-    "nsp_count",
-    "rtd_loss",
-    *RTD_COUNTS,
-)
 
 
 def fp16_gave_up(error: BaseException) -> bool:
@@ -72,62 +63,6 @@ def fp16_give_up_message(loss_scale: float, step: int) -> str:
         f"({loss_scale}) at step {step}; training stopped and nothing was saved after the last "
         "checkpoint. Lower the learning rate, use bf16, or raise min_loss_scale."
     )
-
-
-def engine_record(engine, consumed: int, timer: StepTimer, budget: TimeBudget) -> dict[str, Any]:
-    """The optimizer's side of a step record (lr, loss scale, grad norm, skipped steps) and where
-    the run stands (samples consumed, training time over all launches)."""
-    norm = engine.get_global_grad_norm()
-    return {
-        "lr": current_lr(engine.optimizer),
-        "skipped": not engine.was_step_applied(),
-        "skipped_total": int(engine.skipped_steps),
-        "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
-        "grad_norm": float(norm) if norm is not None else None,
-        "data_wait_s": timer.data_wait,
-        "consumed_samples": consumed,
-        "elapsed_s": budget.elapsed_s(),
-    }
-
-
-def loss_record(
-    sums: dict[str, float], n_masked: float, world: int, rtd_weight: float = 0.0
-) -> dict[str, Any]:
-    """Loss and accuracy of a step from the all-reduced :data:`STEP_SUMS` (``loss`` is what the
-    step minimised: MLM, + NSP, + rtd_weight x the discriminator's loss)."""
-    rec = {
-        "loss": sums["mlm_loss"],
-        "mlm_loss": sums["mlm_loss"],
-        "mlm_accuracy": sums["mlm_correct"] / max(n_masked, 1.0),
-    }
-    if sums["nsp_count"] > 0:
-        rec["nsp_loss"] = sums["nsp_loss"] / world
-        rec["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
-        rec["loss"] += rec["nsp_loss"]
-    if sums["rtd_tokens"] > 0:
-        tokens, replaced = sums["rtd_tokens"], sums["rtd_replaced"]
-        rec["rtd_loss"] = sums["rtd_loss"]
-        rec["rtd_accuracy"] = sums["rtd_correct"] / tokens
-        rec["rtd_precision"] = sums["rtd_true_positive"] / max(sums["rtd_predicted"], 1.0)
-        rec["rtd_recall"] = sums["rtd_true_positive"] / max(replaced, 1.0)
-        rec["rtd_replaced_share"] = replaced / tokens
-        rec["loss"] += rtd_weight * rec["rtd_loss"]
-    return rec
-
-
-def validation_record(step: int, loss_sum: float, correct: float, masked: float) -> dict:
-    """A ``split: "validation"`` record from summed token loss, correct and masked counts."""
-    if masked == 0:  # nothing was predicted (e.g. a source of [UNK]s): no score, not zero
-        loss_sum = correct = float("nan")
-    loss = loss_sum / max(masked, 1.0)
-    return {
-        "step": step,
-        "split": "validation",
-        "val_loss": loss,
-        "val_accuracy": correct / max(masked, 1.0),
-        "val_perplexity": math.exp(min(loss, 50.0)),
-        "val_masked_tokens": masked,
-    }
 
 
 def _source_names(reader) -> list[str]:
@@ -441,7 +376,9 @@ class Trainer:
         if len(sums) > 1:
             records = [{"source": name, **validation_record(step, *s)} for name, s in sums.items()]
         if sums:
-            overall = [sum(s[k] for s in sums.values()) for k in range(3)]
+            overall = [
+                sum(s[k] for s in sums.values()) for k in range(len(next(iter(sums.values()))))
+            ]
             records.append(validation_record(step, *overall))
         for rec in records:
             rec["elapsed_s"] = self.budget.elapsed_s()  # plots compare runs by time as well
@@ -479,24 +416,31 @@ class Trainer:
         # still runs each forward (ZeRO-3 gathers weights collectively) on a stand-in batch whose
         # sums it leaves out, so every rank runs `rounds` forwards and no sequence is dropped.
         stand_in = None if len(mine.batch_sampler) else next(_iterate(loader(0, 1)))
-        loss_sum = correct = masked = 0.0
+        keys = ("mlm_loss", "num_correct", "num_masked")
+        normalizers = {"mlm_normalizer": 1.0}  # normaliser 1: sums
+        if self.rtd_weight:
+            keys += ("rtd_loss", "rtd_correct", "rtd_tokens")
+            normalizers["token_normalizer"] = 1.0
+        totals = [0.0] * len(keys)
         self.engine.eval()
-        with torch.no_grad():
+        # RTD's generator samples from a stream of the validation's own (the same at every
+        # evaluation), never the training's: an exact resume needs that one untouched
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.cfg.run.seed + self.rank)
             for _ in range(rounds):
                 mb = next(batches, None)
                 real, mb = mb is not None, stand_in if mb is None else mb
                 stand_in = mb
                 mb.pop("masking_stats", None)
                 mb.pop("source", None)
-                out = self.engine(**self._to_device(mb), mlm_normalizer=1.0)  # normaliser 1: sums
+                out = self.engine(**self._to_device(mb), **normalizers)
                 if real:
-                    loss_sum += float(out["mlm_loss"])
-                    correct += float(out["num_correct"])
-                    masked += float(out["num_masked"])
+                    totals = [t + float(out[k]) for t, k in zip(totals, keys)]
                 if self.faults:  # a planned crash or preemption mid-validation
                     self.faults.signal_if_due("validation", step, self.rank)
         self.engine.train()
-        return tuple(sum_across_ranks([loss_sum, correct, masked], self.device))
+        return tuple(sum_across_ranks(totals, self.device))
 
     def save(self, step: int, consumed: int, reason: str) -> bool:
         """A checkpoint after ``step`` (all ranks), with the data position and the run's state.

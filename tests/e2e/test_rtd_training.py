@@ -89,6 +89,9 @@ def test_a_rtd_run_logs_both_networks_and_resumes_bit_identically(rtd_runs):
     assert sorted(got) == [5, 6] and {s: ref[s] for s in got} == got  # exact
     val = [read_metrics(rtd_runs[r] / "metrics.jsonl", "validation") for r in ("run", "resumed")]
     assert val[1][-1]["val_loss"] == val[0][-1]["val_loss"]
+    # the discriminator's held-out scores, from the validation's own sampling stream
+    assert val[1][-1]["val_rtd_loss"] == val[0][-1]["val_rtd_loss"]
+    assert 0.5 < val[0][-1]["val_rtd_accuracy"] <= 1
 
 
 def test_a_export_is_electra_for_pretraining_with_its_generator(rtd_runs, tmp_path):

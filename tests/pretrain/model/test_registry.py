@@ -72,7 +72,7 @@ def test_the_data_format_picks_the_objective_and_its_head():
 
 @pytest.mark.parametrize("objective", [MLM, MLM_NSP, RTD])
 def test_an_objectives_metrics_are_what_the_trainer_logs(objective):
-    from bertforge.pretrain.trainer import STEP_SUMS, loss_record
+    from bertforge.pretrain.components.step_records import STEP_SUMS, loss_record
 
     sums = dict.fromkeys(STEP_SUMS, 0.0) | {"mlm_loss": 2.0, "mlm_correct": 3.0}
     sums["nsp_count"] = 4.0 if objective.nsp else 0.0

@@ -1,0 +1,92 @@
+"""What a training step and a validation pass write to metrics.jsonl, from the numbers the
+trainer gathered: the per-rank sums all-reduced once per step (:data:`STEP_SUMS`), the
+optimizer's side (:func:`engine_record`), the objective's losses and accuracies
+(:func:`loss_record`) and a validation record (:func:`validation_record`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bertforge.pretrain.components.budget import TimeBudget
+from bertforge.pretrain.components.metrics import StepTimer
+from bertforge.pretrain.components.optim import current_lr
+from bertforge.pretrain.model.rtd import RTD_COUNTS
+
+# Per-rank sums over one optimizer step, all-reduced together (one collective, no host sync per
+# micro-batch): MLM loss (already normalised by the global masked count), correct predictions,
+# for NSP shards the NSP loss (mean over micro-batches), correct and count, and for replaced-token
+# detection the discriminator's loss (normalised by the global real-token count) and its counts.
+STEP_SUMS = (
+    "mlm_loss",
+    "mlm_correct",
+    "nsp_loss",
+    "nsp_correct",
+    "nsp_count",
+    "rtd_loss",
+    *RTD_COUNTS,
+)
+
+
+def engine_record(engine, consumed: int, timer: StepTimer, budget: TimeBudget) -> dict[str, Any]:
+    """The optimizer's side of a step record (lr, loss scale, grad norm, skipped steps) and where
+    the run stands (samples consumed, training time over all launches)."""
+    norm = engine.get_global_grad_norm()
+    return {
+        "lr": current_lr(engine.optimizer),
+        "skipped": not engine.was_step_applied(),
+        "skipped_total": int(engine.skipped_steps),
+        "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
+        "grad_norm": float(norm) if norm is not None else None,
+        "data_wait_s": timer.data_wait,
+        "consumed_samples": consumed,
+        "elapsed_s": budget.elapsed_s(),
+    }
+
+
+def loss_record(
+    sums: dict[str, float], n_masked: float, world: int, rtd_weight: float = 0.0
+) -> dict[str, Any]:
+    """Loss and accuracy of a step from the all-reduced :data:`STEP_SUMS` (``loss`` is what the
+    step minimised: MLM, + NSP, + rtd_weight x the discriminator's loss)."""
+    rec = {
+        "loss": sums["mlm_loss"],
+        "mlm_loss": sums["mlm_loss"],
+        "mlm_accuracy": sums["mlm_correct"] / max(n_masked, 1.0),
+    }
+    if sums["nsp_count"] > 0:
+        rec["nsp_loss"] = sums["nsp_loss"] / world
+        rec["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
+        rec["loss"] += rec["nsp_loss"]
+    if sums["rtd_tokens"] > 0:
+        tokens, replaced = sums["rtd_tokens"], sums["rtd_replaced"]
+        rec["rtd_loss"] = sums["rtd_loss"]
+        rec["rtd_accuracy"] = sums["rtd_correct"] / tokens
+        rec["rtd_precision"] = sums["rtd_true_positive"] / max(sums["rtd_predicted"], 1.0)
+        rec["rtd_recall"] = sums["rtd_true_positive"] / max(replaced, 1.0)
+        rec["rtd_replaced_share"] = replaced / tokens
+        rec["loss"] += rtd_weight * rec["rtd_loss"]
+    return rec
+
+
+def validation_record(
+    step: int, loss_sum: float, correct: float, masked: float, *rtd: float
+) -> dict:
+    """A ``split: "validation"`` record from summed token loss, correct and masked counts (for
+    RTD, the generator's), and for RTD the discriminator's summed loss, correct and real tokens."""
+    if masked == 0:  # nothing was predicted (e.g. a source of [UNK]s): no score, not zero
+        loss_sum = correct = float("nan")
+    loss = loss_sum / max(masked, 1.0)
+    rec = {
+        "step": step,
+        "split": "validation",
+        "val_loss": loss,
+        "val_accuracy": correct / max(masked, 1.0),
+        "val_perplexity": math.exp(min(loss, 50.0)),
+        "val_masked_tokens": masked,
+    }
+    if rtd:
+        rtd_loss, rtd_correct, tokens = rtd
+        rec["val_rtd_loss"] = rtd_loss / max(tokens, 1.0)
+        rec["val_rtd_accuracy"] = rtd_correct / max(tokens, 1.0)
+    return rec
