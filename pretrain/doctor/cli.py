@@ -378,7 +378,9 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
     if probes:
         checkpointing = activation_checkpointing_mode(ds, cfg.memory.activation_checkpointing)
         sized_by = phases.longest_folder or sources[0].path
-        shape = model_shape(cfg.model_cfg, sized_by, opts.seq_len, checkpointing != "none")
+        shape = model_shape(
+            cfg.model_cfg, sized_by, opts.seq_len, checkpointing != "none", cfg.objective_cfg
+        )
         # Without a valid plan, estimate with the micro batch the user asked for.
         micro = (
             plan.micro_batch

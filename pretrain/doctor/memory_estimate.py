@@ -33,9 +33,12 @@ from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.pretrain.model.bert import padded_vocab
 from bertforge.pretrain.model.registry import build_model, get_spec
 from bertforge.pretrain.model.registry import preset as preset_config
+from bertforge.pretrain.model.rtd import generator_config
+from bertforge.pretrain.model.specs import ObjectiveSpec, resolve_objective
 
 if TYPE_CHECKING:
     from bertforge.pretrain.model.bert import ModelConfig
+    from bertforge.pretrain.model.objective_config import ObjectiveConfig
 
 GIB = 1 << 30
 RUNTIME_BYTES = 1 * GIB  # CUDA context / allocator slack, or the Python+torch process on a CPU
@@ -69,6 +72,9 @@ class ModelShape:
     intermediate: int = 0
     global_layers: int = 0
     local_keys: int = 0
+    #: --objective rtd: the generator's shape (its weights are in ``params``; its layers keep
+    #: activations of their own, and its head the masked rows' logits)
+    generator: ModelShape | None = None
 
 
 @dataclass(frozen=True)
@@ -105,13 +111,16 @@ class MemoryEstimate:
         )
 
 
-def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[int, Any]:
+def count_params(
+    model: str | ModelConfig, vocab_size: int, nsp: bool, objective: ObjectiveSpec | None = None
+) -> tuple[int, Any]:
     """(parameter count, (ModelConfig, padded vocabulary)) of the trainer's model for a preset name
     or a full ModelConfig (flag overrides such as --num_hidden_layers and --share_layers
-    included), built on the meta device (no memory used)."""
+    included) and ``objective`` (an RTD generator's weights included), built on the meta device
+    (no memory used)."""
     cfg = preset_config(model) if isinstance(model, str) else model
     with torch.device("meta"):
-        built = build_model(cfg, vocab_size, nsp)
+        built = build_model(cfg, vocab_size, nsp and objective is None, objective=objective)
     # parameters() yields each Parameter object once: the tied decoder weight and the weights of
     # layers that share them (--share_layers) are counted once, as DeepSpeed partitions them once.
     n = sum(p.numel() for p in built.parameters())
@@ -119,12 +128,17 @@ def count_params(model: str | ModelConfig, vocab_size: int, nsp: bool) -> tuple[
 
 
 def model_shape(
-    model: str | ModelConfig, data: Path, seq_len: int | None, checkpointing: bool
+    model: str | ModelConfig,
+    data: Path,
+    seq_len: int | None,
+    checkpointing: bool,
+    objective: ObjectiveConfig | None = None,
 ) -> ModelShape:
     """Shape of `model` (a preset name or the run's ModelConfig) for the shards in `data`
     (vocabulary, format, max_seq_len from the manifest; BERT's 30522 / nsp off / 128 when the
-    folder is not on this node). Shared layers hold their weights once but still each compute
-    (and keep activations) per layer, so `layers` stays num_hidden_layers."""
+    folder is not on this node) and `objective` (--objective; an RTD generator's shape in
+    ``generator``). Shared layers hold their weights once but still each compute (and keep
+    activations) per layer, so `layers` stays num_hidden_layers."""
     vocab, nsp, max_len = 30522, False, 128
     if (data / MANIFEST).is_file():
         try:
@@ -135,7 +149,9 @@ def model_shape(
             vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
             max_len = m["max_seq_len"]
 
-    n, (cfg, padded) = count_params(model, vocab, nsp)
+    spec = resolve_objective(objective, "nsp" if nsp else "packed")
+    n, (cfg, padded) = count_params(model, vocab, nsp, spec)
+    gen = generator_config(cfg, spec.settings) if "generator" in spec.extra_networks else None
     return ModelShape(
         cfg.name,
         n,
@@ -144,6 +160,25 @@ def model_shape(
         cfg.num_attention_heads,
         seq_len or max_len,
         padded,
+        checkpointing,
+        arch=cfg.arch,
+        **get_spec(cfg.arch).memory_terms(cfg),
+        generator=_generator_shape(gen, seq_len or max_len, padded, checkpointing),
+    )
+
+
+def _generator_shape(cfg: ModelConfig | None, seq_len: int, vocab: int, checkpointing: bool):
+    """The RTD generator's shape (its parameters are counted with the discriminator's)."""
+    if cfg is None:
+        return None
+    return ModelShape(
+        cfg.name,
+        0,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        seq_len,
+        vocab,
         checkpointing,
         arch=cfg.arch,
         **get_spec(cfg.arch).memory_terms(cfg),
@@ -176,23 +211,32 @@ def estimate_memory(
         buffers = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET)) * w_bytes
         buffers = min(buffers, grads)  # a bucket never exceeds the gradients it holds
 
-    s, b, h, L = shape.seq_len, micro_batch, shape.hidden, shape.layers
     act_scale = 1 if half else 2  # the formulas count 16-bit activations
-    # an unpadded varlen path (ModernBERT's) runs on a GPU in half precision
-    sixteen_bit = get_spec(shape.arch).layer_activation_bytes(shape, b, on_gpu and half)
-    per_layer = [n * act_scale for n in sixteen_bit]
-    if shape.checkpointing:  # each layer's input, and the largest layer being recomputed
-        layers = L * 2 * s * b * h * act_scale + max(per_layer)
-    else:
-        layers = sum(per_layer)
-    head = MLM_FRACTION * s * b * shape.vocab * 4 * 2  # fp32 logits and their gradient
+    activations = encoder_activations(shape, micro_batch, on_gpu and half, act_scale)
+    if shape.generator is not None:  # RTD: the generator's layers and head, the sampling's logits
+        activations += encoder_activations(shape.generator, micro_batch, on_gpu and half, act_scale)
+        activations += MLM_FRACTION * shape.seq_len * micro_batch * shape.vocab * 4
     return MemoryEstimate(
         params,
         grads,
         optimizer,
         buffers,
-        int(layers + head),
+        int(activations),
         RUNTIME_BYTES,
         checkpoint_bytes=12 * p,
         model_file_bytes=w_bytes * p,
     )
+
+
+def encoder_activations(shape: ModelShape, micro_batch: int, varlen: bool, scale: int) -> float:
+    """Activation bytes of one micro-batch through the encoder's layers (the arch's 16-bit
+    formula times ``scale``; with checkpointing each layer's input and the largest layer being
+    recomputed) plus the MLM head's fp32 logits and their gradient on the masked rows."""
+    s, b, h, L = shape.seq_len, micro_batch, shape.hidden, shape.layers
+    # an unpadded varlen path (ModernBERT's) runs on a GPU in half precision
+    per_layer = [n * scale for n in get_spec(shape.arch).layer_activation_bytes(shape, b, varlen)]
+    if shape.checkpointing:  # each layer's input, and the largest layer being recomputed
+        layers = L * 2 * s * b * h * scale + max(per_layer)
+    else:
+        layers = sum(per_layer)
+    return layers + MLM_FRACTION * s * b * shape.vocab * 4 * 2  # fp32 logits and their gradient

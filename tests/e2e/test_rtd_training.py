@@ -9,6 +9,9 @@
     ours to 1e-5) with the generator beside it as ElectraForMaskedLM.
 (b) (a)'s step-4 checkpoint resumed on one rank (universal conversion of the ZeRO-3 shards):
     the data position and the lr carry over.
+(c) Two ranks, ZeRO-2 fp16, DeepSpeed activation checkpointing, plain sharing, the stability
+    guard with a planned loss spike (skipped, recorded).
+(The time budget with --objective rtd: tests/experiments/test_mlm_vs_rtd.py.)
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ pytestmark = pytest.mark.slow
 BATCH = 8  # global batch: 2 ranks x micro-batch 2 x accumulation 2
 
 
-def rtd_args(run: Path, sources: list[str], *extra: str) -> list[str]:
+def rtd_args(run: Path, sources: list[str], *extra: str, **overrides) -> list[str]:
+    """(a)'s launch into ``run``; ``overrides`` (flag names as keywords) replace its values."""
     values = {
         "ds_config": REPO / "ds_configs" / "zero3_bf16.json",
         "output_dir": run,
@@ -52,6 +56,7 @@ def rtd_args(run: Path, sources: list[str], *extra: str) -> list[str]:
         "max_steps": 6,
         "save_interval": 2,
         "keep_last": 5,
+        **overrides,
     }
     return ["--data", *sources, *command_line.flags(values, switches=False), *extra]
 
@@ -147,3 +152,32 @@ def test_b_resume_two_ranks_to_one(rtd_runs):
     assert got[5]["lr"] == pytest.approx(ref[5]["lr"])
     # same weights, optimizer state and data; the generator's samples and bf16 sums differ
     assert got[5]["mlm_loss"] == pytest.approx(ref[5]["mlm_loss"], rel=0.05)
+
+
+def test_c_zero2_fp16_deepspeed_checkpointing_and_the_guard(english_shards, tmp_path):
+    """Two ranks, ZeRO-2 fp16 (the CPU capability patch of tests/helpers/fp16_main.py),
+    DeepSpeed activation checkpointing over both networks, plain embedding sharing, and the
+    stability guard with a planned loss spike: skipped and recorded, the run goes on."""
+    from helpers.launch import ds_config, guard_actions
+
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8,
+            "loss_scale_window": 1000, "hysteresis": 1, "min_loss_scale": 1}  # fmt: skip
+    run = tmp_path / "run"
+    args = rtd_args(
+        run, [str(english_shards)], ds_config=ds_config(tmp_path, "fp16.json", fp16=fp16),
+        embedding_sharing="plain", activation_checkpointing="deepspeed", attention="full",
+        guard_min_history=3, save_interval=3,
+    )  # fmt: skip
+    launch(
+        args,
+        script=REPO / "tests" / "helpers" / "fp16_main.py",
+        env={"BERTFORGE_FAULTS": "loss_spike@5"},
+    )
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["precision_resolved"] == "fp16" and cfg["activation_checkpointing"] == "deepspeed"
+    assert cfg["deepspeed"]["zero_optimization"]["stage"] == 2
+    (event,) = guard_actions(run)
+    assert (event["step"], event["event"], event["action"]) == (5, "loss_spike", "skip")
+    train = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}
+    assert sorted(train) == list(range(1, 7)) and train[5]["skipped"]
+    assert all(0 < r["rtd_accuracy"] <= 1 for r in train.values())

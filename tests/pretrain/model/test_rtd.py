@@ -150,3 +150,21 @@ def test_the_objective_is_refused_where_it_cannot_train():
     # a run recorded before --objective existed: the shards decided
     assert objective_of_run({"model_cfg": {}}, nsp=False).name == "mlm"
     assert objective_of_run({"objective_cfg": dataclasses.asdict(rtd)}, nsp=False).name == "rtd"
+
+
+def test_the_doctor_counts_both_networks(tmp_path):
+    """The memory estimate's parameters are the pair's (each shared tensor once), and the
+    generator adds its layers' activations to the discriminator's."""
+    from bertforge.pretrain.doctor.memory_estimate import estimate_memory, model_shape
+
+    rtd = ObjectiveConfig(objective="rtd")
+    mlm_shape = model_shape(PRESETS["small"], tmp_path, 128, False)  # no shards: 30522 vocab
+    rtd_shape = model_shape(PRESETS["small"], tmp_path, 128, False, rtd)
+    with torch.device("meta"):
+        pair = build_model(PRESETS["small"], 30522, objective=resolve_objective(rtd, "packed"))
+    assert rtd_shape.params == sum(p.numel() for p in pair.parameters()) > mlm_shape.params
+    gen = rtd_shape.generator
+    assert (gen.hidden, gen.layers, gen.heads) == (128, 4, 2)  # small: 512 wide, 8 heads of 64
+    ds = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    mlm_mem, rtd_mem = (estimate_memory(s, ds, 8, 32) for s in (mlm_shape, rtd_shape))
+    assert rtd_mem.activations > mlm_mem.activations and rtd_mem.params > mlm_mem.params
