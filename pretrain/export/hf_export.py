@@ -182,9 +182,11 @@ def export(
     nsp = bool(state.get("nsp", False))
     model = _trained_model(state, sd, ckpt, nsp)
     hf_model, conf, tok = _hf_model(model, run, state)
-    # replaced-token detection: the discriminator is the export, its generator goes beside it
+    # replaced-token detection: the discriminator is the export, a generator that a transformers
+    # class holds (BERT's: ElectraForMaskedLM) goes beside it
+    rtd = getattr(model, "objective", None) == "rtd"
     generator = model.generator_hf() if hasattr(model, "generator_hf") else None
-    pooler = adds_pooler(model.arch, nsp) and generator is None
+    pooler = adds_pooler(model.arch, nsp) and not rtd
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
@@ -218,8 +220,8 @@ def export(
         if generator is not None:
             result["generator"] = str(output / GENERATOR_DIR)
             _save_generator(tmp / GENERATOR_DIR, *generator, tok)
-        if verify and generator is not None:
-            result.update(verify_rtd_export(tmp))
+        if verify and rtd:
+            result.update(verify_rtd_export(tmp, model.hf_architecture, generator is not None))
         elif verify:
             result.update(verify_export(tmp, nsp, pooler=pooler))
     return result
@@ -244,17 +246,17 @@ def _save_generator(out: Path, conf, sd: dict[str, Any], tok) -> None:
     tok.save_pretrained(str(out))
 
 
-def verify_rtd_export(out: Path) -> dict[str, Any]:
-    """Load an RTD export with transformers (strict key check): the discriminator with
-    AutoModelForPreTraining, the generator with AutoModelForMaskedLM and its fill-mask."""
+def verify_rtd_export(out: Path, architecture: str, generator: bool) -> dict[str, Any]:
+    """Load an RTD export with transformers (strict key check): the discriminator with its
+    class, the generator (if exported) with AutoModelForMaskedLM and its fill-mask."""
     import transformers
 
-    bad = _load_problems(transformers.AutoModelForPreTraining, out)
+    bad = _load_problems(getattr(transformers, architecture), out)
     model = bad.pop("model")
     if bad:
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
-    res = verify_export(out / GENERATOR_DIR, nsp=False)
-    return {"architecture": type(model).__name__, "fill_mask": res["fill_mask"]}
+    res = verify_export(out / GENERATOR_DIR, nsp=False) if generator else {}
+    return {"architecture": type(model).__name__, "fill_mask": res.get("fill_mask", [])}
 
 
 def _checkpoint_weights(

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertforge.kernels import api as kernels
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
@@ -77,28 +78,131 @@ def corrupt(
 
 
 def discriminator_loss(
-    logits: torch.Tensor,
-    replaced: torch.Tensor,
-    attention_mask: torch.Tensor,
-    normalizer: torch.Tensor | float | None = None,
+    logits: torch.Tensor, replaced: torch.Tensor, normalizer: torch.Tensor | float | None = None
 ) -> dict[str, torch.Tensor]:
-    """Binary cross-entropy of ``logits`` [B, T] against ``replaced`` over the real tokens
-    (``attention_mask`` 1), summed and divided by ``normalizer`` (the global batch's real
-    tokens; default this batch's), and the counts of :data:`RTD_COUNTS`."""
-    real = attention_mask.reshape(-1).bool()
-    z = logits.reshape(-1)[real].float()
-    target = replaced.reshape(-1)[real]
-    total = F.binary_cross_entropy_with_logits(z, target.float(), reduction="sum")
-    denom = normalizer if normalizer is not None else max(int(real.sum()), 1)
+    """Binary cross-entropy of the real tokens' ``logits`` [N] against ``replaced`` [N] (bool),
+    summed and divided by ``normalizer`` (the global batch's real tokens; default N), and the
+    counts of :data:`RTD_COUNTS`."""
+    z = logits.float()
+    total = F.binary_cross_entropy_with_logits(z, replaced.float(), reduction="sum")
+    denom = normalizer if normalizer is not None else max(len(z), 1)
     predicted = z > 0
     return {
         "rtd_loss": total / denom,
-        "rtd_correct": (predicted == target).sum(),
-        "rtd_tokens": real.sum(),
-        "rtd_replaced": target.sum(),
-        "rtd_true_positive": (predicted & target).sum(),
+        "rtd_correct": (predicted == replaced).sum(),
+        "rtd_tokens": torch.tensor(len(z), device=z.device),
+        "rtd_replaced": replaced.sum(),
+        "rtd_true_positive": (predicted & replaced).sum(),
         "rtd_predicted": predicted.sum(),
     }
+
+
+class ReplacedTokenDetection:
+    """The objective's forward over an arch's pair (a mixin of each arch's RTD model), which
+    supplies ``_generator_rows`` (the generator's head outputs [N_m, E] and labels of the masked
+    positions, row-major), ``_generator_decoder`` (its output layer's weight [V, E] and bias,
+    tied to the token embeddings) and ``_discriminator_logits`` (the discriminator's logit of
+    each real token [N_real], row-major), and sets ``rtd_weight``, ``true_vocab_size`` and
+    ``loss_impl``."""
+
+    objective = "rtd"  # export writes the discriminator (and a generator it can write)
+
+    @property
+    def tied_keys(self) -> tuple[str, ...]:
+        """Keys a consolidated checkpoint may omit: every later name of a tensor the two
+        networks share (the token table, the generator's tied output layer)."""
+        seen, later = set(), []
+        for name, param in self.named_parameters(remove_duplicate=False):
+            (later.append(name) if id(param) in seen else seen.add(id(param)))
+        return tuple(later)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        mlm_normalizer: torch.Tensor | float | None = None,
+        token_normalizer: torch.Tensor | float | None = None,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: object,
+    ) -> dict:
+        """The generator's MLM loss (sum / mlm_normalizer, the global masked count), the
+        discriminator's (sum / token_normalizer, the global real-token count), ``loss`` = MLM +
+        rtd_weight x RTD, and the counts of both (:data:`RTD_COUNTS`)."""
+        if labels is None:
+            raise ValueError("labels are required: the generator predicts the masked positions")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        where = {"document_ids": document_ids, "position_ids": position_ids}
+        rows, row_labels = self._generator_rows(
+            input_ids, attention_mask, token_type_ids, labels, **where
+        )
+        weight, bias = self._generator_decoder()
+        mlm = kernels.masked_lm_loss_rows(
+            rows,
+            weight,
+            bias,
+            row_labels,
+            ignore_index=IGNORE_INDEX,
+            vocab_size=self.true_vocab_size,
+            normalizer=mlm_normalizer,
+            impl=self.loss_impl,
+        )
+        v = self.true_vocab_size
+        with torch.no_grad():  # no gradient through the sample (ELECTRA)
+            sampled = sample_replacements(F.linear(rows, weight[:v], bias[:v]))
+        corrupted, replaced = corrupt(input_ids, labels, sampled)
+        logits = self._discriminator_logits(corrupted, attention_mask, token_type_ids, **where)
+        real = replaced[attention_mask.bool()]
+        rtd = discriminator_loss(logits, real, token_normalizer)
+        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
+        return {
+            "loss": mlm.loss + self.rtd_weight * rtd["rtd_loss"],
+            "mlm_loss": mlm.loss,
+            "nsp_loss": None,
+            "num_masked": mlm.num_masked,
+            "num_correct": mlm.num_correct,
+            "nsp_correct": zero,
+            "nsp_count": zero,
+            **rtd,
+        }
+
+    @torch.no_grad()
+    def predict_masked(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        labels: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The generator's MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        rows, _ = self._generator_rows(
+            input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
+        )
+        weight, bias = self._generator_decoder()
+        v = self.true_vocab_size
+        return F.linear(rows, weight[:v], bias[:v])
+
+    @torch.no_grad()
+    def discriminator_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The discriminator's replaced-token logits [B, T] (0 at padding)."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        real = self._discriminator_logits(input_ids, attention_mask, token_type_ids, None, None)
+        out = torch.zeros(input_ids.shape, dtype=real.dtype, device=real.device)
+        out[attention_mask.bool()] = real
+        return out
 
 
 class DisentangledEmbedding(nn.Module):

@@ -181,3 +181,37 @@ def test_c_zero2_fp16_deepspeed_checkpointing_and_the_guard(english_shards, tmp_
     train = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}
     assert sorted(train) == list(range(1, 7)) and train[5]["skipped"]
     assert all(0 < r["rtd_accuracy"] <= 1 for r in train.values())
+
+
+def test_d_modernbert_rtd_resumes_exactly_and_exports_a_token_classifier(english_shards, tmp_path):
+    """--arch modernbert --objective rtd: 2 ranks, ZeRO-2 bf16, document attention, a window
+    below the sequence length; the resume from step 2 is bit-identical, and the export loads as
+    ModernBertForTokenClassification (one label) whose logit is our discriminator's."""
+    import transformers
+
+    from bertforge.pretrain.export.hf_export import export
+
+    def args(run: Path, *extra: str) -> list[str]:
+        return rtd_args(
+            run, [str(english_shards)], *extra, arch="modernbert", local_attention=32,
+            ds_config=REPO / "ds_configs" / "zero2_bf16.json", activation_checkpointing="none",
+            whole_word=False, max_steps=4, save_interval=2,
+        )  # fmt: skip
+
+    run, resumed = tmp_path / "run", tmp_path / "resumed"
+    launch(args(run))
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / tag_for(4))
+    (resumed / "checkpoints" / "latest").unlink(missing_ok=True)
+    (resumed / "metrics.jsonl").unlink()
+    launch(args(resumed, "--resume", "auto"))
+    ref, got = losses(run), losses(resumed)
+    assert sorted(got) == [3, 4] and {s: ref[s] for s in got} == got
+    assert all("rtd_accuracy" in r for r in read_metrics(run / "metrics.jsonl"))
+    out = tmp_path / "hf"
+    res = export(run, out)
+    assert res["architecture"] == "ModernBertForTokenClassification"
+    hf, info = transformers.ModernBertForTokenClassification.from_pretrained(
+        out, output_loading_info=True
+    )
+    assert not any(info.values()) and hf.config.num_labels == 1

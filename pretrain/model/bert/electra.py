@@ -13,15 +13,10 @@ embeddings that are the generator's, gradient stopped, plus a zero-initialised d
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.nn.functional as F
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 from transformers.models.electra.modeling_electra import ElectraPreTrainedModel
 
-from bertforge.kernels import api as kernels
-from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.model.bert.arch import ARCH_FIELDS, resolve_config
 from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask
@@ -29,11 +24,9 @@ from bertforge.pretrain.model.model_config import ModelConfig, export_config, pa
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
 from bertforge.pretrain.model.rtd import (
     DisentangledEmbedding,
-    corrupt,
-    discriminator_loss,
+    ReplacedTokenDetection,
     generator_config,
     masked_positions,
-    sample_replacements,
 )
 
 #: the discriminator's keys that hold vocabulary rows (sliced on export without padding)
@@ -62,7 +55,7 @@ def electra_config(cfg: ModelConfig, vocab_size: int, embedding_size: int) -> El
     return conf
 
 
-class BertElectraForRtd(ElectraPreTrainedModel):
+class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
     """The generator and the discriminator trained together (see module doc); the trainer's
     PretrainingModel with ``hf_architecture`` the discriminator's class."""
 
@@ -97,18 +90,6 @@ class BertElectraForRtd(ElectraPreTrainedModel):
             emb.word_embeddings = DisentangledEmbedding(shared.word_embeddings)
         self.generator.generator_lm_head.weight = shared.word_embeddings.weight
 
-    @property
-    def tied_keys(self) -> tuple[str, ...]:
-        """Keys a consolidated checkpoint may omit: the generator's output layer (tied to the
-        token embeddings) and, with plain sharing, the discriminator's copy of the embeddings."""
-        keys = ["generator.generator_lm_head.weight"]
-        if self.embedding_sharing == "plain":
-            keys += [
-                f"discriminator.electra.embeddings.{k}"
-                for k in self.generator.electra.embeddings.state_dict()
-            ]
-        return tuple(keys)
-
     def register_zero3_external_parameters(self) -> None:
         """ZeRO-3: the generator's output layer (the token embeddings) is used outside its
         module's forward (the fused loss and the sampling), so ZeRO gathers it for them."""
@@ -121,14 +102,14 @@ class BertElectraForRtd(ElectraPreTrainedModel):
         return document_mask(document_ids) if document_ids is not None else attention_mask
 
     def _generator_rows(
-        self, input_ids, mask, token_type_ids, position_ids, labels
+        self, input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The generator's transformed hidden states [N_m, E] and labels [N_m] of the masked
         positions."""
         gen = self.generator
         out = gen.electra(
             input_ids=input_ids,
-            attention_mask=mask,
+            attention_mask=self._mask(attention_mask, document_ids),
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             return_dict=True,
@@ -137,92 +118,17 @@ class BertElectraForRtd(ElectraPreTrainedModel):
         rows = out.reshape(-1, out.shape[-1]).index_select(0, idx)
         return gen.generator_predictions(rows), labels.reshape(-1).index_select(0, idx)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        mlm_normalizer: torch.Tensor | float | None = None,
-        token_normalizer: torch.Tensor | float | None = None,
-        document_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        **unused: Any,
-    ) -> dict:
-        """The generator's MLM loss (sum / mlm_normalizer, the global masked count), the
-        discriminator's (sum / token_normalizer, the global real-token count), ``loss`` = MLM +
-        rtd_weight x RTD, and the counts of both (``pretrain.model.rtd.RTD_COUNTS``)."""
-        if labels is None:
-            raise ValueError("labels are required: the generator predicts the masked positions")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        mask = self._mask(attention_mask, document_ids)
-        rows, row_labels = self._generator_rows(
-            input_ids, mask, token_type_ids, position_ids, labels
-        )
+    def _generator_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
         head = self.generator.generator_lm_head
-        mlm = kernels.masked_lm_loss_rows(
-            rows,
-            head.weight,
-            head.bias,
-            row_labels,
-            ignore_index=IGNORE_INDEX,
-            vocab_size=self.true_vocab_size,
-            normalizer=mlm_normalizer,
-            impl=self.loss_impl,
-        )
-        v = self.true_vocab_size
-        with torch.no_grad():  # no gradient through the sample (ELECTRA)
-            sampled = sample_replacements(F.linear(rows, head.weight[:v], head.bias[:v]))
-        corrupted, replaced = corrupt(input_ids, labels, sampled)
-        disc = self.discriminator
-        hidden = disc.electra(
-            input_ids=corrupted,
-            attention_mask=mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            return_dict=True,
-        ).last_hidden_state
-        logits = disc.discriminator_predictions(hidden)
-        rtd = discriminator_loss(logits, replaced, attention_mask, token_normalizer)
-        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
-        return {
-            "loss": mlm.loss + self.rtd_weight * rtd["rtd_loss"],
-            "mlm_loss": mlm.loss,
-            "nsp_loss": None,
-            "num_masked": mlm.num_masked,
-            "num_correct": mlm.num_correct,
-            "nsp_correct": zero,
-            "nsp_count": zero,
-            **rtd,
-        }
+        return head.weight, head.bias
 
-    @torch.no_grad()
-    def predict_masked(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        labels: torch.Tensor,
-        document_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
+    def _discriminator_logits(
+        self, input_ids, attention_mask, token_type_ids, document_ids, position_ids
     ) -> torch.Tensor:
-        """The generator's MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX."""
-        mask = self._mask(attention_mask, document_ids)
-        rows, _ = self._generator_rows(input_ids, mask, token_type_ids, position_ids, labels)
-        head, v = self.generator.generator_lm_head, self.true_vocab_size
-        return F.linear(rows, head.weight[:v], head.bias[:v])
-
-    @torch.no_grad()
-    def discriminator_logits(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The discriminator's replaced-token logits [B, T] (ElectraForPreTraining's)."""
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)
-        return self.discriminator.discriminator_predictions(hidden)
+        """ElectraForPreTraining's logit of each real token [N_real] (row-major)."""
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, document_ids, position_ids)
+        logits = self.discriminator.discriminator_predictions(hidden)
+        return logits[attention_mask.bool()]
 
     def encode(
         self,

@@ -20,6 +20,11 @@ def unsupported(cfg: ModelConfig, objective: ObjectiveSpec) -> list[str]:
     trains), each "what: why" (empty: fine)."""
     if cfg.config_json:
         return [f"--config_json {cfg.config_json}: it reads a BERT config.json"]
+    if objective.name == "rtd" and cfg.share_layers.strip().lower() != "none":
+        return [
+            f"--share_layers {cfg.share_layers} with --objective rtd: the generator and the "
+            "discriminator would each need their own sharing"
+        ]
     return []
 
 

@@ -278,13 +278,9 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
         """Training FLOPs (3x forward) per input token: Wqkv and Wo (4h^2), GeGLU (3hi), the
         attention scores and weighted sum over the tokens each layer sees (all of them in a
         global layer, at most the window in a local one), the head on the masked rows only."""
-        c = self.config
-        h, i = c.hidden_size, c.intermediate_size
-        dense = 2 * (4 * h * h + 3 * h * i)
-        seen = {"full_attention": seq_len, "sliding_attention": min(seq_len, c.local_attention)}
-        attention = sum(4 * seen[t] * h for t in c.layer_types)
+        h = self.config.hidden_size
         head = masked_fraction * 2 * (h * h + h * self.true_vocab_size)
-        return 3.0 * (c.num_hidden_layers * dense + attention + head)
+        return 3.0 * (encoder_flops(self.config, seq_len) + head)
 
     def hf_config(self, unpad_vocab: bool = False) -> ModernBertConfig:
         """A transformers config for export (architectures set; vocab unpadded on request)."""
@@ -299,6 +295,16 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
             for k in VOCAB_KEYS:
                 sd[k] = sd[k][: self.true_vocab_size]
         return sd
+
+
+def encoder_flops(c: ModernBertConfig, seq_len: int) -> float:
+    """Forward FLOPs per token of ModernBERT's layers: Wqkv and Wo (4h^2), GeGLU (3hi), the
+    attention scores and weighted sum over the tokens each layer sees (all of them in a global
+    layer, at most the window in a local one)."""
+    h, i = c.hidden_size, c.intermediate_size
+    dense = 2 * (4 * h * h + 3 * h * i)
+    seen = {"full_attention": seq_len, "sliding_attention": min(seq_len, c.local_attention)}
+    return c.num_hidden_layers * dense + sum(4 * seen[t] * h for t in c.layer_types)
 
 
 def build_modernbert(

@@ -41,8 +41,13 @@ PRESETS = {
 def build(
     cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> PretrainingModel:
-    """The model (``model.build_modernbert``). Imported here, not at the top: transformers'
-    modeling code costs seconds of imports that the doctor, the dry run and the CLI skip."""
+    """The model (``model.build_modernbert``; for replaced-token detection the pair,
+    ``electra.build_modernbert_rtd``). Imported here, not at the top: transformers' modeling
+    code costs seconds of imports that the doctor, the dry run and the CLI skip."""
+    if objective.name == "rtd":
+        from bertforge.pretrain.model.modernbert.electra import build_modernbert_rtd  # heavy
+
+        return build_modernbert_rtd(cfg, vocab_size, objective.settings, max_seq_len)
     from bertforge.pretrain.model.modernbert.model import build_modernbert  # heavy, only to build
 
     return build_modernbert(cfg, vocab_size, objective, max_seq_len)
@@ -91,7 +96,7 @@ SPEC = ModelSpec(
     build=build,
     adapter=ADAPTER,
     default_attention="document",
-    objectives=("mlm",),
+    objectives=("mlm", "rtd"),
     rotary=True,
     memory_terms=memory_terms,
     layer_activation_bytes=layer_activation_bytes,

@@ -26,10 +26,10 @@ from bertforge.pretrain.model.specs import objective_of_run, resolve_objective
 VOCAB = 203  # not a multiple of 8: the padding rows must stay out of every softmax
 
 
-def rtd_model(sharing: str = "plain", seed: int = 0, **settings):
+def rtd_model(sharing: str = "plain", seed: int = 0, preset: str = "tiny", **settings):
     torch.manual_seed(seed)
     cfg = ObjectiveConfig(objective="rtd", embedding_sharing=sharing, **settings)
-    model = build_model(PRESETS["tiny"], VOCAB, objective=resolve_objective(cfg, "packed"))
+    model = build_model(PRESETS[preset], VOCAB, objective=resolve_objective(cfg, "packed"))
     return model.eval()
 
 
@@ -91,8 +91,10 @@ def test_the_discriminator_is_transformers_electra_for_pretraining(sharing):
     ours = model.discriminator_logits(inputs, attention)
     with torch.no_grad():
         out = hf(input_ids=inputs, attention_mask=attention, labels=replaced.long())
-    torch.testing.assert_close(ours, out.logits, atol=1e-5, rtol=1e-5)
-    loss = discriminator_loss(ours, replaced, attention)  # BCE over the real tokens
+    real = attention.bool()
+    torch.testing.assert_close(ours[real], out.logits[real], atol=1e-5, rtol=1e-5)
+    assert not ours[~real].any()
+    loss = discriminator_loss(ours[real], replaced[real])  # BCE over the real tokens
     torch.testing.assert_close(loss["rtd_loss"], out.loss, atol=1e-6, rtol=1e-6)
     assert int(loss["rtd_tokens"]) == 44 and int(loss["rtd_replaced"]) == 11
 
@@ -116,34 +118,63 @@ def test_the_generator_is_transformers_electra_for_masked_lm():
     torch.testing.assert_close(out["loss"], total)
 
 
+@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
 @pytest.mark.parametrize("sharing", ["plain", "disentangled"])
-def test_no_gradient_reaches_the_generator_through_the_sample(sharing):
+def test_no_gradient_reaches_the_generator_through_the_sample(sharing, preset):
     """The discriminator's loss alone: the generator's layers get no gradient (the sample is not
-    differentiated); its token embeddings get one only under plain sharing (DeBERTa-v3's
+    differentiated); the shared token table gets one only under plain sharing (DeBERTa-v3's
     disentangled sharing stops it, the difference takes it)."""
-    model = rtd_model(sharing).train()
+    model = rtd_model(sharing, preset=preset).train()
     inputs, attention, labels = masked_batch()
     out = model(input_ids=inputs, attention_mask=attention, labels=labels)
     out["rtd_loss"].backward()
-    gen_layers = [p.grad for p in model.generator.electra.encoder.parameters()]
-    assert all(g is None or not g.any() for g in gen_layers)
-    word = model.generator.electra.embeddings.word_embeddings.weight.grad
+    gen = model.generator
+    layers = gen.electra.encoder if preset == "tiny" else gen.model.layers
+    assert all(p.grad is None or not p.grad.any() for p in layers.parameters())
+    table = gen.get_output_embeddings().weight.grad  # the shared table (the tied decoder)
     if sharing == "plain":
-        assert word is not None and word.abs().sum() > 0
+        assert table is not None and table.abs().sum() > 0
     else:
-        assert word is None or not word.any()
-        assert model.discriminator.electra.embeddings.word_embeddings.delta.grad.abs().sum() > 0
+        assert table is None or not table.any()
+        delta = [p for n, p in model.discriminator.named_parameters() if n.endswith(".delta")]
+        assert delta[0].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("sharing", ["plain", "disentangled"])
+def test_the_modernbert_discriminator_is_a_token_classifier_transformers_loads(sharing):
+    """--arch modernbert: the discriminator exports as ModernBertForTokenClassification with
+    one label whose logit is ours; the generator's MLM loss is the cross-entropy of its logits."""
+    model = rtd_model(sharing, preset="modernbert-tiny")
+    with torch.no_grad():
+        for name, p in model.discriminator.named_parameters():
+            if name.endswith(".delta"):
+                p.normal_(0, 0.02)
+    hf = transformers.ModernBertForTokenClassification(model.hf_config(unpad_vocab=True))
+    missing, unexpected = hf.eval().load_state_dict(model.hf_state_dict(unpad_vocab=True), False)
+    assert not missing and not unexpected and hf.config.num_labels == 1
+    inputs, attention, labels = masked_batch()
+    real = attention.bool()
+    with torch.no_grad():
+        ref = hf(input_ids=inputs, attention_mask=attention).logits[..., 0]
+        out = model(input_ids=inputs, attention_mask=attention, labels=labels)
+    ours = model.discriminator_logits(inputs, attention)
+    torch.testing.assert_close(ours[real], ref[real], atol=1e-5, rtol=1e-5)
+    logits = model.predict_masked(inputs, attention, None, labels).double()
+    expected = F.cross_entropy(logits, labels[labels != IGNORE_INDEX])
+    torch.testing.assert_close(out["mlm_loss"].double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_the_objective_is_refused_where_it_cannot_train():
     rtd = ObjectiveConfig(objective="rtd")
     with pytest.raises(ObjectiveError, match="--objective rtd trains on packed shards"):
         resolve_objective(rtd, "nsp")
-    with pytest.raises(ArchError, match="--objective rtd: ModernBERT trains mlm"):
-        check_supported(PRESETS["modernbert-tiny"], resolve_objective(rtd, "packed"))
-    shared = dataclasses.replace(PRESETS["tiny"], share_layers="all")
-    with pytest.raises(ArchError, match="--share_layers all with --objective rtd"):
-        check_supported(shared, resolve_objective(rtd, "packed"))
+    for preset in ("tiny", "modernbert-tiny"):
+        shared = dataclasses.replace(PRESETS[preset], share_layers="all")
+        with pytest.raises(ArchError, match="--share_layers all with --objective rtd"):
+            check_supported(shared, resolve_objective(rtd, "packed"))
+    mlm_nsp = ObjectiveConfig(objective="mlm+nsp")
+    with pytest.raises(ArchError, match="--objective mlm\\+nsp: ModernBERT trains mlm, rtd"):
+        check_supported(PRESETS["modernbert-tiny"], resolve_objective(mlm_nsp, "nsp"))
     with pytest.raises(ValueError, match="--generator_width 0"):
         ObjectiveConfig(generator_width=0)
     assert resolve_objective(None, "nsp").name == "mlm+nsp"
