@@ -175,7 +175,36 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     fig_all.savefig(out / "overview.png", dpi=80)
     plt.close(fig_all)
     written.append(out / "overview.png")
-    return written + plot_loss_vs_time(data, out)
+    return written + plot_loss_vs_time(data, out) + plot_rtd(data, out)
+
+
+def plot_rtd(data: dict[str, list[dict]], out: Path) -> list[Path]:
+    """rtd.png for a replaced-token-detection run (``--objective rtd``): the discriminator's
+    loss, and its accuracy, precision, recall and the replaced share, against the step; [] for
+    another objective."""
+    if not data["train"] or "rtd_loss" not in data["train"][0]:
+        return []
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, keys in (
+        (left, [("train", "rtd_loss"), ("validation", "val_rtd_loss")]),
+        (right, [("train", k) for k in ("rtd_accuracy", "rtd_precision", "rtd_recall")]
+         + [("train", "rtd_replaced_share"), ("validation", "val_rtd_accuracy")]),
+    ):  # fmt: skip
+        for split, key in keys:
+            xs, ys = _series(data[split], key)
+            ax.plot(xs, ys, "-" if split == "train" else "o-", label=key, markersize=3)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    left.set_title("discriminator loss (replaced-token detection)")
+    right.set_title("discriminator: accuracy, precision and recall of replaced")
+    fig.tight_layout()
+    path = out / "rtd.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
 
 
 def plot_downstream(

@@ -89,6 +89,9 @@ def test_a_rtd_run_logs_both_networks_and_resumes_bit_identically(rtd_runs):
         assert 0 < r["rtd_replaced_share"] < r["masked"] / r["tokens"] + 1e-9
         assert 0 <= r["rtd_precision"] <= 1 and 0 <= r["rtd_recall"] <= 1
     assert [s for s, _ in list_complete(run / "checkpoints")] == [2, 4, 6]
+    from bertforge.pretrain.plot import plot
+
+    assert (run / "plots" / "rtd.png") in plot(run / "metrics.jsonl")  # the discriminator's
     assert f"resumed from {rtd_runs['resumed'] / 'checkpoints' / tag_for(4)}" in rtd_runs["out"]
     ref, got = losses(run), losses(rtd_runs["resumed"])
     assert sorted(got) == [5, 6] and {s: ref[s] for s in got} == got  # exact
