@@ -38,6 +38,7 @@ from tokenizers import Tokenizer
 
 from bertforge.data_prep.tokenizer import plain_encoding
 from bertforge.logs import get_logger
+from bertforge.pretrain.model.init_pair import pair_state_dict
 from bertforge.pretrain.model.init_source import (
     InitError,
     InitSource,
@@ -336,7 +337,13 @@ def load_initial_weights(
     """
     src = locate(path)
     check_arch(src, model.arch)
-    keys = ARCHES[model.arch].adapter
+    pair = getattr(model, "objective", None) == "rtd"
+    if pair and not hasattr(model, "init_adapter"):
+        raise InitError(
+            f"--init_from {path} with --objective rtd: not supported yet for "
+            f"--arch {model.arch} (BERT's ELECTRA pair takes ELECTRA, BERT and run folders)"
+        )
+    keys = model.init_adapter if pair else ARCHES[model.arch].adapter
     base_dir = Path(base_tokenizer_dir) if base_tokenizer_dir else src.tokenizer_dir
     if base_dir is None:
         raise InitError(
@@ -346,8 +353,15 @@ def load_initial_weights(
         )
     shards_dir = Path(tokenizer_dir_of_shards)
     plan = plan_vocabulary(base_dir, shards_dir)
-    sd, file = _source_state_dict(src)
+    if pair:  # the discriminator from `path`, the generator from its own folder
+        sd, file, gen = pair_state_dict(src, model.generator_from)
+    else:
+        sd, file = _source_state_dict(src)
     report = InitReport(str(path), src.kind, str(file))
+    if pair:
+        report.notes.append(
+            f"generator from {gen}" if gen else "no generator folder: the generator starts anew"
+        )
     if keys.word_emb not in sd:
         raise InitError(
             f"--init_from {path}: {file} has no {keys.word_emb} (nor embeddings.* "

@@ -47,6 +47,12 @@ class ObjectiveConfig:
         choices=EMBEDDING_SHARING,
     )
 
+    generator_from: str = opt(
+        "",
+        "rtd with --init_from: the generator's folder (ElectraForMaskedLM as transformers writes "
+        "it); default: INIT_FROM/generator when there (what our export writes), else a new one",
+    )
+
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVE_CHOICES:
             raise ValueError(

@@ -106,6 +106,7 @@ class ReplacedTokenDetection:
     ``loss_impl``."""
 
     objective = "rtd"  # export writes the discriminator (and a generator it can write)
+    shares_layers = False  # --share_layers is refused with rtd
 
     @property
     def tied_keys(self) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from transformers import BertConfig
+from transformers import BertConfig, ElectraConfig
 
 from bertforge.pretrain.model.bert.arch import ARCH_FIELDS
 from bertforge.pretrain.model.errors import InitError
@@ -16,7 +16,18 @@ WORD_EMB, MLM_BIAS = "bert.embeddings.word_embeddings.weight", "cls.predictions.
 
 
 def fields_from_hf(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig fields of a BERT config.json (keys it omits take transformers' defaults)."""
+    """ModelConfig fields of a BERT config.json (keys it omits take transformers' defaults), or
+    of an ELECTRA one (its encoder is BERT's; the embeddings must be as wide as the layers)."""
+    if config.get("model_type") == "electra":
+        full = ElectraConfig.from_dict(config)
+        if full.embedding_size != full.hidden_size:
+            raise InitError(
+                f"--init_from {path}: embedding_size {full.embedding_size} != hidden_size "
+                f"{full.hidden_size} in {path / 'config.json'} (a factorised embedding, as "
+                "ELECTRA-Small's discriminator has); this trainer's encoders use embeddings as "
+                "wide as their layers: start from an ELECTRA of equal widths (base, large)."
+            )
+        return {"arch": "bert", **{k: getattr(full, k) for k in ARCH_FIELDS}}
     pos = config.get("position_embedding_type", "absolute")
     if pos != "absolute":
         raise InitError(
@@ -27,20 +38,35 @@ def fields_from_hf(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     return {"arch": "bert", **{k: getattr(full, k) for k in ARCH_FIELDS}}
 
 
+#: an ELECTRA generator's MLM head (ElectraForMaskedLM) under BertForMaskedLM's names
+_FROM_ELECTRA = {
+    "generator_predictions.dense.weight": "cls.predictions.transform.dense.weight",
+    "generator_predictions.dense.bias": "cls.predictions.transform.dense.bias",
+    "generator_predictions.LayerNorm.weight": "cls.predictions.transform.LayerNorm.weight",
+    "generator_predictions.LayerNorm.bias": "cls.predictions.transform.LayerNorm.bias",
+    "generator_lm_head.weight": "cls.predictions.decoder.weight",
+    "generator_lm_head.bias": MLM_BIAS,
+}
+
+
 def to_ours(key: str) -> str:
     """transformers BertFor* names: prefixes model./module. dropped, bare BertModel keys under
-    bert., LayerNorm gamma/beta renamed weight/bias."""
+    bert., LayerNorm gamma/beta renamed weight/bias; an ELECTRA folder's encoder (electra.*)
+    under bert., its generator's head (ElectraForMaskedLM) as BERT's MLM head."""
     k = key
     while k.startswith(("model.", "module.")):
         k = k.split(".", 1)[1]
     if k.startswith(("embeddings.", "encoder.", "pooler.")):
         k = "bert." + k
+    k = _FROM_ELECTRA.get(k, k) if k.startswith("generator_") else k
+    if k.startswith("electra."):  # an ELECTRA encoder is BERT's under another name
+        k = "bert." + k[len("electra.") :]
     k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
     return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
 
 
 ADAPTER = StateDictAdapter(
-    model_types=("bert",),
+    model_types=("bert", "electra"),
     fields_from_hf=fields_from_hf,
     run_fields=ARCH_FIELDS,
     conflict_fields=(

@@ -13,10 +13,13 @@ embeddings that are the generator's, gradient stopped, plus a zero-initialised d
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 from transformers.models.electra.modeling_electra import ElectraPreTrainedModel
 
+from bertforge.pretrain.model.bert.adapter import ADAPTER
 from bertforge.pretrain.model.bert.arch import ARCH_FIELDS, resolve_config
 from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask
@@ -28,6 +31,7 @@ from bertforge.pretrain.model.rtd import (
     generator_config,
     masked_positions,
 )
+from bertforge.pretrain.model.specs import StateDictAdapter
 
 #: the discriminator's keys that hold vocabulary rows (sliced on export without padding)
 _VOCAB_KEYS = ("electra.embeddings.word_embeddings.weight",)
@@ -89,6 +93,30 @@ class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
             emb = self.discriminator.electra.embeddings
             emb.word_embeddings = DisentangledEmbedding(shared.word_embeddings)
         self.generator.generator_lm_head.weight = shared.word_embeddings.weight
+        self.generator_from = settings.generator_from  # --init_from: the generator's folder
+
+    @property
+    def init_adapter(self) -> StateDictAdapter:
+        """What ``--init_from`` loads specially (pretrain.model.init_from): the token table
+        (vocabulary rows; the generator's under disentangled sharing, the discriminator's
+        otherwise), the generator's output bias, the names tied to others."""
+        disc, gen = "discriminator.electra.embeddings", "generator.electra.embeddings"
+        if self.embedding_sharing == "plain":
+            table = f"{disc}.word_embeddings.weight"
+            names = self.generator.electra.embeddings.state_dict()
+            tied = {f"{gen}.{k}": f"{disc}.{k}" for k in names}
+        else:
+            table = f"{gen}.word_embeddings.weight"
+            tied = {f"{disc}.word_embeddings.weight": table}
+        tied["generator.generator_lm_head.weight"] = table
+        return dataclasses.replace(
+            ADAPTER,
+            to_ours=lambda key: key,
+            word_emb=table,
+            mlm_bias="generator.generator_lm_head.bias",
+            tied=tied,
+            pos_emb=f"{disc}.position_embeddings.weight",
+        )
 
     def register_zero3_external_parameters(self) -> None:
         """ZeRO-3: the generator's output layer (the token embeddings) is used outside its

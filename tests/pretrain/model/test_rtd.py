@@ -199,3 +199,80 @@ def test_the_doctor_counts_both_networks(tmp_path):
     ds = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
     mlm_mem, rtd_mem = (estimate_memory(s, ds, 8, 32) for s in (mlm_shape, rtd_shape))
     assert rtd_mem.activations > mlm_mem.activations and rtd_mem.params > mlm_mem.params
+
+
+def _electra_pair(folder, seed: int = 0):
+    """An ELECTRA discriminator (hidden 32) and its generator (hidden 16, embeddings 32) as
+    transformers writes them, with a WordPiece tokenizer; the generator in folder/generator."""
+    from helpers.tiny_bert import tiny_tokenizer
+
+    tok = tiny_tokenizer(folder)
+    sizes = {"vocab_size": len(tok), "embedding_size": 32, "max_position_embeddings": 256}
+    torch.manual_seed(seed)
+    disc = transformers.ElectraConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **sizes
+    )
+    disc = transformers.ElectraForPreTraining(disc)
+    disc.save_pretrained(str(folder))
+    gen = transformers.ElectraForMaskedLM(
+        transformers.ElectraConfig(
+            hidden_size=16, num_hidden_layers=2, num_attention_heads=1, intermediate_size=32,
+            **sizes,
+        )
+    )  # fmt: skip
+    # a pair trained together shares its embeddings (ELECTRA ties them)
+    gen.electra.embeddings.load_state_dict(disc.electra.embeddings.state_dict())
+    gen.tie_weights()
+    gen.save_pretrained(str(folder / "generator"))
+    tok.save_pretrained(str(folder / "generator"))
+    return tok
+
+
+def test_init_from_an_electra_pair_as_transformers_writes_it(tmp_path):
+    """--init_from an ELECTRA discriminator folder (its generator in generator/): our pair holds
+    both networks' weights, its logits are transformers' to 1e-6; an MLM run takes the same
+    folder's encoder as its BERT encoder."""
+    from bertforge.pretrain.model.init_from import load_initial_weights
+    from bertforge.pretrain.model.init_source import init_model_config
+
+    folder = tmp_path / "electra"
+    tok = _electra_pair(folder)
+    cfg = init_model_config(folder, PRESETS["tiny"], {})
+    assert (cfg.arch, cfg.hidden_size, cfg.num_hidden_layers) == ("bert", 32, 2)
+    settings = ObjectiveConfig(objective="rtd", generator_width=0.5)
+    ours = build_model(cfg, len(tok), objective=resolve_objective(settings, "packed")).eval()
+    report = load_initial_weights(ours, folder, tokenizer_dir_of_shards=folder)
+    assert not report.newly_initialised and "generator from" in report.notes[0]
+    disc = transformers.ElectraForPreTraining.from_pretrained(str(folder)).eval()
+    gen = transformers.ElectraForMaskedLM.from_pretrained(str(folder / "generator")).eval()
+    enc = tok(["A class definition is an executable statement.", "Return a list."],
+              return_tensors="pt", padding=True)  # fmt: skip
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    labels = torch.where(mask.bool(), ids, IGNORE_INDEX)
+    with torch.no_grad():
+        real = mask.bool()
+        want = disc(input_ids=ids, attention_mask=mask).logits
+        got = ours.discriminator_logits(ids, mask)
+        torch.testing.assert_close(got[real], want[real], atol=1e-6, rtol=1e-6)
+        want = gen(input_ids=ids, attention_mask=mask).logits[labels != IGNORE_INDEX]
+        torch.testing.assert_close(ours.predict_masked(ids, mask, None, labels), want)
+        mlm = build_model(cfg, len(tok)).eval()  # --objective mlm from the same folder
+        load_initial_weights(mlm, folder, tokenizer_dir_of_shards=folder)
+        want = disc.electra(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(mlm.encode(ids, mask), want, atol=1e-6, rtol=1e-6)
+
+
+def test_init_from_refuses_electra_small_factorised_embeddings(tmp_path):
+    from helpers.tiny_bert import tiny_tokenizer
+
+    from bertforge.pretrain.model.init_source import init_model_config
+
+    folder = tmp_path / "small"
+    tok = tiny_tokenizer(folder)
+    conf = transformers.ElectraConfig(
+        vocab_size=len(tok), embedding_size=16, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64,
+    )  # fmt: skip
+    transformers.ElectraForPreTraining(conf).save_pretrained(str(folder))
+    with pytest.raises(Exception, match="embedding_size 16 != hidden_size 32"):
+        init_model_config(folder, PRESETS["tiny"], {})
