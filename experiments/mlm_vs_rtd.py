@@ -17,12 +17,15 @@ encoder shape (``--model``) for every arm, two local DeepSpeed ranks (ZeRO-2 on 
 - ``rtd_flops``: ``--objective rtd`` for as many steps as reach the ``mlm`` arm's total training
   FLOPs (each arm's FLOPs are the trainer's count in metrics.jsonl: tflops x step time), on a
   step-clock schedule: equal FLOPs. RTD costs more per token (the generator, the discriminator's
-  head on every token), so this arm trains fewer tokens than ``mlm``.
+  head on every token), so this arm trains fewer tokens than ``mlm``;
+- ``rtd_gdes`` (with ``--disentangled``): ``rtd`` with DeBERTa-v3's gradient-disentangled
+  embedding sharing instead of ELECTRA's plain sharing, for the same training time.
 
 Each arm's encoder (the discriminator for RTD) is fine-tuned by ``pretrain.evaluate`` over the
 same lr grid and ``--seeds`` seeds. Printed and written to OUT/summary.json and OUT/summary.md:
-test score median [min, max] per arm and task, the paired difference to ``random`` and between
-``rtd`` and ``mlm`` (same seed, bootstrap 95% interval of the mean); OUT/gain.png draws the
+test score median [min, max] per arm and task, the paired difference to ``random``, between each
+RTD arm and ``mlm``, and between the two sharings (same seed, bootstrap 95% interval of the
+mean); OUT/gain.png draws the
 scores, OUT/curves.png the pretraining curves (held-out and training MLM loss of both, the
 discriminator's loss and accuracy) against training time. Every stage is skipped when its result
 is in OUT, so a killed experiment continues where it stopped. ``--quick`` is a tiny form for CI
@@ -79,9 +82,18 @@ def arm_record(run: Path) -> dict:
 class Experiment(downstream_gain.Experiment):
     """Experiment A's corpus, shards and tasks; pretraining arms of their own."""
 
-    def pretrain_arm(self, name: str, objective: str, *, minutes: float = 0, steps: int = 0):
+    def pretrain_arm(
+        self,
+        name: str,
+        objective: str,
+        *,
+        minutes: float = 0,
+        steps: int = 0,
+        sharing: str = "plain",
+    ):
         """One pretraining arm in OUT/NAME_run: a time budget (``minutes``, time-clock lr) or a
-        step count (step-clock lr); finished arms are skipped."""
+        step count (step-clock lr), RTD's embeddings shared ``sharing``; finished arms are
+        skipped."""
         run, a = self.out / f"{name}_run", self.args
         if find_latest(run / "checkpoints") is not None and (run / "done").is_file():
             return run
@@ -101,6 +113,7 @@ class Experiment(downstream_gain.Experiment):
             model=a.model,
             objective=objective,
             generator_width=a.generator_width,
+            embedding_sharing=sharing,
             output_dir=run,
             resume="auto",
             global_batch_size=a.global_batch_size,
@@ -161,13 +174,20 @@ def plot_curves(runs: dict[str, Path], path: Path) -> None:
     plt.close(fig)
 
 
+#: the paired differences the second table reports: (arm, against)
+PAIRS = (("rtd", "mlm"), ("rtd_flops", "mlm"), ("rtd_gdes", "rtd"))
+
+
 def rtd_vs_mlm(summary: dict) -> dict:
-    """Per task, the paired difference rtd - mlm and rtd_flops - mlm (same fine-tuning seed)."""
+    """Per task, the paired differences of :data:`PAIRS` whose arms ran (same fine-tuning
+    seed): rtd - mlm, rtd_flops - mlm, and disentangled - plain sharing."""
     out = {}
     for task, t in summary["tasks"].items():
-        mlm = t["arms"]["mlm"]["values"]
+        arms = t["arms"]
         out[task] = {
-            arm: paired_difference(t["arms"][arm]["values"], mlm) for arm in ("rtd", "rtd_flops")
+            f"{a} - {b}": paired_difference(arms[a]["values"], arms[b]["values"])
+            for a, b in PAIRS
+            if a in arms and b in arms
         }
     return out
 
@@ -193,6 +213,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--examples", type=int, default=1500, help="reviews and NER sentences")
     p.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per arm (K >= 5)")
     p.add_argument("--lrs", default="3e-4,1e-3", help="fine-tuning lr grid, every arm")
+    p.add_argument(
+        "--disentangled",
+        action="store_true",
+        help="one more arm, rtd_gdes: rtd with DeBERTa-v3's disentangled embedding sharing",
+    )
     p.add_argument("--quick", action="store_true", help="a tiny form for CI")
     args = p.parse_args(argv)
     args.recipe = ["--lrs", args.lrs]
@@ -215,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         "mlm": exp.pretrain_arm("mlm", "mlm", minutes=args.minutes),
         "rtd": exp.pretrain_arm("rtd", "rtd", minutes=args.minutes),
     }
+    if args.disentangled:  # the default sharing, measured: DeBERTa-v3's against ELECTRA's
+        runs["rtd_gdes"] = exp.pretrain_arm(
+            "rtd_gdes", "rtd", minutes=args.minutes, sharing="disentangled"
+        )
     runs["rtd_flops"] = exp.pretrain_arm(
         "rtd_flops", "rtd", steps=flops_steps(runs["mlm"], runs["rtd"])
     )
@@ -242,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
 def _rtd_lines(summary: dict) -> str:
     lines = ["| paired difference | " + " | ".join(summary["tasks"]) + " |"]
     lines.append("|---" * (len(summary["tasks"]) + 1) + "|")
-    for arm in ("rtd", "rtd_flops"):
+    for pair in next(iter(summary["rtd_vs_mlm"].values())):
         cells = [
-            f"{d[arm]['mean']:+.3f} [{d[arm]['low']:+.3f}, {d[arm]['high']:+.3f}]"
+            f"{d[pair]['mean']:+.3f} [{d[pair]['low']:+.3f}, {d[pair]['high']:+.3f}]"
             for d in summary["rtd_vs_mlm"].values()
         ]
-        lines.append(f"| {arm} - mlm | " + " | ".join(cells) + " |")
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,7 @@ def test_quick_experiment_trains_equal_compute_arms_and_prints_the_tables(tmp_pa
     assert abs(pre["rtd_flops"]["flops"] - pre["mlm"]["flops"]) <= 2 * per_step
     assert training_flops(out / "rtd_flops_run") == pytest.approx(pre["rtd_flops"]["flops"])
     for task in TASKS:
-        assert set(summary["rtd_vs_mlm"][task]) == {"rtd", "rtd_flops"}
+        assert set(summary["rtd_vs_mlm"][task]) == {"rtd - mlm", "rtd_flops - mlm"}
         assert len(summary["tasks"][task]["arms"]["rtd"]["values"]) == 2
     assert (out / "gain.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
 
