@@ -11,7 +11,7 @@ import hashlib
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertforge.data_prep.decontam import Decontaminator
+from bertforge.data_prep.key_sentences import KeptCounts, select
 from bertforge.data_prep.layout import (
     NSP_DTYPE,
     SPLITS,
@@ -52,6 +53,7 @@ class WorkerSpec:
     protected_terms: tuple[str, ...] | None
     lowercase: bool  # protected terms match case-insensitively when the tokenizer lowercases
     decontam_index: str | None = None  # OUT/.work/decontam-index.pkl: drop train near-duplicates
+    key_sentences: float | None = None  # documents over max_seq_len keep this share of sentences
 
 
 def is_validation(text: str, fraction: float) -> bool:
@@ -103,14 +105,46 @@ class _Worker:
         cuts = np.flatnonzero(np.diff(sentence)) + 1
         return [(i, w) for i, w in zip(np.split(ids, cuts), np.split(ws, cuts)) if len(i)]
 
+    def _key_sentences(self, encoded: list, nsp: bool) -> dict[str, int]:
+        """Cut each (text, encoding) whose tokens exceed max_seq_len to its key sentences
+        (data_prep.key_sentences), in place, re-encoding only those; returns the counts."""
+        counts = KeptCounts()
+        limit, share = self.spec.sequences.max_seq_len, self.spec.key_sentences
+        shortened = {}
+        for k, (text, (ids, _, _)) in enumerate(encoded):
+            if len(ids) > limit:
+                counts.documents_over_length += 1
+                short, n, kept = select(text, share)
+                if kept < n:
+                    shortened[k] = (short, n, kept)
+        again = self._encode([shortened[k][0] for k in shortened], need_offsets=nsp)
+        for (k, (short, n, kept)), enc in zip(shortened.items(), again):
+            if len(enc[0]) == 0:
+                continue  # the sentences kept hold no token: the document stays whole
+            counts.add(
+                {
+                    "documents_shortened": 1,
+                    "sentences_before": n,
+                    "sentences_kept": kept,
+                    "tokens_before": len(encoded[k][1][0]),
+                    "tokens_kept": len(enc[0]),
+                }
+            )
+            encoded[k] = (short, enc)
+        return asdict(counts)
+
     def _sequences(
         self, unit: int, split: str, texts: list[str], no_tokens: list[str]
-    ) -> tuple[Sequences, int, int]:
+    ) -> tuple[Sequences, int, int, dict[str, int] | None]:
+        """The split's sequences, its document and token counts (after any key-sentence cut)
+        and the key-sentence counts (None without --key_sentences)."""
         spec = self.spec
         nsp = spec.sequences.format == "nsp"
         cls, sep = spec.special_tokens["cls"], spec.special_tokens["sep"]
+        pairs = list(zip(texts, self._encode(texts, need_offsets=nsp)))
+        kept = None if spec.key_sentences is None else self._key_sentences(pairs, nsp)
         encoded = []
-        for text, (ids, ws, offsets) in zip(texts, self._encode(texts, need_offsets=nsp)):
+        for text, (ids, ws, offsets) in pairs:
             if len(ids) == 0:
                 no_tokens.append(text)  # only characters the normalizer removes
                 continue
@@ -119,9 +153,10 @@ class _Worker:
         if nsp:
             docs = [self._segments(t, i, w, o) for t, i, w, o in encoded]
             rng = random.Random(f"{spec.seed}-{unit}-{split}")
-            return nsp_instances(docs, spec.sequences, cls, sep, rng), len(encoded), corpus_tokens
-        seqs = pack([e[1] for e in encoded], [e[2] for e in encoded], spec.sequences, cls, sep)
-        return seqs, len(encoded), corpus_tokens
+            seqs = nsp_instances(docs, spec.sequences, cls, sep, rng)
+        else:
+            seqs = pack([e[1] for e in encoded], [e[2] for e in encoded], spec.sequences, cls, sep)
+        return seqs, len(encoded), corpus_tokens, kept
 
     def _write(self, split: str, name: str, seqs: Sequences) -> dict[str, Any]:
         folder = self.out / split
@@ -165,12 +200,13 @@ class _Worker:
         if self.decontam is not None:  # training copies of validation documents are dropped
             by_split["train"], record["decontamination"] = self.decontam.filter(by_split["train"])
         for split, docs in by_split.items():
-            seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, no_tokens)
+            seqs, n_docs, corpus_tokens, kept = self._sequences(unit, split, docs, no_tokens)
             shard = self._write(split, shard_name(unit), seqs) if len(seqs.offsets) > 1 else None
             record["splits"][split] = {
                 "documents": n_docs,
                 "corpus_tokens": corpus_tokens,
                 "shard": shard,
+                **({"key_sentences": kept} if kept is not None else {}),
             }
         if no_tokens:
             record["dropped"] = {"no_tokens": len(no_tokens)}
