@@ -119,7 +119,7 @@ def similarity(words: list[list[str]]):
     return sparse.csr_matrix((common.data[keep] / denom[keep], (r, c)), shape=(n, n))
 
 
-def textrank(weights, tol: float = 1e-10, max_iter: int = 1000) -> np.ndarray:
+def textrank(weights, tol: float = 1e-12, max_iter: int = 1000) -> np.ndarray:
     """PageRank scores (damping 0.85, summing to 1) over a symmetric weight matrix, by power
     iteration: x <- d * (P^T x + dangling mass / n) + (1 - d) / n, P the row-normalised weights,
     until the L1 change is below n * tol (networkx.pagerank's iteration and stopping rule)."""
