@@ -9,15 +9,17 @@ characters, rjieba's words (the segmenter the build already uses for word starts
 punctuation. The top ceil(R * n) sentences (at least 1) are kept, ties going to the earlier
 sentence; the result is deterministic.
 
-Library: none beyond numpy and scipy. The similarity graph is a scipy sparse matrix (one sparse
-product counts the common words of every pair) and PageRank is networkx's power iteration,
-written out in 15 lines over that matrix (:func:`textrank`). `networkx.pagerank` itself (maintained,
-installed with torch) gives the same scores to 1e-16 but needs the graph as networkx's Python
-dicts first, which made it 23x slower on the pydoc topics (2.26 s against 0.10 s for 4,307
-sentences; English sentences share "the" and "a", so the graphs are nearly complete): it is the
-tests' oracle instead. The TextRank packages were not taken: sumy pulls nltk, requests and lxml
-and splits sentences with nltk's punkt data (a download); summa and textrank4zh are unmaintained;
-pytextrank needs spaCy and its models.
+Library: none beyond numpy (and scipy for very long documents). PageRank here is networkx's (same
+damping, dangling sentences and fixed point), computed in a few lines: for most documents the
+similarity is a dense numpy matrix and the fixed point one linear solve; when sentences x distinct
+words exceeds _DENSE_CELLS the matrix is scipy sparse (one sparse product counts the common words
+of every pair) and the fixed point comes by power iteration. `networkx.pagerank` itself
+(maintained, installed with torch) gives the same scores but needs the graph as networkx's Python
+dicts first, which made it 23x slower on the pydoc topics than the same iteration on a scipy matrix
+(2.26 s against 0.10 s for 4,307 sentences; English sentences share "the" and "a", so the graphs
+are nearly complete): it is the tests' oracle instead. The TextRank packages were not taken: sumy
+pulls nltk, requests and lxml and splits sentences with nltk's punkt data (a download); summa and
+textrank4zh are unmaintained; pytextrank needs spaCy and its models.
 
 Sentences (:func:`split_sentences`): spans that cover the text end to end, each with the
 whitespace after it, so that the kept spans joined give the document without the others.
@@ -41,6 +43,7 @@ from bertforge.data_prep.wordstart import _CJK_RE
 
 METHOD = "textrank-mihalcea-tarau/pagerank-0.85"  # recorded in the build key
 DAMPING = 0.85
+_DENSE_CELLS = 1 << 21  # sentences x distinct words up to which the similarity is a numpy array
 
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof st jr sr vs etc e.g i.e cf fig no vol ch sec approx"
@@ -100,9 +103,8 @@ def sentence_words(sentence: str) -> list[str]:
 
 
 def similarity(words: list[list[str]]):
-    """The sentences' TextRank similarity as a scipy sparse matrix (zero diagonal)."""
-    from scipy import sparse
-
+    """The sentences' TextRank similarity (zero diagonal): a numpy array when the sentence-word
+    incidence has at most _DENSE_CELLS cells (most documents), else a scipy sparse matrix."""
     vocab: dict[str, int] = {}
     rows, cols = [], []
     for i, ws in enumerate(words):
@@ -110,9 +112,19 @@ def similarity(words: list[list[str]]):
             rows.append(i)
             cols.append(vocab.setdefault(w, len(vocab)))
     n = len(words)
-    incidence = sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, max(len(vocab), 1)))
-    common = (incidence @ incidence.T).tocoo()  # |words in both| for every pair
     logs = np.log(np.maximum([len(ws) for ws in words], 1))
+    if n * len(vocab) <= _DENSE_CELLS:
+        incidence = np.zeros((n, len(vocab)))
+        incidence[rows, cols] = 1.0
+        common = incidence @ incidence.T  # |words in both| for every pair
+        denom = logs[:, None] + logs[None, :]
+        weights = np.divide(common, denom, out=np.zeros_like(common), where=denom > 0)
+        np.fill_diagonal(weights, 0.0)
+        return weights
+    from scipy import sparse  # Lazy: a long document only (0.3 s to import in each worker)
+
+    incidence = sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, len(vocab)))
+    common = (incidence @ incidence.T).tocoo()
     denom = logs[common.row] + logs[common.col]
     keep = (common.row != common.col) & (denom > 0)
     r, c = common.row[keep], common.col[keep]
@@ -120,13 +132,20 @@ def similarity(words: list[list[str]]):
 
 
 def textrank(weights, tol: float = 1e-12, max_iter: int = 1000) -> np.ndarray:
-    """PageRank scores (damping 0.85, summing to 1) over a symmetric weight matrix, by power
-    iteration: x <- d * (P^T x + dangling mass / n) + (1 - d) / n, P the row-normalised weights,
-    until the L1 change is below n * tol (networkx.pagerank's iteration and stopping rule)."""
+    """PageRank scores (damping d = 0.85, summing to 1) over a symmetric weight matrix: the
+    fixed point of x = d * (P^T x + dangling mass / n) + (1 - d) / n, P the row-normalised
+    weights, a sentence sharing no word (dangling) spreading its rank evenly, as
+    networkx.pagerank. A numpy matrix is solved exactly (one n x n linear solve); a scipy sparse
+    one by power iteration until the L1 change is below n * tol (networkx's stopping rule)."""
     n = weights.shape[0]
     out = np.asarray(weights.sum(axis=1)).ravel()
-    dangling = out == 0  # a sentence sharing no word: its rank is spread evenly
-    transition = weights.multiply(1.0 / np.where(dangling, 1.0, out)[:, None]).T.tocsr()
+    dangling = out == 0
+    scale = (1.0 / np.where(dangling, 1.0, out))[:, None]
+    if isinstance(weights, np.ndarray):
+        step = (weights * scale).T + dangling[None, :] / n  # column-stochastic
+        x = np.linalg.solve(np.eye(n) - DAMPING * step, np.full(n, (1.0 - DAMPING) / n))
+        return x / x.sum()
+    transition = weights.multiply(scale).T.tocsr()
     x = np.full(n, 1.0 / n)
     for _ in range(max_iter):
         new = DAMPING * (transition @ x + x[dangling].sum() / n) + (1.0 - DAMPING) / n

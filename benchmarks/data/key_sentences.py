@@ -4,15 +4,16 @@
         --chinese /work/shared/corpora/hongloumeng.txt --runs 5
 
 Per corpus (the English file's blank-line-separated documents, the Chinese file one document a
-line), a plain build trains a WordPiece vocabulary and one build of each arm warms up (none
-timed); then plain builds and builds with `--key_sentences R` alternate, `--runs` of each, so
-that the load of a shared machine falls on both arms alike. Every build runs in this process
-(`data_prep.build.build`, `--workers W`, the trained tokenizer, a fresh output folder). The input
-tokens are the plain build's corpus tokens (the documents' own tokens, before any cut), the same
-number for both arms. Printed per arm: the median seconds, their min-max spread, the median input
-tokens/s and the median CPU seconds (this process and its pool workers, which the load of other
-jobs does not inflate); then the ratios key / plain of tokens/s and of CPU seconds, and what the
-key-sentence builds kept (manifest).
+line), a plain build trains a WordPiece vocabulary and one build of each arm warms up (none timed);
+then plain builds and builds with `--key_sentences R` alternate, `--runs` of each, so that the load
+of a shared machine falls on both arms alike. Every build runs in this process
+(`data_prep.build.build`, `--workers W`, work units of `--shard_docs` documents so that every
+worker has some, the trained tokenizer, a fresh output folder). The input tokens are the plain
+build's corpus tokens (the documents' own tokens, before any cut), the same number for both arms.
+Printed per arm: the median seconds, their min-max spread, the median input tokens/s and the median
+CPU seconds (this process and its pool workers, which the load of other jobs does not inflate);
+then the ratios key / plain of tokens/s and of CPU seconds, and what the key-sentence builds kept
+(manifest).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def measure(corpus: Path, one_per_line: bool, work: Path, args: argparse.Namespa
         sequences=SequenceConfig(max_seq_len=args.max_seq_len),
         input=InputConfig(one_doc_per_line=one_per_line),
         workers=args.workers,
+        shard_docs=args.shard_docs,
         progress="off",
     )
     _, _, trained = timed_build(base)  # trains the vocabulary; warms the imports up
@@ -143,6 +145,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=5, help="builds of each arm, alternating")
     p.add_argument("--share", type=float, default=0.5, help="--key_sentences R")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--shard_docs", type=int, default=1000, help="documents a work unit")
     p.add_argument("--max_seq_len", type=int, default=128)
     p.add_argument("--vocab_size", type=int, default=8000)
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -177,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 "runs": args.runs,
                 "workers": args.workers,
                 "max_seq_len": args.max_seq_len,
+                "shard_docs": args.shard_docs,
                 "machine": platform.machine(),
                 "cpus": os.cpu_count(),
                 "results": results,

@@ -17,7 +17,7 @@ from helpers.shards import content_stream
 from scipy import sparse
 from transformers import AutoTokenizer
 
-from bertforge.data_prep import ShardReader
+from bertforge.data_prep import ShardReader, key_sentences
 from bertforge.data_prep.__main__ import main
 from bertforge.data_prep.key_sentences import (
     select,
@@ -139,8 +139,16 @@ def reference_similarity(words: list[list[str]]) -> np.ndarray:
     return w
 
 
+def dense(w) -> np.ndarray:
+    return w if isinstance(w, np.ndarray) else w.toarray()
+
+
 @pytest.mark.parametrize("language", ["english", "chinese"])
-def test_textrank_agrees_with_networkx_pagerank_on_real_documents(language, chinese_corpus):
+def test_textrank_agrees_with_networkx_pagerank_on_real_documents(
+    language, chinese_corpus, monkeypatch
+):
+    """Both ways (a numpy matrix solved, a sparse one iterated) against the definition of the
+    similarity and networkx's PageRank."""
     if language == "english":
         docs = pydoc_documents()[:12]
     else:
@@ -149,20 +157,25 @@ def test_textrank_agrees_with_networkx_pagerank_on_real_documents(language, chin
         words = [sentence_words(s) for s in sentences(doc)]
         if len(words) < 2:
             continue
-        w = similarity(words)
-        np.testing.assert_allclose(w.toarray(), reference_similarity(words), rtol=1e-12)
-        ranks = nx.pagerank(nx.from_numpy_array(w.toarray()), alpha=0.85, tol=1e-13, max_iter=1000)
+        reference = reference_similarity(words)
+        ranks = nx.pagerank(nx.from_numpy_array(reference), alpha=0.85, tol=1e-13, max_iter=1000)
         expected = np.array([ranks[i] for i in range(len(words))])
-        np.testing.assert_allclose(textrank(w), expected, atol=1e-10)
+        for cells in (key_sentences._DENSE_CELLS, 0):
+            monkeypatch.setattr(key_sentences, "_DENSE_CELLS", cells)
+            w = similarity(words)
+            assert isinstance(w, np.ndarray) == (cells > 0)
+            np.testing.assert_allclose(dense(w), reference, rtol=1e-12)
+            np.testing.assert_allclose(textrank(w), expected, atol=1e-10)
 
 
 def test_textrank_of_a_star_is_the_hand_solved_one():
     """Centre c, leaves l (equal weights): x_c = 0.05 + 0.85 * (1 - x_c), so x_c = 18/37."""
-    star = sparse.csr_matrix(np.array([[0, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=float))
-    np.testing.assert_allclose(textrank(star), [18 / 37, 19 / 74, 19 / 74], atol=1e-9)
-    # A sentence sharing no word (a dangling node) spreads its rank evenly.
-    scores = textrank(sparse.csr_matrix((4, 4)))
-    np.testing.assert_allclose(scores, [0.25] * 4)
+    star = np.array([[0, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=float)
+    for w in (star, sparse.csr_matrix(star)):
+        np.testing.assert_allclose(textrank(w), [18 / 37, 19 / 74, 19 / 74], atol=1e-9)
+    # Sentences sharing no word (dangling nodes) spread their rank evenly.
+    for w in (np.zeros((4, 4)), sparse.csr_matrix((4, 4))):
+        np.testing.assert_allclose(textrank(w), [0.25] * 4)
 
 
 def test_the_central_sentence_wins_and_order_is_kept():
