@@ -182,14 +182,51 @@ class KeptCounts:
             setattr(self, k, getattr(self, k) + v)
 
 
+def _keep_count(n: int, share: float) -> int:
+    return min(n, max(1, math.ceil(share * n - 1e-9)))  # 0.3 * 10 is 3.0000000000000004
+
+
+def key_spans(text: str, share: float) -> tuple[list[tuple[int, int]], int]:
+    """The spans of `text`'s key sentences in document order, and its number of sentences (all
+    the spans, unranked, when every sentence is kept)."""
+    spans = split_sentences(text)
+    n = len(spans)
+    if _keep_count(n, share) == n:
+        return spans, n
+    scores = textrank(similarity([sentence_words(text[a:b]) for a, b in spans]))
+    return [spans[i] for i in top_share(scores, share)], n
+
+
+def joined(text: str, spans: list[tuple[int, int]]) -> str:
+    """The text of `spans` back to back (each keeps the whitespace after it), right-stripped."""
+    return "".join(text[a:b] for a, b in spans).rstrip()
+
+
 def select(text: str, share: float) -> tuple[str, int, int]:
     """(the text of `text`'s key sentences in document order, sentences before, kept). The
     text is `text` itself when every sentence is kept."""
-    spans = split_sentences(text)
-    n = len(spans)
-    k = min(n, max(1, math.ceil(share * n - 1e-9)))
-    if k == n:
-        return text, n, n
-    scores = textrank(similarity([sentence_words(text[a:b]) for a, b in spans]))
-    kept = top_share(scores, share)
-    return "".join(text[spans[i][0] : spans[i][1]] for i in kept).strip(), n, len(kept)
+    spans, n = key_spans(text, share)
+    return (text if len(spans) == n else joined(text, spans)), n, len(spans)
+
+
+def cut_tokens(
+    ids: np.ndarray, word_start: np.ndarray, offsets: np.ndarray, spans: list[tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A document's tokens (ids, word-start bits, character offsets [n, 2]) restricted to the
+    sentences `spans`, with the offsets moved into :func:`joined`'s text and the first token of
+    each span starting a word. For a tokenizer whose tokens end at whitespace and punctuation
+    (BERT's WordPiece, CJK characters alone) this is what encoding the joined text gives, without
+    encoding it again."""
+    starts = offsets[:, 0]
+    keep = np.zeros(len(ids), dtype=bool)
+    shift = np.zeros(len(ids), dtype=np.int64)
+    ws = word_start.copy()
+    pos = 0
+    for a, b in spans:
+        inside = (starts >= a) & (starts < b)
+        keep |= inside
+        shift[inside] = pos - a
+        first = np.flatnonzero(inside)[:1]
+        ws[first] = True
+        pos += b - a
+    return ids[keep], ws[keep], offsets[keep] + shift[keep][:, None]

@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertforge.data_prep.decontam import Decontaminator
-from bertforge.data_prep.key_sentences import KeptCounts, select
+from bertforge.data_prep.key_sentences import KeptCounts, cut_tokens, joined, key_spans
 from bertforge.data_prep.layout import (
     NSP_DTYPE,
     SPLITS,
@@ -107,18 +107,27 @@ class _Worker:
 
     def _key_sentences(self, encoded: list, nsp: bool) -> dict[str, int]:
         """Cut each (text, encoding) whose tokens exceed max_seq_len to its key sentences
-        (data_prep.key_sentences), in place, re-encoding only those; returns the counts."""
+        (data_prep.key_sentences), in place; returns the counts. An encoding with offsets (nsp,
+        Chinese, protected terms) is cut at its tokens; the others are encoded again."""
         counts = KeptCounts()
         limit, share = self.spec.sequences.max_seq_len, self.spec.key_sentences
-        shortened = {}
-        for k, (text, (ids, _, _)) in enumerate(encoded):
-            if len(ids) > limit:
-                counts.documents_over_length += 1
-                short, n, kept = select(text, share)
-                if kept < n:
-                    shortened[k] = (short, n, kept)
-        again = self._encode([shortened[k][0] for k in shortened], need_offsets=nsp)
-        for (k, (short, n, kept)), enc in zip(shortened.items(), again):
+        cut, again = {}, {}
+        for k, (text, (ids, ws, offsets)) in enumerate(encoded):
+            if len(ids) <= limit:
+                continue
+            counts.documents_over_length += 1
+            spans, n = key_spans(text, share)
+            if len(spans) == n:
+                continue
+            short = joined(text, spans)
+            if offsets is None:
+                again[k] = (short, n, len(spans))
+            else:
+                cut[k] = (short, n, len(spans), cut_tokens(ids, ws, offsets, spans))
+        encodings = self._encode([short for short, _, _ in again.values()], need_offsets=nsp)
+        for (k, (short, n, kept)), enc in zip(again.items(), encodings):
+            cut[k] = (short, n, kept, enc)
+        for k, (short, n, kept, enc) in sorted(cut.items()):
             if len(enc[0]) == 0:
                 continue  # the sentences kept hold no token: the document stays whole
             counts.add(

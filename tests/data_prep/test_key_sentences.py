@@ -20,6 +20,9 @@ from transformers import AutoTokenizer
 from bertforge.data_prep import ShardReader, key_sentences
 from bertforge.data_prep.__main__ import main
 from bertforge.data_prep.key_sentences import (
+    cut_tokens,
+    joined,
+    key_spans,
     select,
     sentence_words,
     sentences,
@@ -29,7 +32,8 @@ from bertforge.data_prep.key_sentences import (
     top_share,
 )
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus
-from bertforge.data_prep.worker import is_validation
+from bertforge.data_prep.sequences import SequenceConfig
+from bertforge.data_prep.worker import WorkerSpec, _Worker, is_validation
 
 VAL = 0.05
 ZH_END = "。！？；"
@@ -312,6 +316,38 @@ def test_build_keeps_key_sentences_and_the_manifest_matches_a_recount(language, 
         - counts["tokens_before"]
         + counts["tokens_kept"]
     )
+
+
+@pytest.mark.parametrize("language", ["english", "chinese"])
+def test_cutting_the_tokens_is_encoding_the_kept_text(language, corpora):
+    """Where the build has a document's offsets it cuts its tokens instead of encoding the kept
+    text again: ids, word-start bits and offsets must be those of the encoding."""
+    _, docs, _, plain, _ = corpora[language]
+    m = json.loads((plain / "manifest.json").read_text())
+    worker = _Worker(
+        WorkerSpec(
+            tokenizer_json=str(plain / "tokenizer" / "tokenizer.json"),
+            output=str(plain),
+            sequences=SequenceConfig(max_seq_len=m["max_seq_len"]),
+            validation_fraction=0.0,
+            seed=0,
+            special_tokens=m["special_tokens"],
+            token_dtype="<u4",
+            protected_terms=None,
+            lowercase=m["tokenizer"]["lowercase"],
+        )
+    )
+    compared = 0
+    for doc, (ids, ws, offsets) in zip(docs, worker._encode(docs, need_offsets=True)):
+        spans, n = key_spans(doc, 0.5)
+        if len(spans) == n:
+            continue
+        got = cut_tokens(ids, ws, offsets, spans)
+        (want,) = worker._encode([joined(doc, spans)], need_offsets=True)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        compared += 1
+    assert compared > 10
 
 
 def test_share_one_is_the_plain_build(corpora):
