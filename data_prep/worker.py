@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 from tokenizers import Tokenizer
 
 from bertforge.data_prep.decontam import Decontaminator
@@ -237,10 +238,13 @@ _WORKER: _Worker | None = None
 
 def init_worker(spec: WorkerSpec, pooled: bool = True) -> None:
     """Pool initializer: load the tokenizer once per process. Pooled workers encode on one
-    thread each (the pool is the parallelism; N workers x N Rust threads would oversubscribe)."""
+    thread each (the pool is the parallelism; N workers x N Rust threads would oversubscribe),
+    and run numpy's BLAS on one thread (key sentences: on 2 loaded cores, 2 workers x 2 BLAS
+    threads made the small matrix products and solves 10-25x slower)."""
     global _WORKER
     if pooled:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        threadpool_limits(1)
     _WORKER = _Worker(spec)
 
 
