@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import portable
 from bertforge.files import write_json_atomic
 
 
@@ -175,16 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json_atomic(
             args.json,
-            {
-                "share": args.share,
-                "runs": args.runs,
-                "workers": args.workers,
-                "max_seq_len": args.max_seq_len,
-                "shard_docs": args.shard_docs,
-                "machine": platform.machine(),
-                "cpus": os.cpu_count(),
-                "results": results,
-            },
+            portable(
+                {
+                    "share": args.share,
+                    "runs": args.runs,
+                    "workers": args.workers,
+                    "max_seq_len": args.max_seq_len,
+                    "shard_docs": args.shard_docs,
+                    "machine": platform.machine(),
+                    "cpus": os.cpu_count(),
+                    "results": results,
+                }
+            ),
         )
     return 0
 
