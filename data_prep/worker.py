@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 from tokenizers import Tokenizer
 
 from bertforge.data_prep.decontam import Decontaminator
@@ -71,8 +70,9 @@ def done_record_path(output: Path, unit: int) -> Path:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, pooled: bool = False):
         self.spec = spec
+        self.one_blas_thread = not pooled  # pooled: limited at the first key-sentence cut
         self.tok = Tokenizer.from_file(spec.tokenizer_json)
         plain_encoding(self.tok)  # the build's own copy has none; never cut or pad a document
         self.words = WordStarts(
@@ -110,6 +110,15 @@ class _Worker:
         """Cut each (text, encoding) whose tokens exceed max_seq_len to its key sentences
         (data_prep.key_sentences), in place; returns the counts. An encoding with offsets (nsp,
         Chinese, protected terms) is cut at its tokens; the others are encoded again."""
+        if not self.one_blas_thread:
+            # As with the tokenizer, the pool is the parallelism: 2 workers x 2 OpenBLAS threads
+            # on 2 loaded cores made the small products and solves 10-25x slower. Here, not in
+            # init_worker: there it made test_a_killed_worker_ends_the_build_instead_of_hanging
+            # hang 3 times in 15 (CPython 3.11's ProcessPoolExecutor; never in 14 without it).
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(1)
+            self.one_blas_thread = True
         counts = KeptCounts()
         limit, share = self.spec.sequences.max_seq_len, self.spec.key_sentences
         cut, again = {}, {}
@@ -238,14 +247,11 @@ _WORKER: _Worker | None = None
 
 def init_worker(spec: WorkerSpec, pooled: bool = True) -> None:
     """Pool initializer: load the tokenizer once per process. Pooled workers encode on one
-    thread each (the pool is the parallelism; N workers x N Rust threads would oversubscribe),
-    and run numpy's BLAS on one thread (key sentences: on 2 loaded cores, 2 workers x 2 BLAS
-    threads made the small matrix products and solves 10-25x slower)."""
+    thread each (the pool is the parallelism; N workers x N Rust threads would oversubscribe)."""
     global _WORKER
     if pooled:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        threadpool_limits(1)
-    _WORKER = _Worker(spec)
+    _WORKER = _Worker(spec, pooled)
 
 
 def run_unit(job: tuple[int, list[str], list[str]]) -> dict[str, Any]:
