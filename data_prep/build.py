@@ -375,6 +375,7 @@ def _build_locked(
         protected_terms=tuple(terms) if terms else None,
         lowercase=info.lowercase,
         decontam_index=(str(_index_path(cfg.output)) if cfg.decontaminate is not None else None),
+        key_sentences=cfg.key_sentences,
     )
     drops = DropCounter()
     records, total = run_units(cfg, files, spec, drops)

@@ -13,6 +13,7 @@ from typing import Any
 from bertforge.cli import checked, opt
 from bertforge.data_prep.decontam import NUM_PERM, SHINGLE
 from bertforge.data_prep.inputs import InputConfig, input_signature
+from bertforge.data_prep.key_sentences import METHOD as KEY_SENTENCES_METHOD
 from bertforge.data_prep.layout import FORMAT_VERSION, TOKENIZER_DIR
 from bertforge.data_prep.progress import normalize_mode
 from bertforge.data_prep.sequences import SequenceConfig
@@ -87,6 +88,13 @@ class BuildConfig:
         metavar="JACCARD",
         default_text="off",
     )
+    key_sentences: float | None = opt(
+        None,
+        "documents longer than --max_seq_len tokens keep this share R of their sentences, "
+        "the top ones by TextRank, in document order (0 < R <= 1)",
+        metavar="R",
+        default_text="off: every sentence kept",
+    )
     progress: str = opt(
         "auto",
         "auto (a bar when stderr is a terminal, plain lines in a log), bar, lines or off",
@@ -128,6 +136,11 @@ def check_config(cfg: BuildConfig) -> None:
         problems.append(f"--decontaminate must be in (0, 1], got {cfg.decontaminate}")
     if cfg.decontaminate is not None and cfg.validation_fraction <= 0:
         problems.append("--decontaminate needs a validation split (--validation_fraction > 0)")
+    if cfg.key_sentences is not None and not 0.0 < cfg.key_sentences <= 1.0:
+        problems.append(
+            f"--key_sentences must be in (0, 1] (the share of sentences kept), got "
+            f"{cfg.key_sentences}"
+        )
     if problems:
         raise BuildError("; ".join(problems))
 
@@ -167,6 +180,11 @@ def build_key(
                 }
             }
             if cfg.decontaminate is not None
+            else {}
+        ),
+        **(
+            {"key_sentences": {"share": cfg.key_sentences, "method": KEY_SENTENCES_METHOD}}
+            if cfg.key_sentences is not None
             else {}
         ),
     }

@@ -1,15 +1,17 @@
 """The manifest of a finished build, written last: splits, shards, tokenizer, bad records,
-decontamination counts (docs/design.md section 1 lists its keys)."""
+decontamination and key-sentence counts (docs/design.md section 1 lists its keys)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bertforge.data_prep.decontam import sum_stats
 from bertforge.data_prep.inputs import MAX_BAD_EXAMPLES
+from bertforge.data_prep.key_sentences import KeptCounts
 from bertforge.data_prep.layout import FORMAT_VERSION, SPLITS, TOKENIZER_DIR, token_dtype_for
 from bertforge.data_prep.tokenizer import describe
 
@@ -66,9 +68,31 @@ def build_manifest(out: Path, key: dict, records: list[dict], first_part: dict) 
             "train_characters_dropped": total["dropped_characters"],
             "examples": total["examples"],
         }
+    manifest["key_sentences"] = (key.get("key_sentences") or {}).get("share")
+    if "key_sentences" in key:
+        manifest["key_sentences_kept"] = key_sentences_kept(records)
     if first_part["num_partitions"] > 1:
         manifest["partitions"] = first_part["num_partitions"]
     return manifest
+
+
+def key_sentences_kept(records: list[dict]) -> dict[str, Any]:
+    """The key-sentence counts of both splits summed, with the shares they give (sentences and
+    tokens kept of the documents shortened)."""
+    total = KeptCounts()
+    for r in records:
+        for split in SPLITS:
+            total.add(r["splits"][split]["key_sentences"])
+    counts = asdict(total)
+    return {
+        **counts,
+        "sentence_share_kept": _share(total.sentences_kept, total.sentences_before),
+        "token_share_kept": _share(total.tokens_kept, total.tokens_before),
+    }
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 6) if whole else None
 
 
 def bad_records(dropped: Counter, first_part: dict, records: list[dict]) -> dict[str, Any]:

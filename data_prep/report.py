@@ -48,6 +48,11 @@ def summary(
     }
     if "decontamination" in manifest:
         out["decontamination"] = manifest["decontamination"]
+    if manifest.get("key_sentences") is not None:
+        out["key_sentences"] = {
+            "share": manifest["key_sentences"],
+            **manifest["key_sentences_kept"],
+        }
     shard_bytes, readers = 0, {}
     for split, info in manifest["splits"].items():
         reader = readers[split] = ShardReader(root, split)
@@ -158,6 +163,14 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
             f"  {e['jaccard']:.2f}  train: {e['train']!r}\n        validation: {e['validation']!r}"
             for e in d["examples"][:3]
         ]
+    if "key_sentences" in s:
+        k = s["key_sentences"]
+        out.append(
+            f"key sentences (TextRank, share {k['share']}): {k['documents_shortened']:,} of "
+            f"{k['documents_over_length']:,} documents over max_seq_len shortened, keeping "
+            f"{k['sentences_kept']:,} of {k['sentences_before']:,} sentences and "
+            f"{k['tokens_kept']:,} of {k['tokens_before']:,} tokens"
+        )
     for split, e in s["splits"].items():
         out += _split_lines(split, e)
     return out + _terms_lines(s)

@@ -11,7 +11,7 @@ import hashlib
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertforge.data_prep.decontam import Decontaminator
+from bertforge.data_prep.key_sentences import KeptCounts, cut_tokens, joined, key_spans
 from bertforge.data_prep.layout import (
     NSP_DTYPE,
     SPLITS,
@@ -52,6 +53,7 @@ class WorkerSpec:
     protected_terms: tuple[str, ...] | None
     lowercase: bool  # protected terms match case-insensitively when the tokenizer lowercases
     decontam_index: str | None = None  # OUT/.work/decontam-index.pkl: drop train near-duplicates
+    key_sentences: float | None = None  # documents over max_seq_len keep this share of sentences
 
 
 def is_validation(text: str, fraction: float) -> bool:
@@ -68,8 +70,9 @@ def done_record_path(output: Path, unit: int) -> Path:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, pooled: bool = False):
         self.spec = spec
+        self.one_blas_thread = not pooled  # pooled: limited at the first key-sentence cut
         self.tok = Tokenizer.from_file(spec.tokenizer_json)
         plain_encoding(self.tok)  # the build's own copy has none; never cut or pad a document
         self.words = WordStarts(
@@ -103,14 +106,64 @@ class _Worker:
         cuts = np.flatnonzero(np.diff(sentence)) + 1
         return [(i, w) for i, w in zip(np.split(ids, cuts), np.split(ws, cuts)) if len(i)]
 
+    def _key_sentences(self, encoded: list, nsp: bool) -> dict[str, int]:
+        """Cut each (text, encoding) whose tokens exceed max_seq_len to its key sentences
+        (data_prep.key_sentences), in place; returns the counts. An encoding with offsets (nsp,
+        Chinese, protected terms) is cut at its tokens; the others are encoded again."""
+        if not self.one_blas_thread:
+            # As with the tokenizer, the pool is the parallelism: 2 workers x 2 OpenBLAS threads
+            # on 2 loaded cores made the small products and solves 10-25x slower. Here, not in
+            # init_worker: there it made test_a_killed_worker_ends_the_build_instead_of_hanging
+            # hang 3 times in 15 (CPython 3.11's ProcessPoolExecutor; never in 14 without it).
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(1)
+            self.one_blas_thread = True
+        counts = KeptCounts()
+        limit, share = self.spec.sequences.max_seq_len, self.spec.key_sentences
+        cut, again = {}, {}
+        for k, (text, (ids, ws, offsets)) in enumerate(encoded):
+            if len(ids) <= limit:
+                continue
+            counts.documents_over_length += 1
+            spans, n = key_spans(text, share)
+            if len(spans) == n:
+                continue
+            short = joined(text, spans)
+            if offsets is None:
+                again[k] = (short, n, len(spans))
+            else:
+                cut[k] = (short, n, len(spans), cut_tokens(ids, ws, offsets, spans))
+        encodings = self._encode([short for short, _, _ in again.values()], need_offsets=nsp)
+        for (k, (short, n, kept)), enc in zip(again.items(), encodings):
+            cut[k] = (short, n, kept, enc)
+        for k, (short, n, kept, enc) in sorted(cut.items()):
+            if len(enc[0]) == 0:
+                continue  # the sentences kept hold no token: the document stays whole
+            counts.add(
+                {
+                    "documents_shortened": 1,
+                    "sentences_before": n,
+                    "sentences_kept": kept,
+                    "tokens_before": len(encoded[k][1][0]),
+                    "tokens_kept": len(enc[0]),
+                }
+            )
+            encoded[k] = (short, enc)
+        return asdict(counts)
+
     def _sequences(
         self, unit: int, split: str, texts: list[str], no_tokens: list[str]
-    ) -> tuple[Sequences, int, int]:
+    ) -> tuple[Sequences, int, int, dict[str, int] | None]:
+        """The split's sequences, its document and token counts (after any key-sentence cut)
+        and the key-sentence counts (None without --key_sentences)."""
         spec = self.spec
         nsp = spec.sequences.format == "nsp"
         cls, sep = spec.special_tokens["cls"], spec.special_tokens["sep"]
+        pairs = list(zip(texts, self._encode(texts, need_offsets=nsp)))
+        kept = None if spec.key_sentences is None else self._key_sentences(pairs, nsp)
         encoded = []
-        for text, (ids, ws, offsets) in zip(texts, self._encode(texts, need_offsets=nsp)):
+        for text, (ids, ws, offsets) in pairs:
             if len(ids) == 0:
                 no_tokens.append(text)  # only characters the normalizer removes
                 continue
@@ -119,9 +172,10 @@ class _Worker:
         if nsp:
             docs = [self._segments(t, i, w, o) for t, i, w, o in encoded]
             rng = random.Random(f"{spec.seed}-{unit}-{split}")
-            return nsp_instances(docs, spec.sequences, cls, sep, rng), len(encoded), corpus_tokens
-        seqs = pack([e[1] for e in encoded], [e[2] for e in encoded], spec.sequences, cls, sep)
-        return seqs, len(encoded), corpus_tokens
+            seqs = nsp_instances(docs, spec.sequences, cls, sep, rng)
+        else:
+            seqs = pack([e[1] for e in encoded], [e[2] for e in encoded], spec.sequences, cls, sep)
+        return seqs, len(encoded), corpus_tokens, kept
 
     def _write(self, split: str, name: str, seqs: Sequences) -> dict[str, Any]:
         folder = self.out / split
@@ -165,12 +219,13 @@ class _Worker:
         if self.decontam is not None:  # training copies of validation documents are dropped
             by_split["train"], record["decontamination"] = self.decontam.filter(by_split["train"])
         for split, docs in by_split.items():
-            seqs, n_docs, corpus_tokens = self._sequences(unit, split, docs, no_tokens)
+            seqs, n_docs, corpus_tokens, kept = self._sequences(unit, split, docs, no_tokens)
             shard = self._write(split, shard_name(unit), seqs) if len(seqs.offsets) > 1 else None
             record["splits"][split] = {
                 "documents": n_docs,
                 "corpus_tokens": corpus_tokens,
                 "shard": shard,
+                **({"key_sentences": kept} if kept is not None else {}),
             }
         if no_tokens:
             record["dropped"] = {"no_tokens": len(no_tokens)}
@@ -196,7 +251,7 @@ def init_worker(spec: WorkerSpec, pooled: bool = True) -> None:
     global _WORKER
     if pooled:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER = _Worker(spec)
+    _WORKER = _Worker(spec, pooled)
 
 
 def run_unit(job: tuple[int, list[str], list[str]]) -> dict[str, Any]:

@@ -55,6 +55,11 @@ PREPARE: dict[str, list[str]] = {
         " --one_doc_per_line --output runs/docs/zh_shards --vocab_size 2000 --max_seq_len 64"
         " --validation_fraction 0.1 --workers 1 --progress off",
     ],
+    "runs/docs/zh_key": [
+        "python -m data_prep build --input {repo}/tests/data/zh_hongloumeng_sample.txt"
+        " --one_doc_per_line --output runs/docs/zh_key --vocab_size 2000 --max_seq_len 64"
+        " --validation_fraction 0.1 --key_sentences 0.5 --workers 1 --progress off",
+    ],
 }
 
 
