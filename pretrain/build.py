@@ -66,7 +66,7 @@ from bertforge.pretrain.model.registry import (
     check_supported,
     resolve_attention,
 )
-from bertforge.pretrain.model.specs import resolve_objective
+from bertforge.pretrain.model.specs import check_resume_objective, resolve_objective
 from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
@@ -173,7 +173,8 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     train_reader, val_readers = open_shards(cfg)
     cfg = dataclasses.replace(cfg, model_cfg=_model_for_shards(cfg, train_reader.max_seq_len))
     # what the arch cannot train (the shards' objective, a flag), before any rendezvous
-    check_supported(cfg.model_cfg, resolve_objective(cfg.objective_cfg, train_reader.format))
+    objective = resolve_objective(cfg.objective_cfg, train_reader.format)
+    check_supported(cfg.model_cfg, objective)
     fingerprint = train_reader.manifest["tokenizer"]["fingerprint"]
     point = find_resume(
         cfg.run.resume,
@@ -184,6 +185,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     )
     if point is not None:
         check_resume_clock(cfg.optim, point.state)
+        check_resume_objective(point.state.get("config", {}), objective)
         cfg = _override_peak(cfg, point)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)

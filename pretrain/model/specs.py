@@ -202,3 +202,24 @@ def objective_of_run(config: dict[str, Any], nsp: bool) -> ObjectiveSpec:
     decided) and whether its shards were NSP shards."""
     settings = ObjectiveConfig(**(config.get("objective_cfg") or {}))
     return resolve_objective(settings, "nsp" if nsp else "packed")
+
+
+def check_resume_objective(saved_config: dict[str, Any], objective: ObjectiveSpec) -> None:
+    """Before the rendezvous: a checkpoint holds the networks of the objective it trained (an
+    RTD checkpoint its generator too), so resuming it under another objective, or another RTD
+    generator or embedding sharing, is refused naming both."""
+    saved = objective_of_run(saved_config, objective.nsp)
+    shape = ("generator_width", "generator_depth", "embedding_sharing")
+    if saved.name == objective.name and (
+        saved.name != "rtd"
+        or all(getattr(saved.settings, k) == getattr(objective.settings, k) for k in shape)
+    ):
+        return
+    was = {k: getattr(saved.settings, k) for k in ("objective", *shape)}
+    now = {k: getattr(objective.settings, k) for k in ("objective", *shape)}
+    diff = ", ".join(f"--{k} {was[k]} (now {now[k]})" for k in was if was[k] != now[k])
+    raise ObjectiveError(
+        f"the checkpoint to resume was trained with {diff or saved.name}: its weights are that "
+        "objective's networks. Resume with the checkpoint's settings, or start a new run "
+        "(--init_from the checkpoint keeps its encoder)."
+    )

@@ -276,3 +276,17 @@ def test_init_from_refuses_electra_small_factorised_embeddings(tmp_path):
     transformers.ElectraForPreTraining(conf).save_pretrained(str(folder))
     with pytest.raises(Exception, match="embedding_size 16 != hidden_size 32"):
         init_model_config(folder, PRESETS["tiny"], {})
+
+
+def test_a_checkpoint_resumes_only_under_its_objective():
+    from bertforge.pretrain.model.specs import check_resume_objective
+
+    rtd = ObjectiveConfig(objective="rtd")
+    saved = {"objective_cfg": dataclasses.asdict(rtd)}
+    check_resume_objective(saved, resolve_objective(rtd, "packed"))  # the same: fine
+    check_resume_objective({}, resolve_objective(None, "packed"))  # older runs: mlm
+    with pytest.raises(ObjectiveError, match="--objective rtd \\(now mlm\\)"):
+        check_resume_objective(saved, resolve_objective(ObjectiveConfig("mlm"), "packed"))
+    wider = ObjectiveConfig(objective="rtd", generator_width=0.5)
+    with pytest.raises(ObjectiveError, match="--generator_width 0.25 \\(now 0.5\\)"):
+        check_resume_objective(saved, resolve_objective(wider, "packed"))
