@@ -55,6 +55,18 @@ def finished(out: Path, unit: int) -> dict[str, Any] | None:
     return record
 
 
+def _abandon(pool: ProcessPoolExecutor) -> None:
+    """Shut a broken pool down without waiting on it: its other workers are killed and reaped.
+    Waiting (``shutdown(wait=True)``) after a worker was killed hung now and then in CPython
+    3.11's executor, in the management thread's join, leaving the build waiting forever."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=10)
+
+
 def run_units(
     cfg: BuildConfig, files: list[Path], spec: WorkerSpec, drops: DropCounter
 ) -> tuple[list[dict], int]:
@@ -96,6 +108,7 @@ def run_units(
         # not mp.Pool: a worker killed (OOM) there leaves its unit's result waited for forever
         pool = ProcessPoolExecutor(cfg.workers, ctx, initializer=init_worker, initargs=(spec,))
         pending: deque = deque()
+        broken = False
         try:
             for job in jobs:
                 done = finished(cfg.output, job[0])
@@ -109,12 +122,16 @@ def run_units(
             while pending:
                 collect(pending.popleft().result())
         except BrokenProcessPool as e:
+            broken = True
             raise RuntimeError(
                 "a data_prep worker process died (killed for memory? lower --workers or "
                 "--shard_bytes)"
             ) from e
         finally:  # units already running finish before any clean-up; no new one starts
-            pool.shutdown(wait=True, cancel_futures=True)
+            if broken:
+                _abandon(pool)
+            else:
+                pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
     if skipped:
         log.info(f"resumed, {skipped} finished shard(s) kept")

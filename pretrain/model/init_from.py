@@ -320,6 +320,34 @@ def _vocab_report(plan: VocabPlan, base_dir: Path, shards_dir: Path, base_tok) -
     }
 
 
+def _adapter(model: torch.nn.Module, path: str | Path) -> StateDictAdapter:
+    """The names loaded specially: the arch's adapter, or an RTD pair's own (``init_adapter``)."""
+    if getattr(model, "objective", None) != "rtd":
+        return ARCHES[model.arch].adapter
+    if not hasattr(model, "init_adapter"):
+        raise InitError(
+            f"--init_from {path} with --objective rtd: not supported yet for "
+            f"--arch {model.arch} (BERT's ELECTRA pair takes ELECTRA, BERT and run folders)"
+        )
+    return model.init_adapter
+
+
+def _weights_and_report(
+    model: torch.nn.Module, src: InitSource, path: str | Path
+) -> tuple[dict[str, torch.Tensor], InitReport]:
+    """The source's tensors under the model's names, and the report begun: for an RTD pair the
+    discriminator from ``path`` and the generator from its own folder (init_pair)."""
+    if getattr(model, "objective", None) != "rtd":
+        sd, file = _source_state_dict(src)
+        return sd, InitReport(str(path), src.kind, str(file))
+    sd, file, gen = pair_state_dict(src, model.generator_from)
+    report = InitReport(str(path), src.kind, str(file))
+    report.notes.append(
+        f"generator from {gen}" if gen else "no generator folder: the generator starts anew"
+    )
+    return sd, report
+
+
 def load_initial_weights(
     model: torch.nn.Module,
     path: str | Path,
@@ -337,13 +365,7 @@ def load_initial_weights(
     """
     src = locate(path)
     check_arch(src, model.arch)
-    pair = getattr(model, "objective", None) == "rtd"
-    if pair and not hasattr(model, "init_adapter"):
-        raise InitError(
-            f"--init_from {path} with --objective rtd: not supported yet for "
-            f"--arch {model.arch} (BERT's ELECTRA pair takes ELECTRA, BERT and run folders)"
-        )
-    keys = model.init_adapter if pair else ARCHES[model.arch].adapter
+    keys = _adapter(model, path)
     base_dir = Path(base_tokenizer_dir) if base_tokenizer_dir else src.tokenizer_dir
     if base_dir is None:
         raise InitError(
@@ -353,18 +375,10 @@ def load_initial_weights(
         )
     shards_dir = Path(tokenizer_dir_of_shards)
     plan = plan_vocabulary(base_dir, shards_dir)
-    if pair:  # the discriminator from `path`, the generator from its own folder
-        sd, file, gen = pair_state_dict(src, model.generator_from)
-    else:
-        sd, file = _source_state_dict(src)
-    report = InitReport(str(path), src.kind, str(file))
-    if pair:
-        report.notes.append(
-            f"generator from {gen}" if gen else "no generator folder: the generator starts anew"
-        )
+    sd, report = _weights_and_report(model, src, path)
     if keys.word_emb not in sd:
         raise InitError(
-            f"--init_from {path}: {file} has no {keys.word_emb} (nor embeddings.* "
+            f"--init_from {path}: {report.checkpoint} has no {keys.word_emb} (nor embeddings.* "
             f"without prefix); not a {ARCHES[model.arch].display_name} checkpoint."
         )
     if keys.pos_emb is not None and keys.pos_emb in sd:
