@@ -23,6 +23,7 @@ from torch import nn
 
 from bertforge.kernels import api as kernels
 from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
 
@@ -106,7 +107,30 @@ class ReplacedTokenDetection:
     ``loss_impl``."""
 
     objective = "rtd"  # export writes the discriminator (and a generator it can write)
-    shares_layers = False  # --share_layers is refused with rtd
+    nsp = False
+    share_layers = "none"  # --share_layers is refused with rtd (the specs' unsupported)
+    shares_layers = False
+    shared_keys = ()
+
+    def _set_objective(self, true_vocab_size: int, settings: ObjectiveConfig, loss_impl: str):
+        """What the forward reads of the run's settings."""
+        self.true_vocab_size = int(true_vocab_size)
+        self.rtd_weight = float(settings.rtd_weight)
+        self.embedding_sharing = settings.embedding_sharing
+        self.loss_impl = loss_impl
+        self.checkpointing = "none"
+
+    def register_zero3_external_parameters(self) -> None:
+        """ZeRO-3: the generator's output layer (the shared token table and its bias) is used
+        outside its module's forward (the fused loss, the sampling), so ZeRO gathers it."""
+        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+        for param in self._generator_decoder():
+            register_external_parameter(self, param)
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """Recompute both networks' layers in backward."""
+        apply_activation_checkpointing(self, mode)
 
     @property
     def tied_keys(self) -> tuple[str, ...]:

@@ -21,7 +21,6 @@ from transformers.models.electra.modeling_electra import ElectraPreTrainedModel
 
 from bertforge.pretrain.model.bert.adapter import ADAPTER
 from bertforge.pretrain.model.bert.arch import ARCH_FIELDS, resolve_config
-from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask
 from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
@@ -64,10 +63,7 @@ class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
     PretrainingModel with ``hf_architecture`` the discriminator's class."""
 
     arch = "bert"
-    nsp = False
     hf_architecture = "ElectraForPreTraining"
-    share_layers = "none"  # refused with rtd (spec.unsupported)
-    shared_keys = ()
 
     def __init__(
         self,
@@ -80,11 +76,7 @@ class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
         super().__init__(disc_conf)
         self.discriminator = ElectraForPreTraining(disc_conf)
         self.generator = ElectraForMaskedLM(gen_conf)
-        self.true_vocab_size = int(true_vocab_size)
-        self.rtd_weight = float(settings.rtd_weight)
-        self.embedding_sharing = settings.embedding_sharing
-        self.loss_impl = loss_impl
-        self.checkpointing = "none"
+        self._set_objective(true_vocab_size, settings, loss_impl)
         self.post_init()
         shared = self.generator.electra.embeddings
         if self.embedding_sharing == "plain":
@@ -117,14 +109,6 @@ class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
             tied=tied,
             pos_emb=f"{disc}.position_embeddings.weight",
         )
-
-    def register_zero3_external_parameters(self) -> None:
-        """ZeRO-3: the generator's output layer (the token embeddings) is used outside its
-        module's forward (the fused loss and the sampling), so ZeRO gathers it for them."""
-        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
-
-        register_external_parameter(self, self.generator.generator_lm_head.weight)
-        register_external_parameter(self, self.generator.generator_lm_head.bias)
 
     def _mask(self, attention_mask, document_ids):
         return document_mask(document_ids) if document_ids is not None else attention_mask
@@ -174,10 +158,6 @@ class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
             position_ids=position_ids,
             return_dict=True,
         ).last_hidden_state
-
-    def set_activation_checkpointing(self, mode: str) -> None:
-        """Recompute both networks' layers in backward."""
-        apply_activation_checkpointing(self, mode)
 
     def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
         """Training FLOPs per input token (forward + backward = 3x forward): both encoders'

@@ -27,7 +27,6 @@ from transformers.models.modernbert.modeling_modernbert import (
 )
 
 from bertforge.pretrain.model.attention_paths import DocumentLayout
-from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import unpad
 from bertforge.pretrain.model.model_config import ModelConfig, export_config
 from bertforge.pretrain.model.modernbert.model import (
@@ -95,10 +94,7 @@ class ModernBertElectraForRtd(ReplacedTokenDetection, ModernBertPreTrainedModel)
     """The ModernBERT generator and discriminator trained together (see module doc)."""
 
     arch = "modernbert"
-    nsp = False
     hf_architecture = "ModernBertForTokenClassification"
-    share_layers = "none"  # refused with rtd (arch.unsupported)
-    shared_keys = ()
 
     def __init__(
         self,
@@ -111,11 +107,7 @@ class ModernBertElectraForRtd(ReplacedTokenDetection, ModernBertPreTrainedModel)
         super().__init__(disc_conf)
         self.discriminator = ModernBertDiscriminator(disc_conf)
         self.generator = ModernBertForPretrainingMasked(gen_conf, true_vocab_size, loss_impl)
-        self.true_vocab_size = int(true_vocab_size)
-        self.rtd_weight = float(settings.rtd_weight)
-        self.embedding_sharing = settings.embedding_sharing
-        self.loss_impl = loss_impl
-        self.checkpointing = "none"
+        self._set_objective(true_vocab_size, settings, loss_impl)
         self.post_init()
         # ELECTRA's embedding_size: the generator reads and predicts the discriminator's table
         table_width, gen = disc_conf.hidden_size, self.generator
@@ -133,14 +125,6 @@ class ModernBertElectraForRtd(ReplacedTokenDetection, ModernBertPreTrainedModel)
             self.discriminator.model.embeddings.tok_embeddings = DisentangledEmbedding(table)
         else:
             self.discriminator.model.embeddings.tok_embeddings = table
-
-    def register_zero3_external_parameters(self) -> None:
-        """ZeRO-3: the shared table is the generator's decoder, used outside a module's forward
-        (the fused loss, the sampling); the disentangled difference likewise."""
-        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
-
-        register_external_parameter(self, self.generator.decoder.weight)
-        register_external_parameter(self, self.generator.decoder.bias)
 
     def _generator_rows(
         self, input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
@@ -169,10 +153,6 @@ class ModernBertElectraForRtd(ReplacedTokenDetection, ModernBertPreTrainedModel)
         return self.discriminator.encode(
             input_ids, attention_mask, token_type_ids, document_ids, position_ids
         )
-
-    def set_activation_checkpointing(self, mode: str) -> None:
-        """Recompute both networks' layers in backward."""
-        apply_activation_checkpointing(self, mode)
 
     def set_global_rope_theta(self, theta: float) -> None:
         """A phase's rope theta, for both networks' global layers."""
