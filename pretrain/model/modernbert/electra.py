@@ -26,8 +26,6 @@ from transformers.models.modernbert.modeling_modernbert import (
     ModernBertPreTrainedModel,
 )
 
-from bertforge.pretrain.model.attention_paths import DocumentLayout
-from bertforge.pretrain.model.document_attention import unpad
 from bertforge.pretrain.model.model_config import ModelConfig, export_config
 from bertforge.pretrain.model.modernbert.model import (
     ModernBertForPretrainingMasked,
@@ -66,6 +64,7 @@ class ModernBertDiscriminator(ModernBertForTokenClassification):
     encode = ModernBertForPretrainingMasked.encode
     _encode_layout = ModernBertForPretrainingMasked._encode_layout
     _runs_unpadded = ModernBertForPretrainingMasked._runs_unpadded
+    _encode_unpadded = ModernBertForPretrainingMasked._encode_unpadded
 
     def __init__(self, config: ModernBertConfig):
         super().__init__(config)
@@ -76,14 +75,8 @@ class ModernBertDiscriminator(ModernBertForTokenClassification):
     ) -> torch.Tensor:
         """The replaced-token logit of each real token [N_real], row-major."""
         if self._runs_unpadded(input_ids):
-            batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if document_ids is not None:
-                batch["document_ids"] = document_ids
-            if position_ids is not None:
-                batch["position_ids"] = position_ids
-            flat = unpad(batch)
-            layout = DocumentLayout.unpadded(flat["document_ids"])
-            hidden = self._encode_layout(flat["input_ids"], layout, flat["position_ids"])[0]
+            hidden = self._encode_unpadded(input_ids, attention_mask, document_ids, position_ids)
+            hidden = hidden[0][0]
         else:
             hidden = self.encode(input_ids, attention_mask, None, document_ids, position_ids)
             hidden = hidden[attention_mask.bool()]

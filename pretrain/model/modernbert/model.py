@@ -171,6 +171,20 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
             input_ids=input_ids, attention_mask=masks, position_ids=position_ids
         ).last_hidden_state
 
+    def _encode_unpadded(
+        self, input_ids, attention_mask, document_ids, position_ids, **more
+    ) -> tuple[torch.Tensor, dict]:
+        """Hidden states [1, N_real, H] of the batch's real tokens in one row (each row's in
+        turn) on the unpadded path, and the unpadded batch (``more`` tensors unpadded too)."""
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, **more}
+        if document_ids is not None:
+            batch["document_ids"] = document_ids
+        if position_ids is not None:
+            batch["position_ids"] = position_ids
+        flat = unpad(batch)
+        layout = DocumentLayout.unpadded(flat["document_ids"])
+        return self._encode_layout(flat["input_ids"], layout, flat["position_ids"]), flat
+
     def _runs_unpadded(self, input_ids) -> bool:
         """Whether this forward takes the unpadded varlen path (``attention_path``; "auto":
         CUDA in half precision without attention dropout), logged once."""
@@ -198,14 +212,9 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
             if attention_mask is None:
                 ones = torch.ones_like(input_ids)
                 attention_mask = ones if document_ids is None else (document_ids >= 0).long()
-            batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-            if document_ids is not None:
-                batch["document_ids"] = document_ids
-            if position_ids is not None:
-                batch["position_ids"] = position_ids
-            flat = unpad(batch)
-            layout = DocumentLayout.unpadded(flat["document_ids"])
-            hidden = self._encode_layout(flat["input_ids"], layout, flat["position_ids"])
+            hidden, flat = self._encode_unpadded(
+                input_ids, attention_mask, document_ids, position_ids, labels=labels
+            )
             labels = flat["labels"]
         else:
             hidden = self.encode(input_ids, attention_mask, None, document_ids, position_ids)
