@@ -172,3 +172,27 @@ def test_the_path_is_chosen_by_device_dtype_and_dropout():
     assert not attention_paths.use_varlen(cpu, torch.bfloat16, 0.0)[0]
     assert not attention_paths.use_varlen(cuda, torch.float32, 0.0)[0]
     assert not attention_paths.use_varlen(cuda, torch.bfloat16, 0.1)[0]
+
+
+def test_rtd_discriminator_on_the_unpadded_path_equals_the_padded_path(monkeypatch):
+    """--objective rtd: the discriminator's logit of each real token, and the generator's
+    masked rows, are the same through the unpadded varlen path as through the padded one."""
+    from bertforge.pretrain.model.objective_config import ObjectiveConfig
+    from bertforge.pretrain.model.specs import resolve_objective
+
+    monkeypatch.setattr(attention_paths, "varlen_attn", reference_varlen_attn)
+    cfg = dataclasses.replace(PRESETS["modernbert-tiny"], local_attention=8)
+    rtd = resolve_objective(ObjectiveConfig(objective="rtd"), "packed")
+    torch.manual_seed(0)
+    model = build_model(cfg, VOCAB, objective=rtd).eval()
+    batch = document_batch(length=60)
+    where = {k: batch[k] for k in ("document_ids", "position_ids")}
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    with torch.no_grad():
+        padded = model.discriminator.real_logits(ids, mask, **where)
+        rows = model.predict_masked(ids, mask, None, labels, **where)
+        model.discriminator.attention_path = model.generator.attention_path = "varlen"
+        unpadded = model.discriminator.real_logits(ids, mask, **where)
+        unpadded_rows = model.predict_masked(ids, mask, None, labels, **where)
+    torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(unpadded_rows, rows, atol=1e-5, rtol=1e-5)
