@@ -48,7 +48,15 @@ from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
 from bertforge.pretrain.model.run_checkpoints import find_latest
 from experiments import downstream_gain
-from experiments.arms import Stages, markdown, paired_difference, plot, scores, summarise
+from experiments.arms import (
+    Stages,
+    markdown,
+    paired_difference,
+    plot,
+    pretraining_record,
+    scores,
+    summarise,
+)
 from experiments.random_init import random_init_folder
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
@@ -70,9 +78,7 @@ def arm_record(run: Path) -> dict:
     val = read_metrics(run / "metrics.jsonl", "validation")
     last = steps[max(steps)]
     return {
-        "steps": max(steps),
-        "tokens": int(sum(r["tokens"] for r in steps.values())),
-        "training_s": round(last["elapsed_s"], 1),
+        **pretraining_record(run),  # steps, tokens, training seconds
         "flops": training_flops(run),
         "val_mlm_loss": val[-1]["val_loss"] if val else None,
         **({"rtd_accuracy": last["rtd_accuracy"]} if "rtd_accuracy" in last else {}),
