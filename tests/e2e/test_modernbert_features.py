@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.commands import REPO
-from helpers.launch import ds_config, guard_actions, launch, losses
+from helpers.launch import copy_without_last_checkpoint, ds_config, guard_actions, launch, losses
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
@@ -88,10 +88,7 @@ def zero3(english_shards, english_second_source, tmp_path_factory) -> dict:
     run, resumed = tmp / "run", tmp / "resumed"
     sources = [f"en={english_shards}:0.7", f"docs={english_second_source}:0.3"]
     launch(zero3_args(run, sources))
-    shutil.copytree(run, resumed)
-    shutil.rmtree(resumed / "checkpoints" / tag_for(6))
-    (resumed / "checkpoints" / "latest").unlink(missing_ok=True)
-    (resumed / "metrics.jsonl").unlink()
+    copy_without_last_checkpoint(run, resumed, 6)
     proc = launch(zero3_args(resumed, sources, "--resume", "auto"))
     return {"run": run, "resumed": resumed, "sources": sources, "tmp": tmp,
             "out": proc.stdout + proc.stderr}  # fmt: skip

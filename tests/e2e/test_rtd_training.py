@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.commands import REPO
-from helpers.launch import launch, losses
+from helpers.launch import copy_without_last_checkpoint, launch, losses
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
@@ -67,10 +67,7 @@ def rtd_runs(english_shards, english_second_source, tmp_path_factory) -> dict:
     run, resumed = tmp / "run", tmp / "resumed"
     sources = [f"en={english_shards}:0.7", f"docs={english_second_source}:0.3"]
     launch(rtd_args(run, sources))
-    shutil.copytree(run, resumed)
-    shutil.rmtree(resumed / "checkpoints" / tag_for(6))
-    (resumed / "checkpoints" / "latest").unlink(missing_ok=True)
-    (resumed / "metrics.jsonl").unlink()
+    copy_without_last_checkpoint(run, resumed, 6)
     proc = launch(rtd_args(resumed, sources, "--resume", "auto"))
     return {"run": run, "resumed": resumed, "sources": sources, "tmp": tmp,
             "out": proc.stdout + proc.stderr}  # fmt: skip
@@ -203,10 +200,7 @@ def test_d_modernbert_rtd_resumes_exactly_and_exports_a_token_classifier(english
 
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     launch(args(run))
-    shutil.copytree(run, resumed)
-    shutil.rmtree(resumed / "checkpoints" / tag_for(4))
-    (resumed / "checkpoints" / "latest").unlink(missing_ok=True)
-    (resumed / "metrics.jsonl").unlink()
+    copy_without_last_checkpoint(run, resumed, 4)
     launch(args(resumed, "--resume", "auto"))
     ref, got = losses(run), losses(resumed)
     assert sorted(got) == [3, 4] and {s: ref[s] for s in got} == got

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -99,3 +100,15 @@ def guard_actions(run: Path) -> list[dict]:
     records ("ok") may follow a planned fault on some thread counts: its z sits near the
     threshold at the tiny sizes the tests train."""
     return [e for e in read_metrics(run / "metrics.jsonl", "guard") if e["action"] != "ok"]
+
+
+def copy_without_last_checkpoint(run: Path, copy: Path, last_step: int) -> Path:
+    """A copy of ``run`` whose checkpoint of ``last_step`` (and its metrics) are gone, so that
+    ``--resume auto`` there continues from the checkpoint before it."""
+    from bertforge.pretrain.model.run_checkpoints import tag_for
+
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / tag_for(last_step))
+    (copy / "checkpoints" / "latest").unlink(missing_ok=True)
+    (copy / "metrics.jsonl").unlink()
+    return copy
