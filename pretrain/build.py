@@ -58,6 +58,7 @@ from bertforge.pretrain.data.mixture import (
 )
 from bertforge.pretrain.data.shard_check import verify_once
 from bertforge.pretrain.model.bert import resolve_config
+from bertforge.pretrain.model.compiled import check_compile, compile_encoders
 from bertforge.pretrain.model.init_from import load_initial_weights
 from bertforge.pretrain.model.init_source import extend_context, init_architecture
 from bertforge.pretrain.model.registry import (
@@ -191,6 +192,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
     stage = int(setup.config.get("zero_optimization", {}).get("stage", 0))
     check_engine(cfg.model_cfg, stage, setup.activation_checkpointing)
+    check_compile(cfg.speed.compile, stage)
     phases = tracker_for_run(cfg, setup, train_reader)
     if phases is not None:
         if cfg.run.init_from and point is None:  # ModernBERT: the longest phase's context
@@ -266,6 +268,8 @@ def build_encoder(
     if setup.activation_checkpointing == "deepspeed":
         deepspeed.checkpointing.configure(None, deepspeed_config=setup.config)
     model.set_activation_checkpointing(setup.activation_checkpointing)
+    if cfg.speed.compile:
+        compile_encoders(model)
     return model, report
 
 

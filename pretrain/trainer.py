@@ -41,6 +41,7 @@ from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.masking import merge_stats
+from bertforge.pretrain.model import compiled
 from bertforge.pretrain.model.registry import resolve_attention
 from bertforge.pretrain.model.rtd import RTD_COUNTS
 from bertforge.pretrain.model.specs import resolve_objective
@@ -426,7 +427,7 @@ class Trainer:
         # RTD's generator samples from a stream of the validation's own (the same at every
         # evaluation), never the training's: an exact resume needs that one untouched
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), compiled.eager():
             torch.manual_seed(self.cfg.run.seed + self.rank)
             for _ in range(rounds):
                 mb = next(batches, None)

@@ -74,6 +74,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--attention", nargs="+", default=["document", "full"], help="ours' modes")
+    p.add_argument(
+        "--compile",
+        nargs="+",
+        default=["off", "on"],
+        choices=("off", "on"),
+        help="ours eager (off) and/or with --compile (on): part 1's arms; part 2 uses the last",
+    )
+    p.add_argument(
+        "--hf_compile",
+        nargs="+",
+        default=["off"],
+        choices=("off", "on"),
+        help="HF eager (off) and/or with TrainingArguments(torch_compile=True): part 1's arms",
+    )
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
     p.add_argument("--mask_prob", type=float, default=0.3)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -99,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.seq_lens, args.learn_seq, args.batch_tokens = [64], 64, 256
         args.steps, args.warmup, args.repeats, args.attention = 3, 1, 1, ["document"]
+        args.compile, args.hf_compile = ["off"], ["off"]
         # part 1 only: part 2 needs T to be long against the ~15 s start-up of each launch
         args.precision, args.budget_s, args.warmup_steps = "fp32", 0.0, 2
     return args
@@ -152,10 +167,17 @@ def init_weights(args, tokenizer: Path, out: Path, max_len: int) -> Path:
 
 
 def ours_train_cmd(
-    args, shards: Path, init: Path, run: Path, seq: int, attention: str, script: Path | None = None
+    args,
+    shards: Path,
+    init: Path,
+    run: Path,
+    seq: int,
+    attention: str,
+    script: Path | None = None,
+    compile_: bool = False,
 ) -> list:
     """Our trainer for a throughput run (no saves, no evaluation); ``script``: another entry that
-    wraps the trainer (benchmarks.training.step_profile's timers)."""
+    wraps the trainer (benchmarks.training.step_profile's timers); ``compile_``: --compile."""
     batch = args.batch_tokens // seq
     return command_line.trainer(
         **({"script": script} if script else {}),
@@ -181,19 +203,24 @@ def ours_train_cmd(
         save_final=False,
         eval_interval=0,
         eval_batches=1,
+        compile=compile_,
     )
 
 
-def run_ours(args, data: dict, seq: int, attention: str, run: Path) -> dict:
-    """One throughput run of ours: tokens/s after the warm-up (metrics.jsonl), peak RSS, and the
-    attention mode the trainer resolved (its config.json)."""
+def run_ours(args, data: dict, seq: int, attention: str, run: Path, compile_: bool) -> dict:
+    """One throughput run of ours: tokens/s after the warm-up (metrics.jsonl), peak RSS, the
+    attention mode the trainer resolved (its config.json) and the first step's seconds (with
+    --compile: the compilation)."""
     from bertforge.pretrain.components.metrics import read_metrics
 
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
-    cmd = ours_train_cmd(args, data["shards"][seq], data["init"], run, seq, attention)
+    cmd = ours_train_cmd(
+        args, data["shards"][seq], data["init"], run, seq, attention, compile_=compile_
+    )
     wall, peaks = run_ranks_measured(cmd, run / "train.log", one_thread_env())
-    recs = read_metrics(run / "metrics.jsonl")[args.warmup :]
+    every = read_metrics(run / "metrics.jsonl")
+    recs = every[args.warmup :]
     resolved = json.loads((run / "config.json").read_text())["model_cfg"]["attention"]
     secs = sum(r["step_time_s"] for r in recs)
     return {
@@ -202,14 +229,18 @@ def run_ours(args, data: dict, seq: int, attention: str, run: Path) -> dict:
         "attention": resolved,
         "peak_rss_bytes": peaks,
         "wall_s": wall,
+        "first_step_s": every[0]["step_time_s"],
     }
 
 
-def run_hf(args, data: dict, seq: int, out: Path) -> dict:
-    """One throughput run of HF Trainer (its rank 0 measures tokens/s)."""
+def run_hf(args, data: dict, seq: int, out: Path, compile_: bool = False) -> dict:
+    """One throughput run of HF Trainer (its rank 0 measures tokens/s); ``compile_``:
+    TrainingArguments(torch_compile=True)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    ns = argparse.Namespace(**{**vars(args), "global_batch": args.batch_tokens // seq})
+    ns = argparse.Namespace(
+        **{**vars(args), "global_batch": args.batch_tokens // seq, "hf_compile": compile_}
+    )
     cmd = hf_command(
         data["shards"][seq], data["init"], out, ns, steps=args.steps, warmup=args.warmup
     )
@@ -234,7 +265,13 @@ def choose_precision(args, data: dict, work: Path) -> dict:
 
 def throughput(args, data: dict, work: Path) -> list[dict]:
     """Every run of part 1, arms alternating within each repeat; one record per run."""
-    arms = ["hf", *(f"ours-{mode}" for mode in args.attention)]
+    hf = ["hf" + ("-compiled" if c == "on" else "") for c in args.hf_compile]
+    ours = [
+        f"ours-{mode}" + ("-compiled" if c == "on" else "")
+        for mode in args.attention
+        for c in args.compile
+    ]
+    arms = hf + ours
     runs = []
     for seq in args.seq_lens:
         for rep in range(args.repeats):
@@ -242,14 +279,16 @@ def throughput(args, data: dict, work: Path) -> list[dict]:
             for arm in order:
                 folder = work / "throughput" / f"{arm}_{seq}_{rep}"
                 load = os.getloadavg()[0]
-                if arm == "hf":
-                    rec = run_hf(args, data, seq, folder)
+                compiled = arm.endswith("-compiled")
+                if arm.startswith("hf"):
+                    rec = run_hf(args, data, seq, folder, compiled)
                 else:
-                    rec = run_ours(args, data, seq, arm.removeprefix("ours-"), folder)
+                    mode = arm.removeprefix("ours-").removesuffix("-compiled")
+                    rec = run_ours(args, data, seq, mode, folder, compiled)
                 rec.update(arm=arm, seq=seq, repeat=rep, load_before=round(load, 2))
                 runs.append(rec)
                 print(
-                    f"seq {seq} repeat {rep} {arm:14s} {rec['tokens_per_s']:8,.0f} tokens/s, "
+                    f"seq {seq} repeat {rep} {arm:23s} {rec['tokens_per_s']:8,.0f} tokens/s, "
                     f"peak RSS {sum(rec['peak_rss_bytes']) / 2**20:6.0f} MiB "
                     f"({len(rec['peak_rss_bytes'])} ranks), load {load:.1f}",
                     flush=True,
@@ -328,6 +367,8 @@ def train_for_budget(args, data: dict, work: Path, arm: str) -> list[dict]:
         extra += f" --max_position_embeddings {max(data['shards'])}"
     else:
         model, extra = args.bert_preset, ""
+    if args.compile[-1] == "on":
+        extra += " --compile true"
     ns = argparse.Namespace(
         **{**base, "model": model, "ours_args": f"{extra} --mask_prob {args.mask_prob}"}
     )

@@ -31,6 +31,7 @@ def hf_command(shards: Path, init: Path, out: Path, args, **mode) -> list[str]:
         *("--precision", args.precision, "--global_batch", str(args.global_batch)),
         *("--lr", str(args.lr), "--warmup_steps", str(args.warmup_steps)),
         *("--mask_prob", str(args.mask_prob)),
+        *(["--torch_compile"] if getattr(args, "hf_compile", False) else []),
         *extra,
     ]
 
@@ -72,6 +73,8 @@ def worker(args) -> None:
     data = [{"input_ids": np.asarray(reader[i].input_ids).tolist()} for i in range(len(reader))]
     world = int(os.environ.get("WORLD_SIZE", "1"))
     targs = hf_training_args(args, world)
+    if args.torch_compile:  # the whole model, as HF Trainer compiles it (post-init: backend too)
+        targs.torch_compile, targs.torch_compile_backend = True, "inductor"
     times: list[float] = []
     if args.budget_s is not None:
         callback = snapshot_clock(args)
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup_steps", type=int, required=True)
     p.add_argument("--mask_prob", type=float, required=True)
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--torch_compile", action="store_true", help="TrainingArguments.torch_compile")
     p.add_argument("--warmup", type=int, default=1, help="steps left out of the timing")
     p.add_argument("--budget_s", type=float, default=None)
     p.add_argument("--snapshots", type=int, default=2)

@@ -38,6 +38,7 @@ SECTIONS = {
     "optim": "optim",
     "precision": "precision",
     "memory": "memory",
+    "speed": "speed",
     "checkpoint": "checkpoint",
     "guard": "guard",
     "log": "log",

@@ -202,6 +202,17 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
+class SpeedConfig:
+    """How the step runs faster with the same result (pretrain.model.compiled)."""
+
+    compile: bool = opt(
+        False,
+        "torch.compile the encoder stacks (inductor; the first step and the first evaluation "
+        "pay the compilation, tens of seconds): ZeRO 0-2, not ZeRO-3",
+    )
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     """When checkpoints are written and how many are kept."""
 
@@ -305,6 +316,7 @@ CONCERNS: dict[str, type] = {
     "optim": OptimConfig,
     "precision": PrecisionConfig,
     "memory": MemoryConfig,
+    "speed": SpeedConfig,
     "checkpoint": CheckpointConfig,
     "guard": GuardConfig,
     "log": LogConfig,
@@ -338,6 +350,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -128,6 +128,11 @@ class ReplacedTokenDetection:
         for param in self._generator_decoder():
             register_external_parameter(self, param)
 
+    def encoders(self) -> list[torch.nn.Module]:
+        """Both encoder stacks (what ``--compile`` compiles): the discriminator's and the
+        generator's transformers base models."""
+        return [self.discriminator.base_model, self.generator.base_model]
+
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute both networks' layers in backward."""
         apply_activation_checkpointing(self, mode)

@@ -11,6 +11,8 @@
     the data position and the lr carry over.
 (c) Two ranks, ZeRO-2 fp16, DeepSpeed activation checkpointing, plain sharing, the stability
     guard with a planned loss spike (skipped, recorded).
+(d) ModernBERT's pair with --compile (both encoders compiled; eager against compiled to 1e-5:
+    tests/pretrain/model/test_compiled.py): the resume is bit-identical with the lever on.
 (The time budget with --objective rtd: tests/experiments/test_mlm_vs_rtd.py.)
 """
 
@@ -184,9 +186,10 @@ def test_c_zero2_fp16_deepspeed_checkpointing_and_the_guard(english_shards, tmp_
 
 
 def test_d_modernbert_rtd_resumes_exactly_and_exports_a_token_classifier(english_shards, tmp_path):
-    """--arch modernbert --objective rtd: 2 ranks, ZeRO-2 bf16, document attention, a window
-    below the sequence length; the resume from step 2 is bit-identical, and the export loads as
-    ModernBertForTokenClassification (one label) whose logit is our discriminator's."""
+    """--arch modernbert --objective rtd --compile: 2 ranks, ZeRO-2 bf16, document attention, a
+    window below the sequence length; the resume from step 2 is bit-identical (compiled
+    encoders, the validation at the end compiled again without gradients), and the export loads
+    as ModernBertForTokenClassification (one label) whose logit is our discriminator's."""
     import transformers
 
     from bertforge.pretrain.export.hf_export import export
@@ -195,15 +198,16 @@ def test_d_modernbert_rtd_resumes_exactly_and_exports_a_token_classifier(english
         return rtd_args(
             run, [str(english_shards)], *extra, arch="modernbert", local_attention=32,
             ds_config=REPO / "ds_configs" / "zero2_bf16.json", activation_checkpointing="none",
-            whole_word=False, max_steps=4, save_interval=2,
+            whole_word=False, max_steps=4, save_interval=2, compile=True,
         )  # fmt: skip
 
     run, resumed = tmp_path / "run", tmp_path / "resumed"
-    launch(args(run))
+    proc = launch(args(run), timeout=420)
     copy_without_last_checkpoint(run, resumed, 4)
-    launch(args(resumed, "--resume", "auto"))
+    launch(args(resumed, "--resume", "auto"), timeout=420)
     ref, got = losses(run), losses(resumed)
     assert sorted(got) == [3, 4] and {s: ref[s] for s in got} == got
+    assert "--compile: 2 encoder stack(s) compiled" in proc.stdout + proc.stderr
     assert all("rtd_accuracy" in r for r in read_metrics(run / "metrics.jsonl"))
     out = tmp_path / "hf"
     res = export(run, out)

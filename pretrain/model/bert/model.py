@@ -208,6 +208,10 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
             hidden, self.cls.predictions.decoder.weight[:v], self.cls.predictions.bias[:v]
         )
 
+    def encoders(self) -> list[torch.nn.Module]:
+        """The encoder stack (what ``--compile`` compiles): transformers' BertModel."""
+        return [self.bert]
+
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute encoder layers in backward (see :func:`apply_activation_checkpointing`)."""
         apply_activation_checkpointing(self, mode, shares_layers=self.shares_layers)

@@ -279,6 +279,10 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
         v = self.true_vocab_size
         return F.linear(rows, self.decoder.weight[:v], self.decoder.bias[:v])
 
+    def encoders(self) -> list[torch.nn.Module]:
+        """The encoder stack (what ``--compile`` compiles): transformers' ModernBertModel."""
+        return [self.model]
+
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute encoder layers in backward: "none", "torch" or "deepspeed"."""
         apply_activation_checkpointing(self, mode, shares_layers=self.shares_layers)
