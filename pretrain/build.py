@@ -273,15 +273,17 @@ def build_encoder(
     return model, report
 
 
-def run_schedule(cfg: TrainConfig, plan: anneal.AnnealPlan | None, phases: PhaseTracker | None):
-    """The run's one lr schedule, as one of its writers gives it: --anneal_from (the two are
-    refused together), --phases, else the schedule flags (a DeepSpeed "scheduler" block is
-    refused)."""
-    if plan is not None:
-        return plan.schedule()
+def run_schedule(
+    cfg: TrainConfig, plan: anneal.AnnealPlan | None, phases: PhaseTracker | None, ds_config: dict
+):
+    """The run's one schedule, as one of its writers gives it: --phases (the plan: lr, batch,
+    masking, rope theta and data of each phase), --anneal_from (the two are refused together),
+    else the schedule flags (a DeepSpeed "scheduler" block is refused); without a plan, the
+    run's global batch throughout."""
     if phases is not None:
-        return phases.schedule()
-    return build_schedule(cfg.optim, cfg.run.max_steps)
+        return phases.schedule
+    schedule = plan.schedule() if plan is not None else build_schedule(cfg.optim, cfg.run.max_steps)
+    return dataclasses.replace(schedule, global_batch=int(ds_config["train_batch_size"]))
 
 
 def build_engine(
@@ -295,7 +297,7 @@ def build_engine(
     schedule is not given to DeepSpeed: the trainer's TimeClockLR applies it."""
     import deepspeed  # lazy: see the module docstring
 
-    schedule = run_schedule(cfg, plan, phases)
+    schedule = run_schedule(cfg, plan, phases, ds_config)
     by_steps = cfg.optim.schedule_clock == "steps"  # else TimeClockLR
     wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
     engine, _, _, _ = deepspeed.initialize(
@@ -453,11 +455,12 @@ def build_training(
         write_run_files(cfg, run, place.world, init_report)
     elapsed = run.point.state.get("elapsed_s", 0.0) if run.point else 0.0
     budget = TimeBudget(cfg.run.max_time_hours, elapsed, start=launched)
-    reader, stream_start = run.phases.reader_at(start_step) if run.phases else (run.train_reader, 0)
+    readers = {None: run.train_reader, **(run.phases.readers if run.phases else {})}
+    data, stream_start = schedule.data_at(start_step)  # the step's phase's data and masking
     loader = build_loader(
-        reader,
+        readers[data],
         cfg.data_cfg,
-        run.phases.masking(start_step, cfg.masking) if run.phases else cfg.masking,
+        schedule.masking_at(start_step, cfg.masking),
         rank=place.rank,
         world_size=place.world,
         micro_batch_size=run.setup.batch.micro_batch,
@@ -476,13 +479,13 @@ def build_training(
     trainer = Trainer(
         cfg,
         place,
-        TrainData(loader, run.val_readers),
+        TrainData(loader, run.val_readers, readers),
         outputs,
         clock,
         downstream=DownstreamJobs.for_run(cfg, place.rank, metrics),
         guard=GuardedStep.for_run(cfg, place, outputs, clock, guard_state),
         preempt=preempt,
-        phases=run.phases,
+        schedule=schedule,
     )
     return Training(trainer, start_step, consumed)
 

@@ -30,7 +30,7 @@ from bertforge.pretrain.components.faults import SPIKE_FACTOR
 from bertforge.pretrain.components.guard import EXIT_GAVE_UP, Verdict
 from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
-from bertforge.pretrain.components.phases import PhaseTracker
+from bertforge.pretrain.components.phases import set_batch, set_rope_theta
 from bertforge.pretrain.components.step_records import (
     STEP_SUMS,
     engine_record,
@@ -38,6 +38,7 @@ from bertforge.pretrain.components.step_records import (
     validation_record,
 )
 from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.masking import merge_stats
@@ -92,10 +93,12 @@ class StepSetup:
 
 @dataclass
 class TrainData:
-    """The training loader (at the run's data position) and the validation readers."""
+    """The training loader (at the run's data position), the validation readers and, for a
+    phase plan, the training reader of each phase's data (by its --data values; None: --data)."""
 
     loader: Any  # torch DataLoader over a ShardReader or MixtureReader
     val_readers: list = field(default_factory=list)  # [(source name, validation reader)]
+    readers: dict = field(default_factory=dict)  # {data values or None: training reader}
 
 
 @dataclass
@@ -130,7 +133,7 @@ class Trainer:
         downstream: DownstreamJobs | None = None,
         guard: GuardedStep | None = None,
         preempt: PreemptionHandler | None = None,
-        phases: PhaseTracker | None = None,
+        schedule: Schedule | None = None,
     ):
         self.cfg, self.place, self.data, self.outputs = cfg, place, data, outputs
         # main's handler, installed before the rendezvous (bertforge.preemption); None:
@@ -138,8 +141,14 @@ class Trainer:
         self.preempt = preempt
         self.clock = clock or RunClock(TimeBudget(cfg.run.max_time_hours))
         self.downstream, self.guard = downstream, guard
-        self.phases = phases  # --phases: each step's batch plan and phase name
-        self.eval_plan = phases.target if phases else place.plan  # validation: one fixed size
+        # the run's schedule; with a phase plan the trainer asks it each step's batch, masking,
+        # rope theta and data (the lr is the engine's scheduler's, or the time clock's)
+        self.schedule = schedule
+        self.phased = bool(schedule and schedule.plan)
+        # validation: one fixed size, the run's global batch
+        self.eval_plan = (
+            place.plan.with_global(schedule.global_batch) if self.phased else place.plan
+        )
         # Shorthands the step and the loop use on every line.
         self.engine, self.plan, self.device = place.engine, place.plan, place.device
         self.rank, self.world = place.rank, place.world
@@ -164,7 +173,7 @@ class Trainer:
             timer, batches = StepTimer(), _iterate(self.data.loader)
             while step < max_steps:
                 timer.restart()
-                if self.phases:
+                if self.phased:
                     batches = self._enter_phase_step(step, consumed, batches)
                 try:
                     rec, verdict = self.train_step(batches, timer)
@@ -178,8 +187,8 @@ class Trainer:
                     self.ckpts.ema.after_step(self.engine, verdict)
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
-                if self.phases:
-                    rec["phase"] = self.phases.phase_name(step - 1)
+                if self.phased:
+                    rec["phase"] = self.schedule.phase_at(step - 1).name
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
                 if self.guard:
                     action, step = self.guard.judge(verdict, rec, step, consumed)
@@ -221,14 +230,15 @@ class Trainer:
         return True
 
     def _enter_phase_step(self, step: int, consumed: int, batches):
-        """--phases: ``step``'s batch plan (the guard reads it from place.plan too), its loader
-        when its data or masking changes, its rope theta; returns the batches to train on."""
-        self.plan = self.phases.apply(self.engine, self.plan, step, consumed)
+        """--phases: the schedule's batch of ``step`` (the guard reads it from place.plan too),
+        its loader when its data or masking changes, its rope theta; returns the batches."""
+        sched = self.schedule
+        self.plan = set_batch(self.engine, self.plan, sched.batch_at(step, consumed))
         self.place.plan = self.plan
-        if self.phases.loader_changes_at(step, self.cfg.masking):  # data or masking
+        if sched.loader_changes_at(step, self.cfg.masking):  # data or masking
             batches = _iterate(self._train_loader(step, consumed))
-        default = self.cfg.model_cfg.global_rope_theta  # a phase's rope_theta
-        if theta := self.phases.set_rope_theta(self.engine.module, step, default):
+        theta = sched.rope_theta_at(step, self.cfg.model_cfg.global_rope_theta)
+        if set_rope_theta(self.engine.module, theta):
             self.metrics.info(f"step {step + 1}: global rope theta {theta:g}")
         return batches
 
@@ -265,11 +275,12 @@ class Trainer:
     def _train_loader(self, step: int, consumed: int):
         """The training loader of ``step``'s phase (its data, at ``consumed`` less the samples
         before that data's stream began, and its masking)."""
-        reader, stream_start = self.phases.reader_at(step)
+        data, stream_start = self.schedule.data_at(step)
+        reader = self.data.readers[data]
         self.data.loader = build_loader(
             reader,
             self.cfg.data_cfg,
-            self.phases.masking(step, self.cfg.masking),
+            self.schedule.masking_at(step, self.cfg.masking),
             rank=self.rank,
             world_size=self.world,
             micro_batch_size=self.plan.micro_batch,

@@ -35,10 +35,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
     """The trainer's ``LambdaLR``; a checkpoint's schedule is restored as it was saved.
 
-    ``LambdaLR.load_state_dict`` would write the saved fields into whatever object this launch's
-    flags built (a warmup_decay checkpoint into a wsd object makes a mix of both); here the
-    saved object is rebuilt instead. ``loaded_from_none``: the last checkpoint loaded had no step
-    schedule (its run used ``--schedule_clock time``); the flags' schedule stays.
+    A checkpoint holds each schedule's lr curve (:meth:`Schedule.lr_state`: the kind and the
+    segments, as every checkpoint has). ``LambdaLR.load_state_dict`` would write the saved fields
+    into whatever object this launch's flags built (a warmup_decay checkpoint into a wsd object
+    makes a mix of both); here the saved object is rebuilt instead. ``loaded_from_none``: the
+    last checkpoint loaded had no step schedule (its run used ``--schedule_clock time``); the
+    flags' schedule stays.
     """
 
     loaded_from_none = False
@@ -46,6 +48,10 @@ class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.pop("loaded_from_none", None)  # about this launch's load, not the schedule
+        state["lr_lambdas"] = [  # the lr curve only (a plan's phases go into the trainer state)
+            fn.lr_state() if isinstance(fn, Schedule) else saved
+            for fn, saved in zip(self.lr_lambdas, state["lr_lambdas"])
+        ]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any] | None) -> None:

@@ -1,6 +1,10 @@
-"""``--phases FILE`` in a run: the resolved plan (pretrain.config.phase_plan), checked against
-the other flags before any rendezvous, and the :class:`PhaseTracker` that gives the trainer each
-step's batch plan (changing DeepSpeed's accumulation when the batch changes) and phase name.
+"""``--phases FILE`` in a run: the plan resolved into the run's one schedule
+(:func:`pretrain.config.phase_plan.plan_schedule`), checked against the other flags, the
+checkpoint and the model before any rendezvous; the training readers of the phases' own data and
+their validation readers (:class:`PhaseTracker`); and what applies a step's values to the engine
+and the model (:func:`set_batch`, :func:`set_rope_theta`). Each step's lr, batch, masking, rope
+theta and data are the schedule's answers (:class:`~pretrain.config.schedule.Schedule`); nothing
+here computes them.
 
 A phase's ``mask_prob`` replaces the run's masking (constant, --mask_prob_end dropped) from its
 first step; the trainer builds a new loader there at the same consumed samples (masks depend on
@@ -33,9 +37,7 @@ from bertforge.pretrain.config.batching import BatchPlan, apply_batch
 from bertforge.pretrain.config.phase_plan import (
     PhasePlanError,
     ResolvedPhase,
-    batch_at,
     load_phase_file,
-    phase_at,
     plan_dict,
     plan_schedule,
     resolve,
@@ -98,13 +100,12 @@ def open_phase_data(phases, path: str, run_reader, verify: str) -> dict[tuple[st
 
 @dataclass
 class PhaseTracker:
-    """The run's resolved plan, its target batch plan (the run's global batch), the training
-    readers of the phases' own data, and the batch plan of the step being trained."""
+    """The run's plan as its schedule, the target batch plan (the run's global batch), the
+    training readers of the phases' own data (by their ``--data`` values) and the phase file."""
 
-    plan: list[ResolvedPhase]
+    schedule: Schedule  # the plan's: each step's lr, batch, masking, rope theta and data
     target: BatchPlan
     readers: dict[tuple[str, ...], Any] = dataclasses.field(default_factory=dict)
-    run_reader: Any = None  # --data's training reader (phases without data of their own)
     path: str = ""  # the phase file, for messages
 
     @classmethod
@@ -127,7 +128,12 @@ class PhaseTracker:
             arch=arch,
         )
         check_flags(cfg, plan[-1].end_step)  # the run's length is the plan's (build.resolve_run)
-        return cls(plan, target, readers, run_reader, path)
+        return cls(plan_schedule(plan, target.global_batch), target, readers, path)
+
+    @property
+    def plan(self) -> list[ResolvedPhase]:
+        """The resolved phases, in order."""
+        return self.schedule.phases_resolved()
 
     @property
     def max_seq_len(self) -> int:
@@ -151,13 +157,6 @@ class PhaseTracker:
         for data in self.readers:
             seen += [s for s in parse_mixture(list(data)) if s not in seen]
         return seen
-
-    def reader_at(self, step: int) -> tuple[Any, int]:
-        """(training reader, consumed samples where its stream began) of 0-based ``step``."""
-        ph = phase_at(self.plan, step)
-        if ph.data is None:
-            return self.run_reader, 0
-        return self.readers[tuple(ph.data)], ph.data_start
 
     def validation(self, run_val: list, verify: str) -> list:
         """``run_val`` ([(name, reader)] of --data) and the validation readers of every phase
@@ -183,8 +182,7 @@ class PhaseTracker:
 
     def batch_plan(self, step: int, consumed: int) -> BatchPlan:
         """The batch plan of 0-based ``step`` starting at ``consumed`` samples."""
-        g, t = batch_at(self.plan, step, consumed, self.target.global_batch), self.target
-        return BatchPlan(g, t.micro_batch, g // (t.micro_batch * t.world_size), t.world_size)
+        return self.target.with_global(self.schedule.batch_at(step, consumed))
 
     def first_setup(self, setup, point) -> Any:
         """``setup`` with the batch of the step this launch starts at (DeepSpeed checks its
@@ -217,57 +215,28 @@ class PhaseTracker:
             )
         log.warning(f"--override_lr_schedule: the new phase plan applies from here ({text})")
 
-    def schedule(self) -> Schedule:
-        """The plan's lr as the run's schedule."""
-        return plan_schedule(self.plan)
-
     def as_dict(self) -> dict[str, Any]:
         return plan_dict(self.plan)
 
-    def apply(self, engine, current: BatchPlan, step: int, consumed: int) -> BatchPlan:
-        """This step's batch plan; when its global batch differs from ``current``, DeepSpeed's
-        accumulation changes with it (the micro-batch stays)."""
-        new = self.batch_plan(step, consumed)
-        if new.global_batch != current.global_batch:
-            engine.set_train_batch_size(new.global_batch)
-            if hasattr(engine.optimizer, "gradient_accumulation_steps"):  # ZeRO's offload reads it
-                engine.optimizer.gradient_accumulation_steps = new.grad_accum
-        return new
 
-    def masking(self, step: int, base):
-        """The masking config of 0-based ``step``: ``base`` (the run's) with the phase's rate."""
-        ph = phase_at(self.plan, step)
-        if ph.mask_prob is None:
-            return base
-        return dataclasses.replace(base, mask_prob=ph.mask_prob, mask_prob_end=None)
+def set_batch(engine, current: BatchPlan, global_batch: int) -> BatchPlan:
+    """``current`` at the step's ``global_batch`` (the schedule's); when it differs, DeepSpeed's
+    accumulation changes with it (the micro-batch stays)."""
+    new = current.with_global(global_batch)
+    if new.global_batch != current.global_batch:
+        engine.set_train_batch_size(new.global_batch)
+        if hasattr(engine.optimizer, "gradient_accumulation_steps"):  # ZeRO's offload reads it
+            engine.optimizer.gradient_accumulation_steps = new.grad_accum
+    return new
 
-    def loader_changes_at(self, step: int, base) -> bool:
-        """True at the first step of a phase with data of its own or whose masking differs from
-        the previous phase's: the trainer builds a new loader there."""
-        ph = phase_at(self.plan, step)
-        if not 0 < step == ph.start_step:
-            return False
-        return ph.own_data or self.masking(step, base) != self.masking(step - 1, base)
 
-    def rope_theta_at(self, step: int, default: float) -> float:
-        """The global rope theta of 0-based ``step`` (``default``: the model's, --global_rope_theta,
-        until a phase sets one)."""
-        theta = phase_at(self.plan, step).rope_theta
-        return default if theta is None else theta
-
-    def set_rope_theta(self, model, step: int, default: float) -> float | None:
-        """Give ``model`` (a ModernBERT) the theta of ``step``'s phase when it differs from the
-        model's; returns the new theta, or None when nothing changed (or the arch has none)."""
-        if not hasattr(model, "set_global_rope_theta"):
-            return None
-        theta = self.rope_theta_at(step, default)
-        if theta == model.global_rope_theta():
-            return None
-        model.set_global_rope_theta(theta)
-        return theta
-
-    def phase_name(self, step: int) -> str:
-        return phase_at(self.plan, step).name
+def set_rope_theta(model, theta: float) -> bool:
+    """Give ``model`` (a ModernBERT) the global rope ``theta`` when it differs from the model's;
+    False when nothing changed (or the arch has none)."""
+    if not hasattr(model, "set_global_rope_theta") or theta == model.global_rope_theta():
+        return False
+    model.set_global_rope_theta(theta)
+    return True
 
 
 def tracker_for_run(cfg, setup, run_reader) -> PhaseTracker | None:

@@ -28,6 +28,12 @@ class BatchPlan:
     grad_accum: int  # micro-batches per rank per optimizer step
     world_size: int  # data-parallel ranks
 
+    def with_global(self, global_batch: int) -> BatchPlan:
+        """This plan at another global batch: the micro-batch and world size stay, the
+        accumulation follows (a phase plan's batch of a step)."""
+        accum = global_batch // (self.micro_batch * self.world_size)
+        return BatchPlan(global_batch, self.micro_batch, accum, self.world_size)
+
     def as_dict(self) -> dict[str, int]:
         return {
             "global_batch": self.global_batch,

@@ -4,8 +4,9 @@ A phase has a length (``steps``, or nominal ``tokens`` = samples x the phase dat
 length) and any of: an lr shape, a global batch (fixed, or Megatron's ``--rampup-batch-size``
 ramp), its data (``--data`` syntax), a mask rate and (a rotary ``--arch``) a rope theta.
 :func:`load_phase_file` parses and checks a file; :func:`resolve` turns the phases into step
-boundaries by simulating consumed samples, and :func:`batch_at` gives the global batch of a step
-as a pure function of (plan, step, consumed samples), so a resume anywhere is exact.
+boundaries by simulating consumed samples, and :func:`plan_schedule` makes them the run's one
+:class:`~pretrain.config.schedule.Schedule`, which answers each step's lr, batch (a pure function
+of step and consumed samples, so a resume anywhere is exact), masking, rope theta and data.
 
 YAML or JSON (by the file's suffix). Pure Python (no torch, no DeepSpeed), so
 the check runs before any rendezvous and as ``python -m pretrain.config.phase_plan FILE``; only a
@@ -15,6 +16,7 @@ plan with a ``rope_theta`` asks the model registry (which imports torch) whether
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -23,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.pretrain.config.schedule import DECAY_SHAPES, Schedule, Segment
+from bertforge.pretrain.config.schedule import (
+    DECAY_SHAPES,
+    ResolvedPhase,
+    Schedule,
+    Segment,
+    ramp_batch,
+)
 from bertforge.pretrain.config.schedule import phases as phases_schedule
 
 LR_SHAPES = ("warmup", "constant", *DECAY_SHAPES)
@@ -69,32 +77,6 @@ class Phase:
     data: list[str] | None = None
     mask_prob: float | None = None
     rope_theta: float | None = None
-
-
-@dataclass(frozen=True)
-class ResolvedPhase:
-    """A phase in steps and samples: [start_step, end_step), [start_consumed, end_consumed)."""
-
-    name: str
-    start_step: int
-    end_step: int
-    start_consumed: int
-    end_consumed: int
-    tokens: int  # nominal: samples x the phase data's sequence length
-    seq_len: int
-    lr_shape: str
-    lr_start: float  # lr multiplier (x --lr) of the phase's first step
-    lr_end: float  # ... and of its last step
-    min_lr_ratio: float
-    batch_start: int
-    batch_end: int
-    batch_fixed: int | None  # the phase's global batch, or None for a ramp
-    ramp: dict | None  # start, increment, ramp_samples (within the phase)
-    data: list[str] | None  # None: the run's --data
-    own_data: bool  # the phase names its own data (its loader starts at its own beginning)
-    data_start: int  # consumed samples where this phase's data stream began (0: the run's start)
-    mask_prob: float | None  # None: the run's --mask_prob
-    rope_theta: float | None
 
 
 def _where(path: str, phase: Phase | int | None, key: str | None = None) -> str:
@@ -249,19 +231,6 @@ def load_phase_file(path: str | Path) -> list[Phase]:
     return parse_phases(doc, str(path))
 
 
-def ramp_batch(ramp: dict, global_batch: int, consumed_in_phase: int) -> int:
-    """Megatron's RampupBatchsizeNumMicroBatches: ``start + increment x floor(consumed /
-    samples_per_increment)`` while consumed <= ramp_samples, then the target ``global_batch``."""
-    start, inc, samples = ramp["start"], ramp["increment"], ramp["ramp_samples"]
-    if consumed_in_phase > samples:
-        return global_batch
-    n_increments = (global_batch - start) // inc
-    if n_increments == 0:
-        return global_batch
-    per_increment = samples / n_increments
-    return min(global_batch, start + inc * int(consumed_in_phase / per_increment))
-
-
 def _check_divisible(value: int, block: int, where: str) -> None:
     if value % block:
         raise PhasePlanError(
@@ -401,36 +370,17 @@ def _phase_batches(
     return batches
 
 
-def plan_schedule(plan: list[ResolvedPhase]) -> Schedule:
-    """The plan's lr as the run's one schedule: a segment per phase."""
-    return phases_schedule(
+def plan_schedule(plan: list[ResolvedPhase], global_batch: int | None = None) -> Schedule:
+    """The plan as the run's one schedule: an lr segment per phase, and the phases themselves
+    (each step's batch, masking, rope theta and data); ``global_batch``: the run's, a ramp's
+    target."""
+    lr = phases_schedule(
         [ph.lr_shape for ph in plan],
         [ph.end_step for ph in plan],
         [ph.min_lr_ratio for ph in plan],
         names=[ph.name for ph in plan],
     )
-
-
-def phase_at(plan: list[ResolvedPhase], step: int) -> ResolvedPhase:
-    """The phase that trains 0-based ``step`` (the last phase's for a step past the plan)."""
-    for ph in plan:
-        if step < ph.end_step:
-            return ph
-    return plan[-1]
-
-
-def batch_at(plan: list[ResolvedPhase], step: int, consumed: int, global_batch: int) -> int:
-    """The global batch of 0-based ``step`` that starts at ``consumed`` samples: a pure function
-    of the plan and the position, so a resume anywhere takes the same batch."""
-    ph = phase_at(plan, step)
-    if ph.ramp is None:
-        return ph.batch_fixed
-    return ramp_batch(ph.ramp, global_batch, consumed - ph.start_consumed)
-
-
-def lr_multiplier(plan: list[ResolvedPhase], step: int) -> float:
-    """The lr multiplier (x --lr) of 0-based ``step``."""
-    return plan_schedule(plan)(step)
+    return dataclasses.replace(lr, plan=[asdict(ph) for ph in plan], global_batch=global_batch)
 
 
 def plan_table(plan: list[ResolvedPhase]) -> str:

@@ -16,18 +16,29 @@ value holds. The values are computed by the same float operations the earlier pe
 used, so checkpoints written before this module resume bit-identically (:meth:`Schedule.from_saved`
 reads their saved fields).
 
-A checkpoint stores a schedule as ``LambdaLR`` stores a callable object: its ``__dict__`` (the kind
-and the segments as plain dicts, nothing to unpickle but builtins).
+A phase plan (``--phases``, :mod:`pretrain.config.phase_plan`) also gives each phase a global
+batch (fixed, or Megatron's ramp over consumed samples), a mask rate, a rope theta and data; the
+schedule holds the resolved phases (:class:`ResolvedPhase`) and the run's global batch, and
+answers for any point of the clock (step, consumed samples): :meth:`Schedule.batch_at`,
+:meth:`Schedule.masking_at` / :meth:`Schedule.mask_rate`, :meth:`Schedule.rope_theta_at`,
+:meth:`Schedule.data_at`, :meth:`Schedule.phase_at`. Without a plan the run is one phase: the
+run's batch, masking, theta and data throughout.
+
+A checkpoint stores the lr curve as ``LambdaLR`` stores a callable object: the kind and the
+segments as plain dicts (:meth:`Schedule.lr_state`, the form every checkpoint has held; nothing to
+unpickle but builtins). The plan itself goes into the trainer state (``phases``), which a resume
+compares with this launch's plan (pretrain.components.phases).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bertforge.errors import UserError
+from bertforge.pretrain.data.masking import mask_prob_at
 
 SCHEDULES = ("warmup_decay", "wsd")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
@@ -77,17 +88,67 @@ class Segment:
         return self.floor + (self.top - self.floor) * decay_curve(self.shape, t, self.power)
 
 
+@dataclass(frozen=True)
+class ResolvedPhase:
+    """A phase in steps and samples: [start_step, end_step), [start_consumed, end_consumed)."""
+
+    name: str
+    start_step: int
+    end_step: int
+    start_consumed: int
+    end_consumed: int
+    tokens: int  # nominal: samples x the phase data's sequence length
+    seq_len: int
+    lr_shape: str
+    lr_start: float  # lr multiplier (x --lr) of the phase's first step
+    lr_end: float  # ... and of its last step
+    min_lr_ratio: float
+    batch_start: int
+    batch_end: int
+    batch_fixed: int | None  # the phase's global batch, or None for a ramp
+    ramp: dict | None  # start, increment, ramp_samples (within the phase)
+    data: list[str] | None  # None: the run's --data
+    own_data: bool  # the phase names its own data (its loader starts at its own beginning)
+    data_start: int  # consumed samples where this phase's data stream began (0: the run's start)
+    mask_prob: float | None  # None: the run's --mask_prob
+    rope_theta: float | None
+
+
+def ramp_batch(ramp: dict, global_batch: int, consumed_in_phase: int) -> int:
+    """Megatron's RampupBatchsizeNumMicroBatches: ``start + increment x floor(consumed /
+    samples_per_increment)`` while consumed <= ramp_samples, then the target ``global_batch``."""
+    start, inc, samples = ramp["start"], ramp["increment"], ramp["ramp_samples"]
+    if consumed_in_phase > samples:
+        return global_batch
+    n_increments = (global_batch - start) // inc
+    if n_increments == 0:
+        return global_batch
+    per_increment = samples / n_increments
+    return min(global_batch, start + inc * int(consumed_in_phase / per_increment))
+
+
 @dataclass
 class Schedule:
-    """The lr multiplier (x the peak lr) at any point of the clock: the first segment whose end is
-    past the step, or the last. ``kind`` names how it was written (warmup_decay, wsd, anneal,
-    phases); the warnings and the dry run show it."""
+    """What the run trains with at any point of the clock. The lr multiplier (x the peak lr): the
+    first segment whose end is past the step, or the last. ``kind`` names how it was written
+    (warmup_decay, wsd, anneal, phases); the warnings and the dry run show it. With a phase plan,
+    each step's batch, masking, rope theta and data are its phase's (module docstring)."""
 
     kind: str
     segments: list[dict[str, Any]]  # Segment fields: plain values a checkpoint stores
+    plan: list[dict[str, Any]] = field(default_factory=list)  # ResolvedPhase fields; []: no plan
+    global_batch: int | None = None  # the run's global batch (a ramp's target); None: not known
 
     def _segments(self) -> list[Segment]:
         return [Segment(**s) for s in self.segments]
+
+    def phases_resolved(self) -> list[ResolvedPhase]:
+        """The plan's phases, in order ([] without a plan)."""
+        return [ResolvedPhase(**p) for p in self.plan]
+
+    def lr_state(self) -> dict[str, Any]:
+        """The lr curve as a checkpoint stores it (what :meth:`from_saved` reads back)."""
+        return {"kind": self.kind, "segments": self.segments}
 
     def __call__(self, step: int) -> float:
         segs = self._segments()
@@ -129,13 +190,67 @@ class Schedule:
             out["floor (min lr ratio)"] = tail.floor
         return out
 
+    def phase_at(self, step: int) -> ResolvedPhase | None:
+        """The phase that trains 0-based ``step`` (the last one past the plan); None: no plan."""
+        plan = self.phases_resolved()
+        return next((ph for ph in plan if step < ph.end_step), plan[-1] if plan else None)
+
+    def batch_at(self, step: int, consumed: int) -> int | None:
+        """The global batch of 0-based ``step`` starting at ``consumed`` samples: a pure function
+        of the position, so a resume anywhere takes the same batch."""
+        ph = self.phase_at(step)
+        if ph is None:
+            return self.global_batch
+        if ph.ramp is None:
+            return ph.batch_fixed
+        return ramp_batch(ph.ramp, self.global_batch, consumed - ph.start_consumed)
+
+    def masking_at(self, step: int, base):
+        """The masking config of 0-based ``step``: ``base`` (the run's MaskingConfig, with its own
+        ramp mask_prob -> mask_prob_end over samples) or, from a phase that sets a mask rate on,
+        that rate (constant)."""
+        ph = self.phase_at(step)
+        if ph is None or ph.mask_prob is None:
+            return base
+        return dataclasses.replace(base, mask_prob=ph.mask_prob, mask_prob_end=None)
+
+    def mask_rate(self, step: int, consumed: int, base) -> float:
+        """The mask rate of the sample at ``consumed`` in 0-based ``step`` (its position in the
+        stream of the step's data); the masker draws each row at this rate."""
+        _, stream_start = self.data_at(step)
+        return mask_prob_at(self.masking_at(step, base), consumed - stream_start)
+
+    def rope_theta_at(self, step: int, default: float) -> float:
+        """The global rope theta of 0-based ``step`` (``default``: the model's, until a phase sets
+        one)."""
+        ph = self.phase_at(step)
+        return default if ph is None or ph.rope_theta is None else ph.rope_theta
+
+    def data_at(self, step: int) -> tuple[tuple[str, ...] | None, int]:
+        """(the ``--data`` values of 0-based ``step``'s phase, None for the run's own --data;
+        the consumed samples where that data's stream began)."""
+        ph = self.phase_at(step)
+        if ph is None or ph.data is None:
+            return None, 0
+        return tuple(ph.data), ph.data_start
+
+    def loader_changes_at(self, step: int, base) -> bool:
+        """True at the first step of a phase with data of its own or whose masking differs from
+        the previous phase's (the trainer opens a new loader there)."""
+        ph = self.phase_at(step)
+        if ph is None or not 0 < step == ph.start_step:
+            return False
+        return ph.own_data or self.masking_at(step, base) != self.masking_at(step - 1, base)
+
     @classmethod
     def from_saved(cls, fields: dict[str, Any]) -> Schedule:
         """The schedule a checkpoint saved (``LambdaLR`` keeps its ``__dict__``); the field sets
         of the per-kind classes earlier versions saved are read as the same schedule."""
         keys = set(fields)
-        if keys == {"kind", "segments"}:
-            return cls(str(fields["kind"]), [dict(s) for s in fields["segments"]])
+        if {"kind", "segments"} <= keys <= {"kind", "segments", "plan", "global_batch"}:
+            segments = [dict(s) for s in fields["segments"]]
+            plan = [dict(p) for p in fields.get("plan", [])]
+            return cls(str(fields["kind"]), segments, plan, fields.get("global_batch"))
         for names, build in _EARLIER_FORMS:
             if keys == names:
                 return build(**fields)

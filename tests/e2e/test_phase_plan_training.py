@@ -18,7 +18,7 @@ from helpers.shards import build_shards
 
 from bertforge.data_prep.reader import ShardReader
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.config.phase_plan import load_phase_file, lr_multiplier, resolve
+from bertforge.pretrain.config.phase_plan import load_phase_file, plan_schedule, resolve
 from bertforge.pretrain.model.run_checkpoints import list_complete
 
 pytestmark = pytest.mark.slow
@@ -132,7 +132,7 @@ def test_records_plan_file_and_lr_follow_the_plan(phased):
     assert json.loads((run / "config.json").read_text())["phases"] == saved
     # a record's lr is the optimizer's after its step: the next step's (0-based s = record step)
     for r in recs[:-1]:
-        assert r["lr"] == pytest.approx(LR * lr_multiplier(plan, r["step"]))
+        assert r["lr"] == pytest.approx(LR * plan_schedule(plan)(r["step"]))
 
 
 @pytest.mark.parametrize("resume_after", [2, 4, 7])  # before the batch change; stable; decay

@@ -10,15 +10,14 @@ import pytest
 
 from bertforge.pretrain.config.phase_plan import (
     PhasePlanError,
-    batch_at,
     load_phase_file,
-    lr_multiplier,
     main,
     plan_dict,
+    plan_schedule,
     plan_table,
-    ramp_batch,
     resolve,
 )
+from bertforge.pretrain.config.schedule import ramp_batch
 
 SEQ = 128
 THREE = {
@@ -66,7 +65,8 @@ def test_three_phases_resolve_to_hand_computed_boundaries(tmp_path):
     # warmup: consumed 0, 8 -> batch 8 (one increment every 16 samples), then 16 -> 16, 32 > 16
     got = [(p.name, p.start_step, p.end_step, p.start_consumed, p.end_consumed) for p in plan]
     assert got == [("warmup", 0, 4, 0, 48), ("stable", 4, 7, 48, 96), ("decay", 7, 9, 96, 128)]
-    assert [batch_at(plan, s, c, 16) for s, c in [(0, 0), (1, 8), (2, 16), (3, 32)]] == [
+    schedule = plan_schedule(plan, 16)  # the run's schedule answers each step's batch
+    assert [schedule.batch_at(s, c) for s, c in [(0, 0), (1, 8), (2, 16), (3, 32)]] == [
         8,
         8,
         16,
@@ -79,7 +79,7 @@ def test_three_phases_resolve_to_hand_computed_boundaries(tmp_path):
 
 def test_lr_multiplier_at_each_boundary(tmp_path):
     plan = resolved(tmp_path)
-    lrs = [lr_multiplier(plan, s) for s in range(9)]
+    lrs = [plan_schedule(plan)(s) for s in range(9)]
     # warmup reaches the peak at its last step; the decay goes 1.0 -> floor 0.1 over 2 steps
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 0.55, 0.1])
     assert [(p.lr_start, p.lr_end) for p in plan] == pytest.approx(
@@ -190,14 +190,13 @@ def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path)
     import torch
 
     from bertforge.pretrain.components.optim import ScheduleLR
-    from bertforge.pretrain.config.phase_plan import plan_schedule
     from bertforge.pretrain.config.schedule import Schedule
 
     plan = resolved(tmp_path)
-    schedule = plan_schedule(plan)
+    schedule = plan_schedule(plan, 16)
     assert [name for name, _, _ in schedule.phases()] == [ph.name for ph in plan]
     assert [schedule(s) for s in range(9)] == pytest.approx(
-        [lr_multiplier(plan, s) for s in range(9)]
+        [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 0.55, 0.1]
     )
 
     def scheduler(fn):
@@ -253,8 +252,9 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
         tracker(THREE)
     _, t = tracker({"phases": [*doc["phases"], {"steps": 2, "mask_prob": 0.3}]})
     base = MaskingConfig()
-    assert t.masking(8, base).mask_prob == 0.3 and t.masking(6, base) is base
-    assert [s for s in range(9) if t.loader_changes_at(s, base)] == [7]
+    masking_at = t.schedule.masking_at  # the schedule answers each step's masking
+    assert masking_at(8, base).mask_prob == 0.3 and masking_at(6, base) is base
+    assert [s for s in range(9) if t.schedule.loader_changes_at(s, base)] == [7]
 
 
 def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):

@@ -2,12 +2,15 @@
 gets, against the closed form computed here in float64, on both clocks, and every combination of
 flags it refuses, with the flag named. Checkpoints written before the one schedule: the
 per-kind fields they saved give the values the classes that wrote them gave, bit for bit (the
-values recorded from those classes in data/legacy_schedules.json)."""
+values recorded from those classes in data/legacy_schedules.json). A phase plan's batch ramp, mask
+rate, rope theta and data: the schedule answers each step as the PhaseTracker did before they
+moved into it, and a checkpoint of then reads back (data/phase_plan_before_one_schedule.json)."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from bertforge.pretrain.config.schedule import (
     wsd,
 )
 from bertforge.pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.data.masking import MaskingConfig
 
 PEAK, FLOOR_RATIO = 1e-3, 0.1
 
@@ -180,3 +184,65 @@ def test_dry_run_shows_the_lr_at_the_phase_boundaries(english_shards, capsys):
         "lr      wsd (1-sqrt), peak 0.001, by steps: warmup 0-10 1.00e-04 -> 1.00e-03 | "
         "stable 10-80 1.00e-03 | decay 80-100 1.00e-03 -> 1.00e-04"
     )
+
+
+BEFORE = json.loads(
+    (Path(__file__).parent / "data" / "phase_plan_before_one_schedule.json").read_text()
+)
+
+
+def test_a_plans_schedule_answers_every_step_as_before_and_reads_its_checkpoints():
+    """Every value of every step (lr, batch ramp, mask rate with the run's own ramp under it, rope
+    theta, data) equals what the code before the move gave, exactly; a checkpoint of then holds
+    the same plan (a resume compares it) and the same scheduler state, which loads as it was."""
+    from bertforge.pretrain.config.phase_plan import parse_phases, plan_dict, plan_schedule, resolve
+
+    plan = resolve(
+        parse_phases(BEFORE["plan_file"], "plan.json"),
+        path="plan.json",
+        global_batch=16,
+        micro_batch=4,
+        world_size=2,
+        seq_len=lambda data: 128,
+        arch="modernbert",
+    )
+    assert plan_dict(plan) == BEFORE["checkpoint_phases"]
+    schedule, base = plan_schedule(plan, 16), MaskingConfig(**BEFORE["masking"])
+    for want in BEFORE["steps"]:
+        s, c = want["step"], want["consumed"]
+        data, start = schedule.data_at(s)
+        got = {
+            "step": s,
+            "consumed": c,
+            "phase": schedule.phase_at(s).name,
+            "lr": schedule(s),
+            "batch": schedule.batch_at(s, c),
+            "mask_prob": schedule.mask_rate(s, c, base),
+            "masking": asdict(schedule.masking_at(s, base)),
+            "rope_theta": schedule.rope_theta_at(s, 10000.0),
+            "data": list(data) if data else None,
+            "data_start": start,
+        }
+        assert got == want
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))], lr=1.0)
+    sched = ScheduleLR(opt, schedule)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()  # the lr curve only: the plan is the trainer state's
+    assert json.loads(json.dumps(state["lr_lambdas"])) == BEFORE["lr_scheduler"]["lr_lambdas"]
+    later = ScheduleLR(opt, build_schedule(OptimConfig(), 3))
+    later.load_state_dict({**state, "lr_lambdas": BEFORE["lr_scheduler"]["lr_lambdas"]})
+    assert [later.lr_lambdas[0](s) for s in range(14)] == [w["lr"] for w in BEFORE["steps"]]
+
+
+def test_without_a_plan_the_run_is_one_phase():
+    schedule = build_schedule(OptimConfig(), 10)
+    schedule.global_batch = 32
+    base = MaskingConfig(mask_prob=0.3, mask_prob_end=0.15, schedule_samples=100)
+    assert schedule.phase_at(3) is None and schedule.batch_at(3, 96) == 32
+    assert schedule.masking_at(3, base) is base and schedule.mask_rate(
+        3, 50, base
+    ) == pytest.approx(0.225)
+    assert schedule.data_at(3) == (None, 0) and schedule.rope_theta_at(3, 1e4) == 1e4
+    assert not any(schedule.loader_changes_at(s, base) for s in range(12))
