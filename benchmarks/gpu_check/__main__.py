@@ -15,6 +15,8 @@ runs out of time leaves the others' numbers; the whole run stays inside --budget
                  tokens/s, sequences/s, TFLOP/s, MFU (vs the dense bf16 peak), peak memory
   modernbert     the same for --arch modernbert --model modernbert-base, bf16, seq 1024 and 8192
                  (shards built at those lengths), and the attention mode/path the run used
+  compile        BERT-base seq 128 and modernbert-base seq 1024 again with --compile: tokens/s
+                 and MFU beside the eager rows, and the first step's seconds (the compilation)
   hf_baseline    transformers' BertForMaskedLM + DataCollatorForLanguageModeling, bf16 autocast,
                  SDPA, fused AdamW, one process, on the BERT-base seq-128 batch
   resume         resume the BERT-base seq-128 bf16 run from its checkpoint; the losses after it
@@ -47,6 +49,7 @@ from benchmarks.gpu_check.common import (
     save_part,
     seconds_left,
 )
+from benchmarks.gpu_check.compiled import part_compile
 from benchmarks.gpu_check.modernbert import part_modernbert
 from benchmarks.gpu_check.parts import (
     part_data,
@@ -65,6 +68,7 @@ PART_FUNCS = {
     "head": part_head,
     "train": part_train,
     "modernbert": part_modernbert,
+    "compile": part_compile,
     "hf_baseline": part_hf_baseline,
     "resume": part_resume,
     "phases": part_phases,

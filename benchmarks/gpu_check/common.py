@@ -21,6 +21,7 @@ PARTS = (
     "head",
     "train",
     "modernbert",
+    "compile",
     "hf_baseline",
     "resume",
     "phases",
@@ -38,6 +39,7 @@ class Plan:
     seq_lens: tuple[int, ...]
     train_matrix: tuple[tuple[str, int, str], ...]  # (model preset, seq, precision), in order
     modernbert: tuple[tuple[str, int, str], ...]  # the --arch modernbert runs, same layout
+    compiled: tuple[tuple[str, int, str], ...]  # train / modernbert runs repeated with --compile
     micro_batch: dict  # seq -> sequences per step (one GPU, no accumulation)
     warmup_steps: int  # steps left out of every throughput number
     measured_steps: int  # steps measured after the warm-up
@@ -61,6 +63,7 @@ GPU_PLAN = Plan(
         for m, s in (("large", 128), ("base", 128), ("base", 512), ("large", 512))
     ),
     modernbert=(("modernbert-base", 1024, "bf16"), ("modernbert-base", 8192, "bf16")),
+    compiled=(("base", 128, "bf16"), ("modernbert-base", 1024, "bf16")),
     micro_batch={128: 128, 512: 32, 1024: 16, 8192: 2},
     warmup_steps=5,
     measured_steps=40,
@@ -74,6 +77,7 @@ GPU_PLAN = Plan(
         "head": (40, 20),
         "train": (270, 60),
         "modernbert": (100, 40),
+        "compile": (200, 60),
         "hf_baseline": (50, 30),
         "resume": (45, 30),
         "phases": (60, 30),
@@ -95,6 +99,9 @@ DRY_PLAN = Plan(
     seq_lens=(64, 128),  # 128: the phase part's long phase
     train_matrix=(("tiny", 64, "bf16"),),
     modernbert=(("modernbert-tiny", 128, "bf16"),),  # one launch: the real plan's two lengths
+    # BERT only: a ModernBERT compilation would add about a minute of CPU to CI; the same
+    # run_matrix path, and tests/pretrain/model/test_compiled.py compiles both archs
+    compiled=(("tiny", 64, "bf16"),),
     # take the same path (CI's time)
     micro_batch={64: 8, 128: 4},
     # the fewest steps that still leave each number its meaning (CI's time): one warm-up step
@@ -112,6 +119,7 @@ DRY_PLAN = Plan(
         "head": (60, 20),
         "train": (90, 30),
         "modernbert": (90, 30),
+        "compile": (120, 30),
         "hf_baseline": (60, 20),
         "resume": (60, 20),
         "phases": (60, 20),

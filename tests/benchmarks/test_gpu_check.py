@@ -55,6 +55,14 @@ def test_dry_run_runs_every_part(dry_run):
         assert row["attention"] == "document"
         assert row["attention path"].startswith("padded; global layers SDPA")  # the CPU path
         assert row["peak mem GiB"] > 0
+    # --compile beside eager: the same launch line compiled, its ratio a target row
+    (compiled,) = parts["compile"]["rows"]
+    assert compiled["run"] == train["run"] and compiled["tokens/s"] > 0
+    assert compiled["first step s"] > 0
+    ratio = {t["target"]: t for t in report["targets"]}[
+        f"--compile faster than eager, {train['run']} (tokens/s ratio)"
+    ]
+    assert ratio["value"] > 0
     seqs = {r["seq"] for r in parts["data"]["rows"]}
     assert {s for _, s, _ in gpu_check.DRY_PLAN.modernbert} <= seqs
     hf = parts["hf_baseline"]
