@@ -14,6 +14,8 @@ same seed give the same scores. Token classification labels the first sub-token 
 other sub-tokens are ignored by the loss, and a word cut off by ``max_length`` (or one the
 tokenizer turns into nothing) is predicted as "O" (BIO) or as no tag (plain tags), i.e. scored as
 a miss.
+A classification text over ``max_length`` tokens is cut to its first tokens, split into
+windows or cut to its key sentences, as the recipe's ``long_documents`` says (long_documents.py).
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ def evaluate_pair(
         },
         "test": {m: spread([r["test"][m] for r in chosen]) for m in metrics},
         "recipe": recipe_dict(recipe),
+        # sequences the model saw per split: one per example, or its windows (long_documents)
+        "train_sequences": len(encoded.train),
+        "test_sequences": len(encoded.test),
         "seeds": seeds,
         "runs": runs,
         "seconds": time.perf_counter() - start,
