@@ -41,7 +41,7 @@ from benchmarks.learning.real_checkpoint import minilm
 from benchmarks.tasks.long_doc_tasks import TASK_NAME, write_tasks
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
-from experiments.arms import Stages, markdown, paired_difference, plot, summarise
+from experiments.arms import Stages, markdown, paired_difference, summarise
 
 ARMS = ("first", "windows", "key_sentences")
 REFERENCE = "first"
@@ -93,6 +93,40 @@ def differences_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(summary: dict, path: Path) -> None:
+    """Left: each arm's test macro-F1 per seed (a line joins one seed's arms), the reference rows
+    dashed. Right: the paired differences of PAIRS with their bootstrap 95% intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    scores = summary["tasks"]["macro_f1"]
+    values = [scores["arms"][arm]["values"] for arm in ARMS]
+    for seed_values in zip(*values):
+        left.plot(ARMS, seed_values, "o-", color="#4a6fa5", alpha=0.5, ms=4)
+    left.plot(ARMS, [scores["arms"][arm]["median"] for arm in ARMS], "k_", ms=24, mew=2)
+    for ref, v in scores["references"].items():
+        left.axhline(v, ls="--", lw=0.8, color="#999")
+        left.annotate(ref, (len(ARMS) - 1, v), fontsize=7, ha="right", va="bottom")
+    left.set_ylabel("test macro-F1 (seeds; bar: median)")
+    rows = [r for r in summary["differences"] if r["metric"] == "macro_f1"]
+    names = [f"{r['arm']}\n- {r['against']}" for r in rows]
+    means = [r["mean"] for r in rows]
+    err = [[r["mean"] - r["low"] for r in rows], [r["high"] - r["mean"] for r in rows]]
+    right.errorbar(names, means, yerr=err, fmt="o", capsize=4, color="k")
+    right.axhline(0, lw=0.8, color="#999")
+    right.set_ylabel("macro-F1 difference (paired, 95% CI)")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"long documents: {summary['seeds']} seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def run_arms(exp: Stages, model: str, tasks: Path, args: argparse.Namespace) -> dict[str, dict]:
     """``pretrain.evaluate`` of every arm (``args.jobs`` at a time), each skipped when done."""
 
@@ -124,6 +158,7 @@ def summary_of(results: dict[str, dict], args: argparse.Namespace) -> dict:
             "train_sequences": res["results"][0]["train_sequences"],
             "test_sequences": res["results"][0]["test_sequences"],
             "median_run_s": statistics.median(r["seconds"] for r in res["results"][0]["runs"]),
+            "evaluate_s": round(res["results"][0]["seconds"], 1),  # all seeds, kept on a resume
             "lr": res["results"][0]["lr"],
         }
         for arm, res in results.items()
