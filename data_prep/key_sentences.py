@@ -156,14 +156,20 @@ def textrank(weights, tol: float = 1e-12, max_iter: int = 1000) -> np.ndarray:
     return x
 
 
+def rank_order(scores: np.ndarray) -> list[int]:
+    """Indices from the highest score to the lowest, ties to the earlier one. Scores are rounded
+    to 9 significant digits first, so that float noise is no rank."""
+    n = len(scores)
+    rounded = np.round(np.asarray(scores, dtype=np.float64) * n, 9)
+    return sorted(range(n), key=lambda i: (-rounded[i], i))
+
+
 def top_share(scores: np.ndarray, share: float) -> list[int]:
-    """Indices of the ceil(share * n) (at least 1) highest scores, ties to the earlier one, in
-    order. Scores are rounded to 9 significant digits first, so that float noise is no rank."""
+    """Indices of the ceil(share * n) (at least 1) highest scores (:func:`rank_order`), in
+    order."""
     n = len(scores)
     k = min(n, max(1, math.ceil(share * n - 1e-9)))
-    rounded = np.round(np.asarray(scores, dtype=np.float64) * n, 9)
-    order = sorted(range(n), key=lambda i: (-rounded[i], i))
-    return sorted(order[:k])
+    return sorted(rank_order(scores)[:k])
 
 
 @dataclass

@@ -3,6 +3,10 @@
     python -m pretrain.evaluate --models runs/zh@all hf/bert-base-chinese --tasks tasks.json \\
         --out eval/ [--seeds 3] [--lrs 3e-5,1e-4] [--min_steps 300] [--max_train_examples 2000]
 
+    # texts longer than --max_length: sliding windows (or key_sentences; default first)
+    python -m pretrain.evaluate --models hf/model --tasks tasks.json --out eval/ \\
+        --long_documents windows [--window_stride 64]
+
     # two folders of one name (hf_model) told apart by a label
     python -m pretrain.evaluate --models base=runs/demo/hf_model domain=runs/cont/hf_model ...
 
@@ -36,6 +40,7 @@ from bertforge.pretrain.data.downstream_tasks import (
     load_task_file,
 )
 from bertforge.pretrain.evaluate.finetune import Recipe
+from bertforge.pretrain.evaluate.long_documents import STRATEGIES
 from bertforge.pretrain.evaluate.report import markdown_table, plot_steps, write_results
 from bertforge.pretrain.evaluate.runner import evaluate_models
 
@@ -48,6 +53,7 @@ _INT_RECIPE = {  # recipe fields with an integer flag each (defaults: finetune.R
     "patience": "stop after this many dev checks without a better score; 0: never",
     "batch_size": "examples per optimizer step",
     "max_length": "tokens per example",
+    "window_stride": "windows: tokens from one window's start to the next; 0: half a window",
 }
 
 
@@ -72,6 +78,14 @@ def _parser() -> argparse.ArgumentParser:
         default = getattr(Recipe(), name)
         g.add_argument(f"--{name}", type=int, default=None, help=f"{what} (default {default})")
     g.add_argument("--warmup_ratio", type=float, default=None)
+    g.add_argument(
+        "--long_documents",
+        choices=STRATEGIES,
+        default=None,
+        help="a classification text over --max_length: its first tokens, sliding windows "
+        "(mean of their probabilities) or its TextRank key sentences "
+        f"(default {Recipe().long_documents})",
+    )
     g.add_argument("--max_train_examples", type=int, default=None, help="cap per task")
     g.add_argument("--max_test_examples", type=int, default=None, help="cap per task")
     t = p.add_argument_group("a single task from flags (instead of --tasks)")
@@ -113,7 +127,7 @@ def _task_specs(args: argparse.Namespace) -> list[TaskSpec]:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    over = {k: getattr(args, k) for k in (*_INT_RECIPE, "warmup_ratio")}
+    over = {k: getattr(args, k) for k in (*_INT_RECIPE, "warmup_ratio", "long_documents")}
     if args.lrs:
         over["lrs"] = tuple(float(x) for x in args.lrs.split(","))
     return {k: v for k, v in over.items() if v is not None and k in Recipe.__dataclass_fields__}

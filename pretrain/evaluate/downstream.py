@@ -44,7 +44,7 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
 from bertforge.pretrain.data.downstream_tasks import TaskData, load_downstream_tasks
-from bertforge.pretrain.evaluate.finetune import encode, recipe_for, run_once
+from bertforge.pretrain.evaluate.finetune import encode_for, recipe_for, run_once
 from bertforge.pretrain.evaluate.metrics import PRIMARY
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve
 from bertforge.pretrain.evaluate.runner import choose_lr, default_device
@@ -77,7 +77,7 @@ def evaluate_source(
     with preserved_rng():
         for data in tasks:
             recipe = recipe_for(data)
-            encoded = encode(source.tokenizer, data, recipe.max_length)
+            encoded = encode_for(source.tokenizer, data, recipe)
             runs = [run_once(source, data, encoded, recipe, lr, seed, device) for lr in recipe.lrs]
             lr = choose_lr(runs, PRIMARY[data.scheme])  # the evaluator's own rule
             best = next(r for r in runs if r["lr"] == lr)

@@ -14,6 +14,8 @@ same seed give the same scores. Token classification labels the first sub-token 
 other sub-tokens are ignored by the loss, and a word cut off by ``max_length`` (or one the
 tokenizer turns into nothing) is predicted as "O" (BIO) or as no tag (plain tags), i.e. scored as
 a miss.
+A classification text over ``max_length`` tokens is cut to its first tokens, split into
+windows or cut to its key sentences, as the recipe's ``long_documents`` says (long_documents.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from bertforge.pretrain.data.downstream_tasks import TaskData, TaskError
 from bertforge.pretrain.data.masking import IGNORE_INDEX
+from bertforge.pretrain.evaluate import long_documents as longdoc
 from bertforge.pretrain.evaluate.metrics import PRIMARY, score
 
 MISSING_TAG = "<none>"  # the prediction of a plain-tag word the model never saw (truncated)
@@ -49,6 +52,8 @@ class Recipe:
     weight_decay: float = 0.01
     max_length: int = 128  # tokens per example (pairs: both texts together)
     grad_clip: float = 1.0
+    long_documents: str = longdoc.FIRST  # a text over max_length: first | windows | key_sentences
+    window_stride: int = 0  # windows: tokens from one window's start to the next (0: half one)
 
 
 DEFAULT_RECIPES = {"classification": Recipe(), "token_classification": Recipe()}
@@ -69,7 +74,9 @@ def recipe_for(data: TaskData, overrides: dict[str, Any] | None = None) -> Recip
         merged["max_length"] = data.spec.max_length
     if "lrs" in merged:
         merged["lrs"] = tuple(float(x) for x in merged["lrs"])
-    return replace(DEFAULT_RECIPES[data.spec.type], **merged)
+    recipe = replace(DEFAULT_RECIPES[data.spec.type], **merged)
+    longdoc.check(data, recipe.long_documents, recipe.max_length, recipe.window_stride)
+    return recipe
 
 
 @dataclass
@@ -81,12 +88,20 @@ class Encoded:
     test: list[dict[str, Any]]
 
 
-def _encode_split(tokenizer, data: TaskData, examples: list, max_length: int) -> list[dict]:
+def _encode_split(
+    tokenizer, data: TaskData, examples: list, max_length: int, long_documents: str, stride: int
+) -> list[dict]:
     label_id = {lab: i for i, lab in enumerate(data.labels)}
     feats = []
     if data.spec.type == "classification":
         pairs = [ex.text_pair for ex in examples] if data.scheme == "pair" else None
-        enc = tokenizer([ex.text for ex in examples], pairs, truncation=True, max_length=max_length)
+        texts = [ex.text for ex in examples]
+        if long_documents == longdoc.WINDOWS:
+            labels = [label_id[ex.label] for ex in examples]
+            return longdoc.window_features(tokenizer, texts, labels, max_length, stride)
+        if long_documents == longdoc.KEY_SENTENCES:
+            texts = longdoc.key_sentence_texts(tokenizer, texts, max_length)
+        enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
         for i, ex in enumerate(examples):
             feats.append({k: enc[k][i] for k in enc} | {"labels": label_id[ex.label]})
         return feats
@@ -110,18 +125,32 @@ def _encode_split(tokenizer, data: TaskData, examples: list, max_length: int) ->
     return feats
 
 
-def encode(tokenizer, data: TaskData, max_length: int) -> Encoded:
-    """Tokenize the task's three splits with ``tokenizer``."""
+def encode(
+    tokenizer,
+    data: TaskData,
+    max_length: int,
+    long_documents: str = longdoc.FIRST,
+    window_stride: int = 0,
+) -> Encoded:
+    """Tokenize the task's three splits with ``tokenizer``; a text over ``max_length`` tokens as
+    ``long_documents`` says (see long_documents.py)."""
     return Encoded(
         *(
-            _encode_split(tokenizer, data, part, max_length)
+            _encode_split(tokenizer, data, part, max_length, long_documents, window_stride)
             for part in (data.train, data.dev, data.test)
         )
     )
 
 
+def encode_for(tokenizer, data: TaskData, recipe: Recipe) -> Encoded:
+    """:func:`encode` with the recipe's length and long-document strategy."""
+    return encode(tokenizer, data, recipe.max_length, recipe.long_documents, recipe.window_stride)
+
+
 def _collate(tokenizer, feats: list[dict[str, Any]], device: torch.device) -> dict:
-    plain = [{k: v for k, v in f.items() if k not in ("labels", "_words")} for f in feats]
+    plain = [
+        {k: v for k, v in f.items() if k not in ("labels", "_words", longdoc.DOC)} for f in feats
+    ]
     batch = tokenizer.pad(plain, return_tensors="pt")
     labels = [f["labels"] for f in feats]
     if isinstance(labels[0], list):
@@ -208,16 +237,26 @@ def _fit(
 
 @torch.no_grad()
 def predict(model, tokenizer, feats, batch_size: int, device) -> list:
-    """Argmax predictions: a label id per example, or per token (a list) for token tasks."""
+    """Argmax predictions: a label id per example (per document when the features are windows:
+    long_documents.aggregate_windows), or per token (a list) for token tasks."""
     model.eval()
     out: list = []
+    window_logits = []
     for b in range(0, len(feats), batch_size):
         batch = feats[b : b + batch_size]
-        pred = model(**_collate(tokenizer, batch, device)).logits.argmax(-1).cpu()
+        logits = model(**_collate(tokenizer, batch, device)).logits.cpu()
+        if feats and longdoc.DOC in feats[0]:
+            window_logits.append(logits)
+            continue
+        pred = logits.argmax(-1)
         if pred.ndim == 1:
             out.extend(pred.tolist())
         else:
             out.extend(pred[i, : len(f["input_ids"])].tolist() for i, f in enumerate(batch))
+    if window_logits:
+        docs = [f[longdoc.DOC] for f in feats]
+        probs = longdoc.aggregate_windows(torch.cat(window_logits), docs, max(docs) + 1)
+        out = probs.argmax(-1).tolist()
     return out
 
 

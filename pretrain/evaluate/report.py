@@ -3,9 +3,10 @@
 Table: one row per model, one column per task and metric, each cell ``median [min, max]`` of the
 test scores over the seeds at the chosen learning rate; then the reference rows (majority class,
 classical model: one value each), then each task's split sizes and label count, the chosen
-learning rates and any note (a dev split too small to choose on). Plot: for each run of which
-more than one checkpoint was evaluated, the primary metric of every task against the step
-(median, with the min-max range as error bars), and the HF folders as horizontal reference lines.
+learning rates, the long-document strategy where it is not ``first`` and any note (a dev split
+too small to choose on). Plot: for each run of which more than one checkpoint was evaluated, the
+primary metric of every task against the step (median, with the min-max range as error bars),
+and the HF folders as horizontal reference lines.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def markdown_table(results: dict[str, Any]) -> str:
         "",
         f"Examples: {sizes}.",
     ]
+    longdoc = [
+        f"{r['model']}/{r['task']}: {r['recipe']['long_documents']}"
+        + (f" (stride {r['recipe']['window_stride'] or 'half a window'})" if k == "windows" else "")
+        for r in results["results"]
+        if (k := r.get("recipe", {}).get("long_documents", "first")) != "first"
+    ]
+    if longdoc:
+        lines += ["", f"Texts over max_length: {'; '.join(longdoc)} (not their first tokens)."]
     lines += [f"\nNote: {n}." for n in results.get("notes", [])]
     return "\n".join(lines) + "\n"
 

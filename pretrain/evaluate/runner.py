@@ -18,7 +18,7 @@ import torch
 
 from bertforge.logs import get_logger
 from bertforge.pretrain.data.downstream_tasks import TaskData
-from bertforge.pretrain.evaluate.finetune import encode, recipe_dict, recipe_for, run_once
+from bertforge.pretrain.evaluate.finetune import encode_for, recipe_dict, recipe_for, run_once
 from bertforge.pretrain.evaluate.metrics import PRIMARY
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve_all
 from bertforge.pretrain.evaluate.references import reference_rows
@@ -60,7 +60,7 @@ def evaluate_pair(
     device = device or default_device()
     recipe = recipe_for(data, overrides)
     start = time.perf_counter()
-    encoded = encode(source.tokenizer, data, recipe.max_length)
+    encoded = encode_for(source.tokenizer, data, recipe)
     runs = []
     for lr in recipe.lrs:
         for seed in seeds:
@@ -85,6 +85,9 @@ def evaluate_pair(
         },
         "test": {m: spread([r["test"][m] for r in chosen]) for m in metrics},
         "recipe": recipe_dict(recipe),
+        # sequences the model saw per split: one per example, or its windows (long_documents)
+        "train_sequences": len(encoded.train),
+        "test_sequences": len(encoded.test),
         "seeds": seeds,
         "runs": runs,
         "seconds": time.perf_counter() - start,

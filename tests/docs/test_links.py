@@ -34,6 +34,7 @@ COMMANDS = [
     ("benchmarks.tasks.pydoc_tasks", []),
     ("benchmarks.tasks.snownlp_tasks", []),
     ("benchmarks.tasks.stdlib_tasks", []),
+    ("benchmarks.tasks.long_doc_tasks", []),
     ("bertforge.pretrain.export.hf_export", []),
     ("bertforge.pretrain.plot", []),
     ("bertforge.pretrain.demo", []),

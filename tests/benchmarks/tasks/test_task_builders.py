@@ -4,6 +4,7 @@ its new name the way the README and docs/evaluation.md type it, writes a tasks.j
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from helpers.commands import run_cli
@@ -57,3 +58,17 @@ def test_stdlib_tasks_command(tmp_path):
     task_texts = {ex.text for split in (task.train, task.dev, task.test) for ex in split}
     corpus_docs = set(corpus.read_text(encoding="utf-8").split("\n\n"))
     assert corpus_docs and not any(" ".join(d.split()) in task_texts for d in corpus_docs)
+
+
+def test_long_documents_are_long_and_never_name_their_package(tmp_path):
+    from benchmarks.tasks.long_doc_tasks import write_tasks
+
+    tasks_json = write_tasks(tmp_path, ("http", "logging"), per_package=10, max_length=64)
+    task = _tasks(tasks_json)["stdlib_long"]
+    docs = task.train + task.dev + task.test
+    assert task.labels == ["http", "logging"] and len(docs) == 20
+    assert len(task.test) >= 5, "test_fraction 0.3"
+    for ex in docs:
+        assert 1200 <= len(ex.text) <= 3000, len(ex.text)  # min_chars, max_chars
+        words = set(re.findall(r"\w+", ex.text.lower()))
+        assert ex.label not in words, "the label is never a word of its document"
