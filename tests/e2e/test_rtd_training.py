@@ -216,3 +216,34 @@ def test_d_modernbert_rtd_resumes_exactly_and_exports_a_token_classifier(english
         out, output_loading_info=True
     )
     assert not any(info.values()) and hf.config.num_labels == 1
+
+
+def test_e_a_phase_plan_sets_the_rtd_runs_batch_lr_and_mask_rate(english_shards, tmp_path):
+    """--phases with --objective rtd, one rank: a batch ramp (4 -> 8) under warmup, then a decay
+    at mask rate 0.3; the generator replaces about twice the share of tokens in the second
+    phase (it corrupts only masked positions), the lr follows the plan."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "phases": [
+                    {"name": "ramp", "steps": 3, "lr": "warmup",
+                     "batch": {"start": 4, "increment": 4, "ramp_tokens": 1024}},
+                    {"name": "decay", "steps": 3, "lr": "linear", "min_lr_ratio": 0.1,
+                     "mask_prob": 0.3},
+                ]
+            }
+        )
+    )  # fmt: skip
+    run = tmp_path / "run"
+    args = rtd_args(run, [str(english_shards)], ds_config=REPO / "ds_configs" / "cpu.json",
+                    micro_batch_size=4, save_interval=0, warmup_steps=None, decay=None,
+                    activation_checkpointing="none", embedding_sharing="plain")  # fmt: skip
+    launch([*args, "--phases", str(plan)], nproc=1)
+    train = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}
+    assert [train[s]["phase"] for s in range(1, 7)] == ["ramp"] * 3 + ["decay"] * 3
+    assert [train[s]["samples"] for s in (1, 6)] == [4, 8]
+    assert train[2]["lr"] == pytest.approx(1e-3) and train[6]["lr"] == pytest.approx(1e-4)
+    ramp = max(train[s]["rtd_replaced_share"] for s in (1, 2, 3))
+    decay = min(train[s]["rtd_replaced_share"] for s in (4, 5, 6))
+    assert decay > 1.5 * ramp
