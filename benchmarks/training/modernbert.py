@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ours eager (off) and/or with --compile (on): part 1's arms; part 2 uses the last",
     )
     p.add_argument(
+        "--ds_config", type=Path, default=CPU_DS_CONFIG, help="ours' DeepSpeed JSON (ZeRO stage)"
+    )
+    p.add_argument(
         "--hf_compile",
         nargs="+",
         default=["off"],
@@ -183,7 +186,7 @@ def ours_train_cmd(
         **({"script": script} if script else {}),
         ranks=args.ranks,
         master_port=args.port,
-        ds_config=CPU_DS_CONFIG,
+        ds_config=args.ds_config,
         data=shards,
         arch="modernbert",
         model=args.preset,

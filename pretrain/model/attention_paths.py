@@ -40,7 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bertforge.logs import get_logger
-from bertforge.pretrain.model.band_chunks import default_chunk
+from bertforge.pretrain.model.band_chunks import DENSE_LOCAL_CHUNKS, default_chunk
 from bertforge.pretrain.model.document_attention import document_mask
 
 try:  # torch >= 2.10; raises NotImplementedError on the CPU
@@ -71,16 +71,16 @@ class DocumentLayout:
     max_seqlen: int = 0
     _global_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def global_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """The block-diagonal document mask as an additive [B, 1, T, T] mask in ``dtype``, built
-        once per forward: SDPA keeps its mask for backward and turns a boolean one into a
-        float copy per call, so the global layers share this one instead (T^2 x 4 bytes a
-        layer saved in fp32: 256 MiB at 8k)."""
-        if dtype not in self._global_masks:
-            allowed = document_mask(self.document_ids)
+    def global_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """The block-diagonal document mask (with ``window``: also the band |q - k| <= window)
+        as an additive [B, 1, T, T] mask in ``dtype``, built once per forward: SDPA keeps its
+        mask for backward and turns a boolean one into a float copy per call, so the layers of
+        one kind share this one instead (T^2 x 4 bytes a layer saved in fp32: 256 MiB at 8k)."""
+        if (dtype, window) not in self._global_masks:
+            allowed = document_mask(self.document_ids, window)
             additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-            self._global_masks[dtype] = additive.masked_fill_(~allowed, float("-inf"))
-        return self._global_masks[dtype]
+            self._global_masks[dtype, window] = additive.masked_fill_(~allowed, float("-inf"))
+        return self._global_masks[dtype, window]
 
     @classmethod
     def unpadded(cls, document_ids: torch.Tensor) -> DocumentLayout:
@@ -112,11 +112,12 @@ def dense_document_attention(
 
 
 def global_document_attention(
-    query, key, value, layout: DocumentLayout, scale=None, dropout=0.0
+    query, key, value, layout: DocumentLayout, scale=None, dropout=0.0, window=None
 ) -> torch.Tensor:
-    """A global layer of the padded form: SDPA with the layout's shared additive document mask;
-    q, k, v [B, H, T, d] -> [B, H, T, d] (what :func:`dense_document_attention` computes)."""
-    mask = layout.global_mask(query.dtype)
+    """A global layer of the padded form (with ``window``: a local layer on a short sequence):
+    SDPA with the layout's shared additive document mask; q, k, v [B, H, T, d] -> [B, H, T, d]
+    (what :func:`dense_document_attention` computes)."""
+    mask = layout.global_mask(query.dtype, window)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale
     )
@@ -201,8 +202,8 @@ def document_attention_forward(
                 "train with --attention_probs_dropout_prob 0"
             )
         return varlen_document_attention(query, key, value, layout, window, scaling), None
-    if window is None:
-        out = global_document_attention(query, key, value, layout, scaling, dropout)
+    if window is None or query.shape[2] <= DENSE_LOCAL_CHUNKS * default_chunk(window):
+        out = global_document_attention(query, key, value, layout, scaling, dropout, window)
     else:
         out = blocked_local_attention(
             query, key, value, layout.document_ids, window, scaling, dropout
@@ -235,7 +236,8 @@ def log_path_once(varlen: bool, why: str) -> None:
         f"unpadded varlen flash-attention ({why})"
         if varlen
         else f"padded; global layers SDPA with the document mask, local "
-        f"layers blocked sliding-window SDPA ({why})"
+        f"layers blocked sliding-window SDPA (dense band SDPA up to {DENSE_LOCAL_CHUNKS} "
+        f"chunks) ({why})"
     )
     if line not in _logged:
         _logged.add(line)

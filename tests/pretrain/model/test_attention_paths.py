@@ -113,14 +113,34 @@ def assert_same_training_signal(got, ref):
     assert worst < 1e-5, worst
 
 
+# 100 tokens: the local layers take the dense band (<= 8 chunks of 32); 300: the blocked path
+@pytest.mark.parametrize("length", [100, 300])
 @pytest.mark.parametrize("documents", [True, False], ids=["document", "full"])
-def test_whole_model_equals_transformers_sdpa_with_dense_masks(documents):
-    batch = document_batch(length=100) if documents else masked_batch(length=100)
+def test_whole_model_equals_transformers_sdpa_with_dense_masks(documents, length):
+    batch = document_batch(length=length) if documents else masked_batch(length=length)
     ours = tiny_model()
     twin = copy.deepcopy(ours)
     twin.config._attn_implementation = "sdpa"  # transformers' own function, our dense masks
     assert twin.config is not ours.config
     assert_same_training_signal(loss_and_grads(ours, batch), loss_and_grads(twin, batch))
+
+
+def test_local_layers_take_the_blocked_path_only_past_eight_chunks(monkeypatch):
+    """At most DENSE_LOCAL_CHUNKS chunks (tiny_model: 8 x 32 = 256 tokens) a local layer runs
+    one SDPA with the dense band; one token more and it runs the blocked path."""
+    calls = []
+    blocked = attention_paths.blocked_local_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[2])
+        return blocked(*args, **kwargs)
+
+    monkeypatch.setattr(attention_paths, "blocked_local_attention", counted)
+    model = tiny_model()
+    limit = attention_paths.DENSE_LOCAL_CHUNKS * 32
+    for length in (limit, limit + 1):
+        model(**document_batch(length=length))
+    assert calls and set(calls) == {limit + 1}  # the local layers of the longer batch only
 
 
 def reference_varlen_attn(
