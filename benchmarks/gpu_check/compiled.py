@@ -24,5 +24,9 @@ def first_step(run_dir: Path) -> dict:
 
 def part_compile(plan: Plan, out: Path, res: PartResult, deadline: float) -> None:
     """Each configuration of ``plan.compiled`` with --compile, a throughput row each."""
+    if not plan.compiled:
+        res.rows.append({"run": "-", "status": "not run: the dry run compiles nothing"})
+        res.status = "ok"  # nothing was due
+        return
     run_matrix(plan, out, res, deadline, "compile", plan.compiled, first_step, compile=True)
     res.details["eager rows"] = "the train and modernbert parts' rows of the same names"
