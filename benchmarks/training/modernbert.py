@@ -346,7 +346,14 @@ def parameters(model_dir: str) -> int:
 def train_for_budget(args, data: dict, work: Path, arm: str) -> list[dict]:
     """One arm of part 2 trained for T from its launch command: its snapshots (HF folders)."""
     shards = data["shards"][args.learn_seq]
-    base = {**vars(args), "global_batch": args.batch_tokens // args.learn_seq, "ours_args": ""}
+    # init_model None: per_hour's from-scratch mode (ours-modernbert takes the shared seeded
+    # folder through --init_from in ours_args, HF through --init), no step-0 snapshot
+    base = {
+        **vars(args),
+        "global_batch": args.batch_tokens // args.learn_seq,
+        "ours_args": "",
+        "init_model": None,
+    }
     out = work / "learn" / arm
     shutil.rmtree(out, ignore_errors=True)
     launched = time.time()

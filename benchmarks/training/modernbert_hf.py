@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mask_prob", type=float, required=True)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--torch_compile", action="store_true", help="TrainingArguments.torch_compile")
+    # hf_side's snapshot clock reads init_model (its continued mode saves a step-0 snapshot); the
+    # seeded initial weights here come through --init and the curve starts at the first snapshot
+    p.set_defaults(init_model=None)
     p.add_argument("--warmup", type=int, default=1, help="steps left out of the timing")
     p.add_argument("--budget_s", type=float, default=None)
     p.add_argument("--snapshots", type=int, default=2)
