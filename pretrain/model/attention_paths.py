@@ -40,7 +40,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bertforge.logs import get_logger
-from bertforge.pretrain.model.band_chunks import DENSE_LOCAL_CHUNKS, default_chunk
+from bertforge.pretrain.model.band_chunks import (
+    DENSE_LOCAL_CHUNKS,
+    default_chunk,
+    runs_dense_band,
+)
 from bertforge.pretrain.model.document_attention import document_mask
 
 try:  # torch >= 2.10; raises NotImplementedError on the CPU
@@ -202,7 +206,7 @@ def document_attention_forward(
                 "train with --attention_probs_dropout_prob 0"
             )
         return varlen_document_attention(query, key, value, layout, window, scaling), None
-    if window is None or query.shape[2] <= DENSE_LOCAL_CHUNKS * default_chunk(window):
+    if window is None or runs_dense_band(query.shape[2], default_chunk(window)):
         out = global_document_attention(query, key, value, layout, scaling, dropout, window)
     else:
         out = blocked_local_attention(

@@ -20,3 +20,10 @@ def default_chunk(window: int) -> int:
     """Chunk length of the blocked local path for a band half-width ``window``: a query chunk
     attends to 3 chunks of keys."""
     return max(int(window), MIN_CHUNK)
+
+
+def runs_dense_band(seq_len: int, chunk: int) -> bool:
+    """Whether a local layer over ``seq_len`` tokens (blocked chunks of ``chunk``) runs one SDPA
+    with the dense band instead (:data:`DENSE_LOCAL_CHUNKS`): the attention path's choice and
+    the memory estimate's."""
+    return seq_len <= DENSE_LOCAL_CHUNKS * chunk

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertforge.pretrain.model.band_chunks import DENSE_LOCAL_CHUNKS, default_chunk
+from bertforge.pretrain.model.band_chunks import default_chunk, runs_dense_band
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.modernbert.adapter import ADAPTER
 from bertforge.pretrain.model.modernbert.arch import check_engine, layer_types, unsupported
@@ -76,7 +76,7 @@ def layer_activation_bytes(shape: Any, micro_batch: int, varlen: bool) -> list[i
     padded_s = -(-s // chunk) * chunk  # the blocked path pads to whole chunks
     local = dense + 2 * a * b * padded_s * shape.local_keys
     glob = dense + 2 * a * b * s * s
-    if s <= DENSE_LOCAL_CHUNKS * chunk:  # short sequences: the local layers run the dense band
+    if runs_dense_band(s, chunk):  # short sequences: the local layers run the dense band
         local = glob
     return [glob] * shape.global_layers + [local] * (shape.layers - shape.global_layers)
 
