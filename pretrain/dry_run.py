@@ -22,7 +22,7 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.build import resolve_run
 from bertforge.pretrain.components.schedule_override import guard_factor
-from bertforge.pretrain.config.ds_config import load_user_config
+from bertforge.pretrain.config.one_home import SHARED_KNOBS
 from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
 from bertforge.pretrain.config.recipe import defaults, resolved_flags, value_sources
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
@@ -416,28 +416,33 @@ def _import_deepspeed_quietly() -> None:
         sys.stdout = saved
 
 
-_BATCH_KEYS = {
-    "global_batch_size": "train_batch_size",
-    "micro_batch_size": "train_micro_batch_size_per_gpu",
-    "grad_accum": "gradient_accumulation_steps",
-}
+def _unset_sources(cfg, setup) -> dict[str, str]:
+    """Where a shared setting that neither the recipe nor the DeepSpeed JSON gives comes from:
+    the default, or for a batch size, the others."""
+    given = set(cfg.sources) | setup.from_json
+    any_batch = any(f.startswith("batch.") for f in given)
+    ranks = setup.batch.world_size
+    out = {}
+    for knob in SHARED_KNOBS:
+        if knob.field in given:
+            continue
+        out[knob.field] = "default: neither the recipe nor the DeepSpeed JSON gives it"
+        if knob.field == "batch.global_batch_size" or (
+            any_batch and knob.field.startswith("batch.")
+        ):
+            out[knob.field] = f"derived from the other batch sizes for {ranks} rank(s)"
+    return out
 
 
 def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
     """The resolved recipe's values that are not defaults, each with where it came from (a
     flag, the recipe file, the DeepSpeed JSON, the phase plan, the anneal, the checkpoint)."""
-    by: dict[str, str] = {}
+    by: dict[str, str] = _unset_sources(run.cfg, run.setup)
     if run.phases is not None:
         by["run.max_steps"] = f"phases {parsed.run.phases}"
     if run.anneal is not None:
         by["run.max_steps"] = by["optim.lr"] = f"anneal_from {parsed.run.anneal_from}"
     cfg = run.cfg
-
-    user = load_user_config(cfg.run.ds_config)
-    ranks = run.setup.batch.world_size
-    for key, ds_key in _BATCH_KEYS.items():  # a batch size neither file gives is derived
-        if f"batch.{key}" not in cfg.sources and ds_key not in user:
-            by[f"batch.{key}"] = f"derived from the other batch sizes for {ranks} rank(s)"
     # values resolution set (the checkpoint's peak lr for --override_lr_schedule)
     by.update({k: v for k, v in cfg.sources.items() if k not in parsed.sources})
     if run.point is not None and not cfg.optim.override_lr_schedule and run.phases is None:

@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.gpu_check.common import PartResult, Plan, run_logged, seconds_left, shards_dir
+from benchmarks.gpu_check.common import (
+    PartResult,
+    Plan,
+    engine_flags,
+    run_logged,
+    seconds_left,
+    shards_dir,
+)
 from bertforge.files import write_json_atomic
 from bertforge.pretrain.config import command_line
 
@@ -45,8 +52,7 @@ def phase_plan(plan: Plan, out: Path) -> tuple[dict, int]:
 def launch_flags(plan: Plan, out: Path, run_dir: Path, plan_file: Path, micro: int) -> dict:
     """The trainer's flags (the doctor takes the same ones)."""
     return {
-        "ds_config": REPO / plan.ds_configs["bf16"],
-        "precision": "bf16",
+        **engine_flags(plan, "bf16"),
         "data": shards_dir(out, plan.seq_lens[0]),
         "model": plan.train_matrix[0][0] if plan.dry_run else "base",
         "output_dir": run_dir,

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import REPO
 from benchmarks.gpu_check.common import (
     PartResult,
     Plan,
+    engine_flags,
     part_file,
     run_logged,
     run_name,
@@ -49,8 +49,7 @@ def trainer_cmd(
     model, seq, precision = config
     max_steps, save_interval = train_steps(plan, config)
     cmd = command_line.trainer(
-        ds_config=REPO / plan.ds_configs[precision],
-        precision=precision,
+        **engine_flags(plan, precision),
         data=shards_dir(out, seq),
         model=model,
         output_dir=run_dir,

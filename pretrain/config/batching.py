@@ -1,8 +1,9 @@
 """One place that decides the batch sizes and writes them into the DeepSpeed config.
 
 DeepSpeed requires ``train_batch_size == micro_batch * grad_accum * world_size``. Users give any two
-(in the DeepSpeed config or as flags; flags win); the third is derived here and every value is
-checked against the world size before any model, data or process-group work starts.
+(each in the recipe or in the DeepSpeed JSON, not both: :mod:`.one_home`); the third is derived
+here and every value is checked against the world size before any model, data or process-group
+work starts. Given none, a rank takes :data:`DEFAULT_MICRO_BATCH` sequences per step.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bertforge.errors import UserError
+from bertforge.pretrain.config.train_config import DEFAULT_MICRO_BATCH
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -44,10 +46,10 @@ class BatchPlan:
 
 
 def _value(ds_config: dict[str, Any], key: str, override: int | None, source: str) -> int | None:
-    """Flag override first, then the config; ``"auto"`` means "derive it" (DeepSpeed cannot)."""
+    """The recipe's value, else the config's; ``"auto"`` means "derive it" (DeepSpeed cannot)."""
     if override is not None:
         value: Any = override
-        where = f"flag for {key}"
+        where = f"the recipe's value for {key}"
     else:
         value = ds_config.get(key)
         where = f"{source}: {key}"
@@ -69,29 +71,22 @@ def resolve_batch(
 ) -> BatchPlan:
     """Derive and check (global batch, micro batch, accumulation) for ``world_size`` ranks.
 
-    Flags given here override the config. When all three end up known they must agree exactly.
-    A flag that changes only one value lets the config's other value be re-derived: e.g.
-    ``--micro_batch_size 4`` with a config of (global 32, micro 8) gives accumulation 32/(4*W).
+    The keyword values are the recipe's (None: not given there); :func:`.one_home.check_one_home`
+    has refused a value given in the config too. When all three are known they must agree.
     """
     if world_size <= 0:
         raise BatchSizeError(f"world size must be positive, got {world_size}")
     g = _value(ds_config, BATCH_KEYS[0], global_batch, source)
     m = _value(ds_config, BATCH_KEYS[1], micro_batch, source)
     a = _value(ds_config, BATCH_KEYS[2], grad_accum, source)
-    # A flag for one value beats a stale config value of another: drop the config's accumulation
-    # when the global or micro batch came from a flag and accumulation did not.
-    if (
-        grad_accum is None
-        and (global_batch is not None or micro_batch is not None)
-        and g is not None
-        and m is not None
-    ):
-        a = None
     hint = (
         f"(world size {world_size}; train_batch_size must equal "
         f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size). "
-        f"Fix {source} or pass --global_batch_size / --micro_batch_size / --grad_accum"
+        f"Fix {source} or the recipe's batch section (--global_batch_size / --micro_batch_size / "
+        "--grad_accum)"
     )
+    if g is not None and m is None and a is None:
+        m = DEFAULT_MICRO_BATCH  # the global batch alone: the default micro batch shares it
     if g is not None and m is not None:
         if g % (m * world_size):
             raise BatchSizeError(
@@ -116,10 +111,8 @@ def resolve_batch(
         a = a or 1
         g = m * a * world_size
     else:
-        raise BatchSizeError(
-            f"no batch size given: set train_batch_size and "
-            f"train_micro_batch_size_per_gpu in {source} {hint}"
-        )
+        m, a = DEFAULT_MICRO_BATCH, a or 1
+        g = m * a * world_size
     assert g is not None and m is not None and a is not None
     return BatchPlan(global_batch=g, micro_batch=m, grad_accum=a, world_size=world_size)
 

@@ -1,13 +1,13 @@
-"""The one place the DeepSpeed config is edited: the user's JSON + the flags -> the final dict.
+"""The one place the DeepSpeed config is edited: the user's JSON + the recipe -> the final dict.
 
-The DeepSpeed JSON stays the source of ZeRO, precision and optimizer settings; flags given on the
-command line win over it. :func:`resolve_deepspeed_config` reads the file and applies, in order,
-the batch sizes for this world size (:mod:`pretrain.config.batching`), the precision checked against
-the device (:mod:`pretrain.config.precision`), the optimizer block
-(:mod:`pretrain.config.optimizer`), the run's
-TensorBoard folder (a relative CSV-monitor folder too) and, on a resume onto another world size,
-the universal-checkpoint load. Each of those helpers returns an edited copy; nothing else in the
-trainer touches the dict.
+The DeepSpeed JSON is the engine (ZeRO, precision, the optimizer's type, betas and eps); the
+recipe is the learning. A setting both can hold (lr, batch sizes, ...) is given in one of them
+or refused (:mod:`pretrain.config.one_home`). :func:`resolve_deepspeed_config` reads the file and
+applies, in order, the batch sizes for this world size (:mod:`pretrain.config.batching`), the
+precision checked against the device (:mod:`pretrain.config.precision`), the optimizer block
+(:mod:`pretrain.config.optimizer`), the run's TensorBoard folder (a relative CSV-monitor folder
+too) and, on a resume onto another world size, the universal-checkpoint load. Each of those
+helpers returns an edited copy; nothing else in the trainer touches the dict.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import UserError
 from bertforge.pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
+from bertforge.pretrain.config.one_home import check_one_home, given_by_json
 from bertforge.pretrain.config.optimizer import configure_optimizer
 from bertforge.pretrain.config.precision import resolve_precision
 
@@ -42,6 +43,9 @@ class DeepSpeedSetup:
     precision: str  # "fp32", "bf16" or "fp16" (after any allowed fallback)
     precision_note: str | None  # why the precision fell back, when it did
     activation_checkpointing: str  # "none", "torch" or "deepspeed"
+    # recipe fields whose value the user's JSON gave ({"optim.lr", ...}): RUN/recipe.yaml leaves
+    # them to the JSON it names, so the two never both give one
+    from_json: frozenset[str] = frozenset()
 
 
 def load_user_config(path: str | Path) -> dict[str, Any]:
@@ -63,14 +67,16 @@ def activation_checkpointing_mode(ds_config: dict[str, Any], flag: str | None) -
 def resolve_deepspeed_config(
     cfg: TrainConfig, world_size: int, device: str, *, load_universal: bool = False
 ) -> DeepSpeedSetup:
-    """Read ``cfg.run.ds_config`` and apply the flags for ``world_size`` ranks on ``device``.
+    """Read ``cfg.run.ds_config`` and apply the recipe for ``world_size`` ranks on ``device``.
 
     ``load_universal``: the run resumes a checkpoint written by another number of ranks.
-    Raises ConfigError, BatchSizeError, PrecisionError or OptimizerConfigError, each naming the
-    file or flag to fix, before any process group or model exists.
+    Raises ConfigError, TwoHomesError, BatchSizeError, PrecisionError or OptimizerConfigError,
+    each naming the file or flag to fix, before any process group or model exists.
     """
     src = cfg.run.ds_config
     ds = load_user_config(src)
+    check_one_home(ds, cfg, src)
+    from_json = given_by_json(ds)
     opt = cfg.optim
     ours = [  # what only the trainer's own schedule can do
         flag
@@ -127,4 +133,5 @@ def resolve_deepspeed_config(
         precision=precision,
         precision_note=note,
         activation_checkpointing=mode,
+        from_json=from_json,
     )

@@ -1,8 +1,10 @@
 """The optimizer block of the DeepSpeed config, filled from the flags (:func:`configure_optimizer`).
 
 DeepSpeed builds the optimizer from that block (FusedAdam on GPUs, torch AdamW with
-``torch_adam``, FusedLamb on GPUs); this module fills it from the flags and rejects what cannot
-run here. :mod:`pretrain.config.ds_config` applies it with the batch sizes and the precision.
+``torch_adam``, FusedLamb on GPUs); this module fills it from the recipe and rejects what cannot
+run here. A value is given in the recipe or in the JSON, never both (:mod:`.one_home`); given in
+neither, it is the default here. :mod:`pretrain.config.ds_config` applies the block with the
+batch sizes and the precision.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ import copy
 from typing import Any
 
 from bertforge.errors import UserError
-from bertforge.pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.config.train_config import (
+    DEFAULT_GRADIENT_CLIPPING,
+    DEFAULT_LR,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_WEIGHT_DECAY,
+    OptimConfig,
+)
 
 
 class OptimizerConfigError(UserError, ValueError):
@@ -21,14 +29,19 @@ class OptimizerConfigError(UserError, ValueError):
 def configure_optimizer(
     ds_config: dict[str, Any], cfg: OptimConfig, device: str, source: str = "DeepSpeed config"
 ) -> dict[str, Any]:
-    """Return a copy of ``ds_config`` whose optimizer block reflects the flags and has no "auto".
+    """Return a copy of ``ds_config`` whose optimizer block holds the recipe's values (or the
+    defaults where neither file gives one) and no "auto".
 
     ``device`` is the accelerator name ("cpu", "cuda", ...): LAMB exists only as a CUDA kernel,
     and on the CPU AdamW is torch's unless the config sets ``torch_adam`` itself.
     """
     out = copy.deepcopy(ds_config)
-    opt = out.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    opt = out.setdefault("optimizer", {})
+    opt.setdefault("type", DEFAULT_OPTIMIZER)
     params = opt.setdefault("params", {})
+    for key in ("lr", "weight_decay"):  # "auto" (HF's convention): the recipe's value
+        if params.get(key) == "auto":
+            del params[key]
     if cfg.optimizer == "adamw":
         opt["type"] = "AdamW"
     elif cfg.optimizer == "lamb":
@@ -43,7 +56,8 @@ def configure_optimizer(
         if device != "cuda":
             raise OptimizerConfigError(
                 f"{source}: optimizer Lamb is DeepSpeed's FusedLamb, a CUDA kernel; this machine's "
-                f"accelerator is {device!r}. Use --optimizer adamw."
+                f"accelerator is {device!r}. Use AdamW ("
+                + ("--optimizer adamw)." if cfg.optimizer else f"optimizer.type in {source}).")
             )
         if out.get("zero_optimization", {}).get("stage", 0) > 0:
             out["zero_allow_untested_optimizer"] = True  # FusedLamb under ZeRO needs this opt-in
@@ -63,16 +77,16 @@ def configure_optimizer(
         params["lr"] = cfg.lr
     if cfg.weight_decay is not None:
         params["weight_decay"] = cfg.weight_decay
-    params.setdefault("lr", 1e-4)
-    params.setdefault("weight_decay", 0.01)
+    params.setdefault("lr", DEFAULT_LR)
+    params.setdefault("weight_decay", DEFAULT_WEIGHT_DECAY)
     for k, v in params.items():
         if v == "auto":  # DeepSpeed raises a TypeError deep inside on "auto" in optimizer params
             raise OptimizerConfigError(
                 f'{source}: optimizer.params.{k} is "auto"; only the HF '
-                "Trainer fills that. Give a number or the matching flag."
+                "Trainer fills that. Give a number."
             )
     if cfg.gradient_clipping is not None:
         out["gradient_clipping"] = cfg.gradient_clipping
-    elif out.get("gradient_clipping") == "auto":
-        out["gradient_clipping"] = 1.0
+    elif out.get("gradient_clipping") in (None, "auto"):
+        out["gradient_clipping"] = DEFAULT_GRADIENT_CLIPPING
     return out

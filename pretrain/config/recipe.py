@@ -10,9 +10,9 @@ Sections are :data:`SECTIONS` (``model``, ``data`` and ``masking`` are the model
 dataclasses); a field's flag (``--lr``, ``--mask_prob``, ``--model_dropout`` ...) is generated
 from the same field, so ``python pretrain/main.py --recipe R.yaml --lr 2e-3`` overrides one
 value. The DeepSpeed JSON (``run.ds_config``) keeps the engine: ZeRO, precision blocks, the
-optimizer's type and betas. A run writes its resolved recipe as ``RUN/recipe.yaml`` (every
-field, launch-only ones left out), which reproduces it: ``--recipe RUN/recipe.yaml
---output_dir NEW``.
+optimizer's type and betas; a setting both can hold is given in one (:mod:`.one_home`). A run
+writes its resolved recipe as ``RUN/recipe.yaml`` (every field, launch-only ones left out),
+which reproduces it: ``--recipe RUN/recipe.yaml --output_dir NEW``.
 """
 
 from __future__ import annotations
@@ -220,14 +220,24 @@ def resolved_flags(cfg: TrainConfig, setup: DeepSpeedSetup) -> dict[str, Any]:
 
 
 def resolved_recipe(cfg: TrainConfig, setup: DeepSpeedSetup) -> str:
-    """RUN/recipe.yaml: every setting as this launch resolved it (the DeepSpeed JSON's batch
-    sizes and lr filled in), which reproduces the run: ``--recipe RUN/recipe.yaml --output_dir
-    NEW``."""
+    """RUN/recipe.yaml: every setting as this launch resolved it (defaults filled in, values the
+    DeepSpeed JSON gives left to it), which reproduces the run with the same JSON:
+    ``--recipe RUN/recipe.yaml --output_dir NEW``."""
     header = (
         "The resolved recipe of this run, written by pretrain/main.py. Reproduce the run with\n"
         "  python pretrain/main.py --recipe THIS_FILE --output_dir NEW_RUN"
     )
     values = resolved_flags(cfg, setup)
+    given = cfg.to_dict()
+    # A value the DeepSpeed JSON gave stays there (the recipe names the JSON): written here too,
+    # it would be given twice. The batch sizes are one group: the JSON's share of them derives
+    # the rest at the run's world size.
+    batch_from_json = any(f.startswith("batch.") for f in setup.from_json)
+    for name in setup.from_json | (
+        {f"batch.{k}" for k in given["batch"]} if batch_from_json else set()
+    ):
+        section, key = name.split(".")
+        values[section][key] = given[section][key]
     kind = str(values["optim"].get("optimizer") or "").lower()
     # --optimizer names adamw or lamb; another type stays the DeepSpeed JSON's own
     values["optim"]["optimizer"] = kind if kind in ("adamw", "lamb") else None

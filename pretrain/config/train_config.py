@@ -4,8 +4,9 @@ The trainer's own concerns live here (run, batch, optimizer/schedule, precision,
 logging); each field's help is its flag's (:func:`bertforge.cli.opt`). The model, data and
 masking dataclasses belong to their modules; :mod:`pretrain.config.cli` turns every field into a
 flag (``--<field>``, or ``--<group>_<field>`` when two groups share a field name).
-The DeepSpeed JSON stays the source of ZeRO and precision settings; flags that touch it
-(batch sizes, lr, precision) are applied to a copy in :mod:`pretrain.config.ds_config`.
+The DeepSpeed JSON stays the source of ZeRO and precision settings; a setting both can hold (batch
+sizes, lr, precision) is given in one of them (:mod:`pretrain.config.one_home`) and applied to a
+copy of the JSON in :mod:`pretrain.config.ds_config`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,20 @@ def _preset_names() -> list[str]:
     return list(PRESETS)
 
 
-#: How --help names the default of a flag whose unset value the DeepSpeed JSON decides.
-_FROM_DS = "from the DeepSpeed config"
+# The values used when neither the recipe nor the DeepSpeed JSON gives one (never both:
+# pretrain.config.one_home). The optimizer block and the batch sizes are filled from these.
+DEFAULT_OPTIMIZER = "AdamW"
+DEFAULT_LR = 1e-4
+DEFAULT_WEIGHT_DECAY = 0.01
+DEFAULT_GRADIENT_CLIPPING = 1.0  # BERT's; 0 turns clipping off
+# Sequences per rank per step, given no batch size (BERT's 128-token phase fits 32 per GPU); the
+# global batch then follows the world size.
+DEFAULT_MICRO_BATCH = 32
+
+
+def _from_ds(default: object) -> str:
+    """How --help names the default of a field the DeepSpeed JSON may give instead."""
+    return f"the DeepSpeed JSON's, else {default}"
 
 
 @dataclass(frozen=True)
@@ -109,17 +122,21 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """Batch-size overrides; unset values come from the DeepSpeed config (see
-    pretrain.config.batching)."""
+    """Batch sizes: any two, the third derived (pretrain.config.batching); each given here or in
+    the DeepSpeed JSON, not both."""
 
     global_batch_size: int | None = opt(
-        None, "sequences per optimizer step over all ranks", default_text=_FROM_DS
+        None,
+        "sequences per optimizer step over all ranks",
+        default_text=_from_ds("micro batch x accumulation x world size"),
     )
     micro_batch_size: int | None = opt(
-        None, "sequences per forward pass per rank", default_text=_FROM_DS
+        None, "sequences per forward pass per rank", default_text=_from_ds(DEFAULT_MICRO_BATCH)
     )
     grad_accum: int | None = opt(
-        None, "micro-batches per rank per optimizer step", default_text=_FROM_DS
+        None,
+        "micro-batches per rank per optimizer step",
+        default_text=_from_ds("derived, or 1"),
     )
 
 
@@ -127,12 +144,14 @@ class BatchConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule."""
 
-    optimizer: str | None = opt(None, '"adamw" or "lamb" (GPU only)', default_text=_FROM_DS)
-    lr: float | None = opt(
-        None, "peak learning rate", default_text="the DeepSpeed config's optimizer lr"
+    optimizer: str | None = opt(
+        None, '"adamw" or "lamb" (GPU only)', default_text=_from_ds(DEFAULT_OPTIMIZER)
     )
+    lr: float | None = opt(None, "peak learning rate", default_text=_from_ds(DEFAULT_LR))
     weight_decay: float | None = opt(
-        None, "decoupled weight decay (not on biases/LayerNorm)", default_text=_FROM_DS
+        None,
+        "decoupled weight decay (not on biases/LayerNorm)",
+        default_text=_from_ds(DEFAULT_WEIGHT_DECAY),
     )
     warmup_steps: int | None = opt(
         None, "linear warmup steps", default_text="warmup_ratio x max_steps"
@@ -161,7 +180,7 @@ class OptimConfig:
         " --max_time_hours instead of the step count",
     )
     gradient_clipping: float | None = opt(
-        None, "max global grad norm (0 = off)", default_text=_FROM_DS
+        None, "max global grad norm (0 = off)", default_text=_from_ds(DEFAULT_GRADIENT_CLIPPING)
     )
     ema: float = opt(
         0.0,
@@ -177,12 +196,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Numeric precision; the DeepSpeed config's fp16/bf16 blocks decide unless overridden."""
+    """Numeric precision: here or the DeepSpeed JSON's enabled fp16/bf16 block, not both."""
 
     precision: str | None = opt(
         None,
         '"fp32", "bf16" or "fp16"',
-        default_text="from the DeepSpeed config's fp16/bf16 blocks",
+        default_text="the DeepSpeed JSON's enabled fp16/bf16 block, else fp32",
     )
     allow_precision_fallback: bool = opt(
         False, "when the precision is unavailable here, use fp32 instead of failing"

@@ -38,6 +38,7 @@ from bertforge.pretrain.config.ds_config import (
     activation_checkpointing_mode,
     load_user_config,
 )
+from bertforge.pretrain.config.one_home import TwoHomesError, check_one_home
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.doctor import probe as doctor_probe
 from bertforge.pretrain.doctor.checks import (
@@ -321,6 +322,10 @@ def batch_rows(cfg: TrainConfig, ds: dict, world: int) -> tuple[BatchPlan | None
         "grad_accum": cfg.batch.grad_accum,
     }
     try:
+        check_one_home(ds, cfg, cfg.run.ds_config)  # the trainer refuses this first
+    except TwoHomesError as e:
+        return None, [Row("settings", "-", FAIL, str(e).split(":\n")[0], str(e).split(":\n")[1])]
+    try:
         plan = batch_plan(ds, world, flags)
     except ValueError as e:
         return None, [
@@ -329,8 +334,9 @@ def batch_rows(cfg: TrainConfig, ds: dict, world: int) -> tuple[BatchPlan | None
                 "-",
                 FAIL,
                 str(e).split(" (world size")[0],
-                f"make train_batch_size a multiple of train_micro_batch_size_per_gpu x "
-                f"{world} in {cfg.run.ds_config}, or change the slots",
+                f"make the global batch a multiple of micro batch x {world} (--global_batch_size"
+                " / --micro_batch_size, or the DeepSpeed JSON's keys where it gives them), or "
+                "change the slots",
             )
         ]
     return plan, [

@@ -195,3 +195,23 @@ def test_documented_commands_parse():
     for argv in argvs:
         args = gpu_check.build_parser().parse_args(argv)
         assert set(args.parts.split(",")) <= set(gpu_check.PARTS), argv
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_gpu_runs_give_each_setting_in_one_place(precision, english_shards, tmp_path):
+    """The GPU plan trains with the shipped GPU configs, which enable their precision: the
+    command gives --precision only where the JSON does not (the dry run's cpu.json), so the
+    trainer's one-home check passes on a GPU as it does here."""
+    from benchmarks.gpu_check.common import DRY_PLAN, GPU_PLAN, engine_flags
+    from bertforge.pretrain.config import command_line
+    from bertforge.pretrain.config.cli import parse_args
+    from bertforge.pretrain.config.ds_config import load_user_config
+    from bertforge.pretrain.config.one_home import check_one_home
+
+    for plan in (GPU_PLAN, DRY_PLAN):
+        flags = engine_flags(plan, precision)
+        argv = command_line.trainer(**flags, data=english_shards, lr="1e-4")[2:]
+        cfg = parse_args(argv)
+        check_one_home(load_user_config(flags["ds_config"]), cfg, str(flags["ds_config"]))
+        enabled = json.loads(flags["ds_config"].read_text()).get(precision, {}).get("enabled")
+        assert ("precision" in flags) != bool(enabled)

@@ -208,8 +208,8 @@ def test_trainer_help_says_where_each_default_comes_from_once():
     parser, _ = trainer_parser()
     text = " ".join(parser.format_help().split())
     assert "DeepSpeed config's (default: None)" not in text
-    assert "sequences per forward pass per rank (default: from the DeepSpeed config)" in text
-    assert "peak learning rate (default: the DeepSpeed config's optimizer lr)" in text
+    assert "sequences per forward pass per rank (default: the DeepSpeed JSON's, else 32)" in text
+    assert "peak learning rate (default: the DeepSpeed JSON's, else 0.0001)" in text
     for action in parser._actions:  # every flag has its field's help, not only a default
         if action.option_strings and action.dest != "help":
             assert action.help and not action.help.startswith(" ("), action.option_strings

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.commands import REPO
+from helpers.launch import ds_config
 
 from bertforge.data_prep import reader as reader_module
 from bertforge.data_prep.reader import ShardError
@@ -162,10 +163,18 @@ def test_dry_run_fails_on_a_malformed_deepspeed_config_as_the_launch_does(
 
 
 def test_dry_run_reports_what_the_deepspeed_config_resolves(english_shards, tmp_path, capsys):
-    """cpu.json: micro-batch 8 x accumulation 2 per rank (16 sequences a step on one process),
-    AdamW at lr 5e-4; the masking statistics are drawn at that micro-batch, and the mask rate
-    prints as given (0.2, not 0.19999999999999998)."""
-    args = ("--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--mask_prob", "0.2", "--json")
+    """A JSON that gives the batch and lr (as users' own configs do): micro-batch 8 x
+    accumulation 2 per rank (16 sequences a step on one process), AdamW at lr 5e-4; the masking
+    statistics are drawn at that micro-batch, and the mask rate prints as given (0.2, not
+    0.19999999999999998). A flag for a value the JSON gives is refused, naming both."""
+    path = ds_config(
+        tmp_path,
+        "given.json",
+        train_micro_batch_size_per_gpu=8,
+        gradient_accumulation_steps=2,
+        optimizer={"params": {"lr": 5e-4, "torch_adam": True}},
+    )
+    args = ("--ds_config", str(path), "--mask_prob", "0.2", "--json")
     code, out, _ = _dry_run(english_shards, tmp_path / "dry", *args, capsys=capsys)
     assert code == 0
     report = json.loads(out)
@@ -177,16 +186,14 @@ def test_dry_run_reports_what_the_deepspeed_config_resolves(english_shards, tmp_
     assert report["masking"]["sequences"] == 8 * 8  # 8 batches of the resolved micro-batch
     assert report["masking"]["mask_prob"] == 0.2 and report["masking"]["mask_prob_start"] == 0.2
     assert "99999" not in out
-    # A flag still wins over the config, as in the launch: the config's accumulation stays.
-    code, out, _ = _dry_run(
+    code, _, err = _dry_run(
         english_shards, tmp_path / "dry", *args, "--micro_batch_size", "4", capsys=capsys
     )
-    report = json.loads(out)
-    assert (
-        report["masking"]["micro_batch_size"] == 4 and report["config"]["batch"]["grad_accum"] == 2
-    )
+    assert code == 2 and "(flag --micro_batch_size)" in err
+    assert f"train_micro_batch_size_per_gpu = 8 ({path})" in err
     code, human, _ = _dry_run(english_shards, tmp_path / "dry", *args[:-1], capsys=capsys)
     assert code == 0 and "over 8 batches of 8:" in human and '"lr": 0.0005' in human
+    assert f"optim.lr = 0.0005   (DeepSpeed JSON {path})" in human
 
 
 def test_dry_run_refuses_a_checkpoint_that_does_not_fit_as_the_launch_does(

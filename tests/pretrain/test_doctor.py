@@ -200,7 +200,10 @@ def _two_host_doctor(ssh_hosts, shards, tmp_path, hosts=("127.0.0.1", "127.0.0.2
 @pytest.mark.slow
 def test_two_hosts_good_setup_passes(ssh_hosts, english_shards, tmp_path):
     ssh_hosts.set_node2(NORMAL_NODE2)
-    rc, rows = _two_host_doctor(ssh_hosts, english_shards, tmp_path)
+    rc, rows = _two_host_doctor(
+        ssh_hosts, english_shards, tmp_path, ("127.0.0.1", "127.0.0.2"),
+        *("--micro_batch_size", "8", "--grad_accum", "2"),
+    )  # fmt: skip
     assert rc == 0, rows
     # /dev/shm of a shared machine may hold other programs' stale buffers, and a machine not
     # installed with constraints.txt has untested versions: those rows may warn.
@@ -219,7 +222,7 @@ def test_two_hosts_good_setup_passes(ssh_hosts, english_shards, tmp_path):
 @pytest.mark.slow
 def test_two_hosts_each_broken_one_is_reported(ssh_hosts, english_shards, tmp_path):
     """One run, four faults: node 2 has an older transformers and no data, a third host is
-    unreachable, and three ranks cannot split a global batch of 32 at the config's micro 8."""
+    unreachable, and three ranks cannot split a global batch of 32 at a micro batch of 8."""
     # Node 2 sees an older transformers first on its path (its user site-packages) ...
     site = (
         tmp_path
@@ -253,7 +256,7 @@ def test_two_hosts_each_broken_one_is_reported(ssh_hosts, english_shards, tmp_pa
             english_shards,
             tmp_path,
             ("127.0.0.1", "127.0.0.2", "127.0.0.3"),
-            *("--global_batch_size", "32"),  # cpu.json alone states the batch per rank
+            *("--global_batch_size", "32", "--micro_batch_size", "8"),
         )
     finally:
         ssh_hosts.set_node2(NORMAL_NODE2)

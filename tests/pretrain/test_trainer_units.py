@@ -30,17 +30,12 @@ from bertforge.pretrain.model.run_checkpoints import (
         ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8}, 4, {}, (32, 8, 1)),
         ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 2, {}, (32, 8, 2)),
         ({"train_micro_batch_size_per_gpu": 4}, 3, {}, (12, 4, 1)),
-        # a flag for the micro batch re-derives accumulation from the config's global batch
-        (
-            {
-                "train_batch_size": 32,
-                "train_micro_batch_size_per_gpu": 8,
-                "gradient_accumulation_steps": 2,
-            },
-            2,
-            {"micro_batch": 4},
-            (32, 4, 4),
-        ),
+        # the recipe's micro batch beside the config's global batch: accumulation derived
+        ({"train_batch_size": 32}, 2, {"micro_batch": 4}, (32, 4, 4)),
+        # nothing given: the default micro batch, accumulation 1; a global batch alone is
+        # shared at the default micro batch
+        ({}, 2, {}, (64, 32, 1)),
+        ({}, 2, {"global_batch": 256}, (256, 32, 4)),
         (
             {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 8},
             2,
@@ -72,7 +67,7 @@ def test_resolve_batch(cfg, world, flags, expect):
             r"!= micro batch 8 x accumulation 4",
         ),
         ({"train_batch_size": 0, "train_micro_batch_size_per_gpu": 8}, 2, "positive integer"),
-        ({}, 2, "no batch size given"),
+        ({"train_batch_size": 256}, 16, "not divisible by micro batch 32"),
     ],
 )
 def test_resolve_batch_errors(cfg, world, match):
@@ -101,8 +96,11 @@ def test_optimizer_block_filled_and_checked():
     assert out["gradient_clipping"] == 0.5
     with pytest.raises(OptimizerConfigError, match="CUDA kernel"):
         configure_optimizer(ds, OptimConfig(optimizer="lamb"), "cpu")
-    ds["optimizer"]["params"]["lr"] = "auto"
-    with pytest.raises(OptimizerConfigError, match='optimizer.params.lr is "auto"'):
+    ds["optimizer"]["params"]["lr"] = "auto"  # HF's convention: the recipe's lr (or the default)
+    assert configure_optimizer(ds, OptimConfig(lr=2e-3), "cpu")["optimizer"]["params"]["lr"] == 2e-3
+    assert configure_optimizer(ds, OptimConfig(), "cpu")["optimizer"]["params"]["lr"] == 1e-4
+    ds["optimizer"]["params"]["betas"] = "auto"  # no field of ours fills it
+    with pytest.raises(OptimizerConfigError, match='optimizer.params.betas is "auto"'):
         configure_optimizer(ds, OptimConfig(), "cpu")
 
 
@@ -196,6 +194,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
     )
     batch.pop("masking_stats", None)
     ds = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
+    ds["train_micro_batch_size_per_gpu"] = 4  # the batch is the recipe's; DeepSpeed wants one
     deepspeed.checkpointing.configure(None, deepspeed_config=ds)
     cfg = PRESETS["tiny"]
     cfg = type(cfg)(
