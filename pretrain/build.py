@@ -35,7 +35,6 @@ from bertforge.pretrain.components.checkpoint import CheckpointManager
 from bertforge.pretrain.components.distributed import init_distributed, sum_across_ranks
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
 from bertforge.pretrain.components.ema import EMA
-from bertforge.pretrain.components.engine_start import without_muon
 from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tflops
 from bertforge.pretrain.components.optim import lr_scheduler_factory, param_groups
@@ -300,12 +299,13 @@ def build_engine(
 
     schedule = run_schedule(cfg, plan, phases, ds_config)
     by_steps = cfg.optim.schedule_clock == "steps"  # else TimeClockLR
-    groups = param_groups(model, float(ds_config["optimizer"]["params"].get("weight_decay", 0.0)))
-    factory = lr_scheduler_factory(schedule) if by_steps else None
-    with without_muon():  # 2 s of every rank's start-up (engine_start.py)
-        engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=groups, lr_scheduler=factory, config=ds_config
-        )
+    wd = float(ds_config["optimizer"]["params"].get("weight_decay", 0.0))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=param_groups(model, wd),
+        config=ds_config,
+        lr_scheduler=lr_scheduler_factory(schedule) if by_steps else None,
+    )
     return engine, schedule
 
 

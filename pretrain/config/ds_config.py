@@ -1,6 +1,6 @@
 """The one place the DeepSpeed config is edited: the user's JSON + the recipe -> the final dict.
 
-The DeepSpeed JSON is the engine (ZeRO, precision, the optimizer's type, betas and eps); the
+The DeepSpeed JSON is the engine (ZeRO, precision, the optimizer's betas and eps); the
 recipe is the learning. A setting both can hold (lr, batch sizes, ...) is given in one of them
 or refused (:mod:`pretrain.config.one_home`). :func:`resolve_deepspeed_config` reads the file and
 applies, in order, the batch sizes for this world size (:mod:`pretrain.config.batching`), the

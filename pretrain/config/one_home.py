@@ -1,8 +1,8 @@
 """Each setting has one home per run: the recipe (or its flag) or the DeepSpeed JSON, never both.
 
-The DeepSpeed JSON is the engine (ZeRO, precision blocks, the optimizer's type, betas and eps);
-the recipe is the learning (schedule, batch sizes, clipping). A few settings can be written in
-either, because DeepSpeed's own JSON has keys for them and users arrive with such files: the lr,
+The DeepSpeed JSON is the engine (ZeRO, precision blocks, the optimizer's betas and eps); the
+recipe is the learning (schedule, optimizer, batch sizes, clipping). A few settings can be written
+in either, because DeepSpeed's own JSON has keys for them and users arrive with such files: the lr,
 the weight decay, the optimizer's type, clipping, the three batch sizes, the precision and
 activation checkpointing. :func:`check_one_home` refuses a run that gives one of them in both,
 naming both places, so no value silently wins over another. A JSON value of ``"auto"`` (the HF

@@ -10,7 +10,7 @@ Sections are :data:`SECTIONS` (``model``, ``data`` and ``masking`` are the model
 dataclasses); a field's flag (``--lr``, ``--mask_prob``, ``--model_dropout`` ...) is generated
 from the same field, so ``python pretrain/main.py --recipe R.yaml --lr 2e-3`` overrides one
 value. The DeepSpeed JSON (``run.ds_config``) keeps the engine: ZeRO, precision blocks, the
-optimizer's type and betas; a setting both can hold is given in one (:mod:`.one_home`). A run
+optimizer's betas; a setting both can hold is given in one (:mod:`.one_home`). A run
 writes its resolved recipe as ``RUN/recipe.yaml`` (every field, launch-only ones left out),
 which reproduces it: ``--recipe RUN/recipe.yaml --output_dir NEW``.
 """
