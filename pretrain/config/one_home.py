@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import UserError
+from bertforge.pretrain.config.precision import enabled_precision_block
 
 if TYPE_CHECKING:
     from bertforge.pretrain.config.train_config import TrainConfig
@@ -36,8 +37,8 @@ class SharedKnob:
     def in_json(self, ds: dict[str, Any]) -> tuple[str, Any] | None:
         """(the JSON key, its value) where the JSON gives this setting, else None."""
         if self.field == "precision.precision":
-            on = [k for k in ("fp16", "bf16", "bfloat16") if ds.get(k, {}).get("enabled")]
-            return (f"{on[0]}.enabled", True) if on else None
+            block = enabled_precision_block(ds)
+            return (f"{block}.enabled", True) if block else None
         value: Any = ds
         for part in self.ds_key.split("."):
             value = value.get(part) if isinstance(value, dict) else None

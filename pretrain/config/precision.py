@@ -27,17 +27,21 @@ class PrecisionError(UserError, RuntimeError):
     """The requested precision cannot run on this device."""
 
 
+#: DeepSpeed's precision blocks (``bfloat16`` is its older name for ``bf16``) -> the precision
+PRECISION_BLOCKS = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def enabled_precision_block(ds_config: dict[str, Any]) -> str | None:
+    """The config's precision block whose ``enabled`` is true (fp16 first), or None: fp32."""
+    return next((k for k in PRECISION_BLOCKS if ds_config.get(k, {}).get("enabled")), None)
+
+
 def requested_precision(ds_config: dict[str, Any], cfg: PrecisionConfig) -> str:
     """fp16 / bf16 / fp32 from the flag, else from the config's enabled block."""
     if cfg.precision:
         return cfg.precision
-    if ds_config.get("fp16", {}).get("enabled", False):
-        return "fp16"
-    if ds_config.get("bf16", {}).get("enabled", False) or ds_config.get("bfloat16", {}).get(
-        "enabled", False
-    ):
-        return "bf16"
-    return "fp32"
+    block = enabled_precision_block(ds_config)
+    return PRECISION_BLOCKS[block] if block else "fp32"
 
 
 def supported_precisions() -> dict[str, bool]:
