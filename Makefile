@@ -65,6 +65,14 @@ test-latest:
 	$(MAKE) --no-print-directory test-fast INSTALL= PYTHON=$(abspath $(LATEST_ENV))/bin/python
 	$(LATEST_ENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(LATEST_SLOW_TESTS)
 
+# The many-rank test at a cluster's world size: 16 local ranks (2 nodes x 8 GPUs) train ZeRO-3,
+# save, and the checkpoint resumes on 2 (`make test` runs it at 4 ranks, for CI's time budget).
+# 94 s on the 2-core machine, idle (2026-12-06); it needs about 10 GiB of memory.
+MANY_RANKS ?= 16
+.PHONY: test-many-ranks
+test-many-ranks: $(INSTALL)
+	BERTFORGE_TEST_RANKS=$(MANY_RANKS) $(PYTHON) -m pytest -q -p no:randomly tests/e2e/test_many_ranks.py
+
 # One formatter and linter (ruff, settings in pyproject.toml); CI fails on a finding.
 lint: install
 	$(PYTHON) -m ruff check .

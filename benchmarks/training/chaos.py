@@ -5,12 +5,15 @@
         [--ds_config ds_configs/cpu.json] [--save_interval 8] [--eval_interval 12]
 
 The job is launched as a user launches it (the DeepSpeed launcher, in its own session), tiny
-model with dropout, interval saves and validation passes. Each kill is drawn from four moments:
+model with dropout, interval saves and validation passes. Each kill is drawn from five moments:
 ``step`` (after a random number of new step records in metrics.jsonl plus a random delay),
 ``save`` and ``validation`` (the planned faults ``kill_in_PHASE`` / ``term_in_PHASE`` of
-``BERTFORGE_FAULTS`` at a save or validation step still ahead of the run) and ``startup`` (a
-random delay after launch, before the first step), and from two signals: ``kill`` (SIGKILL to one
-rank process) or ``term`` (SIGTERM to the job's whole process group, as a scheduler preempts).
+``BERTFORGE_FAULTS`` at a save or validation step still ahead of the run), ``startup`` (a
+random delay after launch, before the first step) and ``op_build`` (the launch, and those after
+it, get a new empty ``TORCH_EXTENSIONS_DIR`` under ``OUT/op_builds``, so its ranks build
+DeepSpeed's ops first; the kill fires a random delay after torch's build ``lock`` appears), and
+from two signals: ``kill`` (SIGKILL to one rank process; at ``op_build`` the rank that builds) or
+``term`` (SIGTERM to the job's whole process group, as a scheduler preempts).
 After each kill every process of the job must end within ``--hang_timeout_s``; then the same
 command is started again with ``--resume auto`` until the run reaches ``--steps``.
 
@@ -18,14 +21,16 @@ It passes when: every training loss (and validation loss) ever logged, the recor
 steps included, equals the uninterrupted run's at that step exactly, and the final history holds
 each step 1..N once; the final weights are bit-identical; each relaunch resumed from the newest
 complete checkpoint that verified; no job hung; no ``/dev/shm/deepspeed_*`` buffer of any of its
-ports, no run lock (``RUN/.lock``) and no checkpoint folder without its ``COMPLETE`` marker is
-left. A kill whose moment the run never reached (it ended first) is reported as unreachable and
-fails the run. ``OUT/chaos_summary.json`` holds the figures, with paths relative to ``OUT``.
+ports, no run lock (``RUN/.lock``), no torch build lock and no checkpoint folder without its
+``COMPLETE`` marker is left. A kill whose moment the run never reached (it ended first) is
+reported as unreachable and fails the run. ``OUT/chaos_summary.json`` holds the figures, with
+paths relative to ``OUT``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -48,10 +53,13 @@ from benchmarks.training.chaos_job import (
     wait_job_gone,
 )
 from benchmarks.training.chaos_summary import report, summarize
+from bertforge.pretrain.components import op_builds
 from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
 
-MOMENTS = ("step", "save", "validation", "startup")
+# step, save and op_build take one signal of a round and validation and startup the other: a
+# round of five then holds a SIGKILL inside steps, inside a save and inside a build (or SIGTERMs).
+MOMENTS = ("step", "validation", "save", "startup", "op_build")
 SIGNALS = ("kill", "term")
 
 
@@ -87,6 +95,7 @@ class Launch:
     startup_s: float | None = None  # launch -> its first new step record
     exit_s: float | None = None  # the kill -> every process of the job gone
     records: list[dict] = field(default_factory=list)  # train + validation records it logged
+    cleared_build_lock: bool = False  # it removed a stale op-build lock (its log says so)
 
 
 # ---- the job ----------------------------------------------------------------------------------
@@ -137,9 +146,34 @@ def plan_kill(
     if moment == "step":
         kill["after_records"] = rng.randint(1, s.save_interval + 1)
         kill["delay_s"] = round(rng.uniform(0.0, 0.3), 3)
+    elif moment == "op_build":  # after torch's lock appears: the build takes 20 s or more here
+        kill["delay_s"] = round(rng.uniform(0.5, 5.0), 3)
     else:  # startup: well inside the start-up the reference run took
         kill["delay_s"] = round(rng.uniform(0.1, 0.6) * startup_s, 3)
     return kill
+
+
+def send_to_builder(proc: subprocess.Popen, kill: dict, lock: Path) -> bool:
+    """The ``op_build`` kill: SIGTERM to the job, or SIGKILL to the rank holding torch's build
+    lock open and to its compiler (as an OOM kill of the rank's cgroup: a compiler orphaned
+    alive would only finish its object file); ``kill["rank"]`` becomes that rank's."""
+    import psutil
+
+    if kill["signal"] == "term":
+        return send(proc, kill)
+    for pid in op_builds.holders_of(lock):
+        ranks = {getattr(rank_process(proc.pid, r), "pid", None): r for r in (0, 1)}
+        kill["rank"] = ranks.get(pid)
+        try:
+            builder = psutil.Process(pid)
+            tree = [builder, *builder.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        return True
+    return False
 
 
 def send(proc: subprocess.Popen, kill: dict) -> bool:
@@ -171,10 +205,51 @@ def fired(kill: dict, log: str) -> bool:
     return "exits with return code = -9" in log
 
 
+def fire_if_due(
+    proc: subprocess.Popen, kill: dict, seen: dict[int, float], t0: float, extensions: Path | None
+) -> bool:
+    """Fire a kill the harness times (``step``, ``startup``, ``op_build``) once its moment has
+    come; whether it was sent. ``seen``: the launch's new step records (step -> when seen)."""
+    now = time.monotonic()
+    if kill["moment"] == "startup":
+        if seen:  # too late for start-up: kill at once and say so
+            kill["missed"] = "the first step came before the start-up delay"
+        return bool(seen or now - t0 >= kill["delay_s"]) and send(proc, kill)
+    if kill["moment"] == "op_build":
+        locks = op_builds.find_locks(extensions) if extensions else []
+        if locks and "lock_seen_s" not in kill:
+            kill["lock_seen_s"] = round(now - t0, 2)
+        if "lock_seen_s" not in kill:
+            if not seen:
+                return False
+            kill["missed"] = "the first step came before any build lock"
+            return send(proc, kill)
+        if not locks:  # the build ended before the delay: kill at once and say so
+            kill["missed"] = "the build ended before the kill's delay"
+            return send(proc, kill)
+        return now - t0 - kill["lock_seen_s"] >= kill["delay_s"] and send_to_builder(
+            proc, kill, locks[0].path
+        )
+    if len(seen) < kill["after_records"]:
+        return False
+    nth = sorted(seen.values())[kill["after_records"] - 1]
+    if now - nth >= kill["delay_s"] and send(proc, kill):
+        kill["fired_after_step"] = max(seen)
+        return True
+    return False
+
+
 def run_launch(
-    index: int, s: Settings, args: list[str], logs: Path, run: Path, kill: dict | None
+    index: int,
+    s: Settings,
+    args: list[str],
+    logs: Path,
+    run: Path,
+    kill: dict | None,
+    extensions: Path | None = None,
 ) -> Launch:
-    """Start the job (``--resume auto`` after the first), fire its kill, wait until it is gone."""
+    """Start the job (``--resume auto`` after the first), fire its kill, wait until it is gone.
+    ``extensions``: the job's ``TORCH_EXTENSIONS_DIR`` (None: the environment's)."""
     port = free_port()
     cmd = command_line.trainer(ranks=2, master_port=port, python=sys.executable) + args
     if index > 0:
@@ -183,7 +258,7 @@ def run_launch(
     expected = newest_verified(run)
     watch = MetricsWatch(run / "metrics.jsonl", expected)
     t0 = time.monotonic()
-    proc = start(cmd, log, kill.get("faults") if kill else None)
+    proc = start(cmd, log, kill.get("faults") if kill else None, extensions)
     shown = " ".join(cmd).replace(str(run.parent), "OUT").replace(str(REPO), ".")
     launch = Launch(index, expected, None, expected, None, port, log.name, shown, kill)
     fired_at, ranks, sent = None, [], False
@@ -197,16 +272,8 @@ def run_launch(
             elif fired_at is None and not all(p.is_running() for p in ranks):
                 fired_at = time.monotonic()  # a planned fault (or the end): the first rank gone
             if kill and fired_at is None and "faults" not in kill:
-                if kill["moment"] == "startup":
-                    if seen:  # too late for start-up: kill at once and say so
-                        kill["missed"] = "the first step came before the start-up delay"
-                    if (seen or time.monotonic() - t0 >= kill["delay_s"]) and send(proc, kill):
-                        fired_at, sent = time.monotonic(), True
-                elif len(seen) >= kill["after_records"]:
-                    nth = sorted(seen.values())[kill["after_records"] - 1]
-                    if time.monotonic() - nth >= kill["delay_s"] and send(proc, kill):
-                        fired_at, sent = time.monotonic(), True
-                        kill["fired_after_step"] = max(seen)
+                if fire_if_due(proc, kill, seen, t0, extensions):
+                    fired_at, sent = time.monotonic(), True
             time.sleep(POLL_S)
         if proc.poll() is None and fired_at is None:
             kill = launch.kill = {**(kill or {}), "hung": "the launch ran past --launch_timeout_s"}
@@ -215,6 +282,8 @@ def run_launch(
             fired_at = time.monotonic()
         code, _, hung = wait_job_gone(proc, s.hang_timeout_s)
         launch.exit_s = time.monotonic() - fired_at
+        if kill is not None and kill.get("moment") == "op_build" and extensions is not None:
+            kill["left_build_lock"] = bool(op_builds.find_locks(extensions))  # for the next
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -229,6 +298,7 @@ def run_launch(
     text = log.read_text(errors="replace")
     if kill is not None:
         kill["fired"] = fired(kill, text) if "faults" in kill else sent
+    launch.cleared_build_lock = "removing the stale build lock" in text
     found = re.search(r"resumed from \S+ at step (\d+)", text)
     launch.resumed_at = int(found.group(1)) if found else (0 if launch.startup_s else None)
     return launch
@@ -239,7 +309,13 @@ PORT_ATTEMPTS = 3
 
 
 def launch_on_a_free_port(
-    index: int, s: Settings, args: list[str], logs: Path, run: Path, kill: dict | None
+    index: int,
+    s: Settings,
+    args: list[str],
+    logs: Path,
+    run: Path,
+    kill: dict | None,
+    extensions: Path | None = None,
 ) -> Launch:
     """:func:`run_launch`, started again on a new port when another process took the port
     between ``free_port`` and the rendezvous (a race with concurrent jobs, not a fault of the
@@ -247,7 +323,7 @@ def launch_on_a_free_port(
     ``kill`` ends as the last attempt's (the caller reads it)."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         planned = copy.deepcopy(kill)
-        launch = run_launch(index, s, args, logs, run, planned)
+        launch = run_launch(index, s, args, logs, run, planned, extensions)
         log_file = logs / launch.log
         taken = PORT_TAKEN in log_file.read_text(errors="replace")
         if not taken or launch.reached != launch.resume_expected or attempt == PORT_ATTEMPTS:
@@ -266,13 +342,14 @@ def launch_on_a_free_port(
 
 def kinds_for(seed: int, kills: int) -> list[tuple[str, str]]:
     """The (moment, signal) of each of ``kills`` kills, a function of the seed alone: every
-    moment once in each round of four, the signals alternating over the rounds, each round
-    shuffled, so that K >= 4 covers every moment and K >= 8 every moment with both signals."""
+    moment once in each round of five, the signals alternating over the rounds, each round
+    shuffled, so that K >= 5 covers every moment and K >= 10 every moment with both signals."""
     rng = random.Random(f"kinds-{seed}")
     kinds: list[tuple[str, str]] = []
     first = rng.randrange(2)
     while len(kinds) < kills:
-        round_ = [(m, SIGNALS[(first + i + len(kinds) // 4) % 2]) for i, m in enumerate(MOMENTS)]
+        turn = len(kinds) // len(MOMENTS)
+        round_ = [(m, SIGNALS[(first + i + turn) % 2]) for i, m in enumerate(MOMENTS)]
         rng.shuffle(round_)
         kinds += round_
     return kinds[:kills]
@@ -303,10 +380,15 @@ def chaos(s: Settings, shards: Path, out: Path) -> dict:
     pending = kinds_for(s.seed, s.kills)
     launches: list[Launch] = []
     t_chaos = time.monotonic()
+    extensions: Path | None = None  # the environment's build folder until an op_build kill
     while True:
         resume = newest_verified(run)
         kill = plan_kill(rng, pending[0], s, resume, ref["startup_s"]) if pending else None
-        launch = launch_on_a_free_port(len(launches), s, args, out / "chaos_logs", run, kill)
+        if kill and kill["moment"] == "op_build":  # a new empty folder: this launch builds
+            extensions = out / "op_builds" / f"launch_{len(launches):02d}"
+        launch = launch_on_a_free_port(
+            len(launches), s, args, out / "chaos_logs", run, kill, extensions
+        )
         launches.append(launch)
         with open(out / "chaos_progress.jsonl", "a") as f:  # what a run cut short had reached
             f.write(json.dumps({k: v for k, v in asdict(launch).items() if k != "records"}) + "\n")

@@ -17,12 +17,17 @@ LOCK_NAME = ".lock"  # pretrain/build.py: FolderLock(run / ".lock")
 POLL_S = 0.05
 
 
-def start(cmd: list[str], log: Path, faults: str | None) -> subprocess.Popen:
-    """The launcher in its own session (a group SIGTERM reaches the job only)."""
+def start(
+    cmd: list[str], log: Path, faults: str | None, extensions: Path | None = None
+) -> subprocess.Popen:
+    """The launcher in its own session (a group SIGTERM reaches the job only); ``extensions``:
+    its ``TORCH_EXTENSIONS_DIR`` (None: the one this process has)."""
     env = one_thread_env(TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
     env.pop("BERTFORGE_FAULTS", None)
     if faults:
         env["BERTFORGE_FAULTS"] = faults
+    if extensions is not None:
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions)
     with open(log, "w") as out:
         return subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

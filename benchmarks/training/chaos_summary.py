@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from benchmarks.training.chaos_job import leftovers, same_weights
+from bertforge.pretrain.components import op_builds
 
 if TYPE_CHECKING:
     from benchmarks.training.chaos import Launch, Settings
@@ -106,6 +107,8 @@ def check_against_reference(
         problems.append(f"final weights differ: {diff[:5]}")
     ports = [ref["launch"].port] + [la.port for la in launches]
     left = leftovers(run, ports) + leftovers(ref_run, [])
+    for folder in sorted((out / "op_builds").glob("*")):  # the op_build kills' build folders
+        left += [str(lock.path.relative_to(out)) for lock in op_builds.find_locks(folder)]
     problems += [f"left behind: {x}" for x in left]
     return problems, mismatched
 
@@ -148,6 +151,7 @@ def kill_cost(la: Launch, nxt: Launch | None, step_s: float) -> dict:
         "reached_step": la.reached,
         "exit_code": la.exit_code,
         "resumed_at": nxt.resume_expected if nxt else None,
+        "next_cleared_build_lock": nxt.cleared_build_lock if nxt else False,
         "steps_redone": redone,
         "exit_s": la.exit_s,
         "relaunch_s": round(relaunch, 2),
@@ -170,6 +174,11 @@ def report(summary: dict) -> str:
             f"  kill {k['launch'] + 1}: {k['moment']}/{k['signal']} rank {k['rank']} "
             f"{k.get('planned_fault') or ''} reached {k['reached_step']} exit {k['exit_code']} "
             f"-> resumed {k['resumed_at']}, redone {k['steps_redone']}, lost {k['lost_s']} s"
+            + (
+                " (the next launch removed the stale build lock)"
+                if k["next_cleared_build_lock"]
+                else ""
+            )
         )
     lines += [f"  problem: {p}" for p in summary["problems"]]
     return "\n".join(lines)

@@ -1,12 +1,13 @@
 """The stability guard on a grid of healthy runs and of real divergences (issue 36, item 11).
 
     python -m benchmarks.training.guard_grid --corpus TEXT [--out /tmp/guard_grid] [--steps 200]
-        [--archs bert modernbert] [--lrs 1e-3 2e-3 3e-3] [--seeds 1 2 3]
+        [--batch 16] [--archs bert modernbert] [--lrs 1e-3 2e-3 3e-3] [--seeds 1 2 3]
         [--small_lrs 3e-3] [--small_seeds 1 2 3] [--jobs 2] [--only NAME ...]
 
 Every run is the project's trainer as a user launches it, on one process and one thread, with the
-guard at its defaults (on): ``--warmup_steps 50``, batch 16, linear decay, on shards built from
-``--corpus`` (one document a line; the measurements used the Chinese novel beside the checkout).
+guard at its defaults (on): ``--warmup_steps 50``, batch ``--batch`` (16), linear decay, on
+shards built from ``--corpus`` (one document a line; the measurements used the Chinese novel
+beside the checkout).
 Two sizes of each architecture (:data:`SIZES`): tiny (the presets ``tiny`` and
 ``modernbert-tiny``) and small (BERT's ``small`` preset, 512 x 4 layers, and a ModernBERT of the
 same width and depth). Two kinds of run:
@@ -43,7 +44,7 @@ from bertforge.pretrain.config.train_config import GuardConfig
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 
-BATCH, WARMUP, VOCAB, SEQ = 16, 50, 8000, 128
+WARMUP, VOCAB, SEQ = 50, 8000, 128
 
 #: (arch, size) -> the trainer's model flags. ModernBERT has no small preset: its tiny preset
 #: (GeGLU, a global layer every 3, no biases) at BERT-small's width and depth, GeGLU width 1.5x
@@ -133,7 +134,7 @@ def grid(args) -> list[Cell]:
     return cells
 
 
-def run_cell(cell: Cell, shards: Path, out: Path, steps: int) -> Outcome:
+def run_cell(cell: Cell, shards: Path, out: Path, steps: int, batch: int) -> Outcome:
     """Train one cell (or read its finished result) and judge it."""
     run = out / cell.name
     done = run / "result.json"
@@ -142,7 +143,7 @@ def run_cell(cell: Cell, shards: Path, out: Path, steps: int) -> Outcome:
             ds_config=CPU_DS_CONFIG, data=shards, output_dir=run, arch=cell.arch,
             **SIZES[(cell.arch, cell.size)], lr=cell.lr, seed=cell.seed, warmup_steps=WARMUP,
             max_steps=steps,
-            global_batch_size=BATCH, micro_batch_size=BATCH, num_workers=0, progress=False,
+            global_batch_size=batch, micro_batch_size=batch, num_workers=0, progress=False,
             eval_interval=0, eval_batches=2, save_final=False, keep_last=2,
         )  # fmt: skip
         env = one_thread_env(BERTFORGE_FAULTS=cell.faults)
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--corpus", type=Path, required=True, help="text, one document a line")
     p.add_argument("--out", type=Path, default=Path("/tmp/guard_grid"))
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch", type=int, default=16, help="sequences a step (one process)")
     p.add_argument(
         "--archs", nargs="*", default=["bert", "modernbert"], choices=["bert", "modernbert"]
     )
@@ -271,7 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     cells = [c for c in grid(args) if not args.only or any(o in c.name for o in args.only)]
     log.info(f"{len(cells)} runs of {args.steps} steps, {args.jobs} at a time, in {args.out}")
     with ThreadPoolExecutor(args.jobs) as pool:
-        outcomes = list(pool.map(lambda c: run_cell(c, shards, args.out, args.steps), cells))
+        outcomes = list(
+            pool.map(lambda c: run_cell(c, shards, args.out, args.steps, args.batch), cells)
+        )
     summary = [{**asdict(o), "verdict": o.verdict} for o in outcomes]
     write_results(args.out / "summary.json", summary, args.out)
     print(table(outcomes))

@@ -14,8 +14,8 @@
    every rank has mapped them (`pretrain.components.shm_buffers`), so no exit leaves them behind.
 5. Before the rendezvous, every JIT-built op the run needs (DeepSpeed's CPU all-reduce, the
    optimizer's op) is built or loaded from this environment's build folder, one process at a
-   time, a wait reported and ended by a stop signal, a stale build lock refused with the command
-   that clears it (`pretrain.components.op_builds`).
+   time, a wait reported and ended by a stop signal, a stale build lock (a build killed midway)
+   removed with a warning naming it (`pretrain.components.op_builds`).
 6. Right after the rendezvous (before the process group, so also before DeepSpeed's CPU
    `shm_initialize`, which waits forever for a peer that died), each rank starts its heartbeat
    watchdog (`pretrain.components.watchdog`): a rank that stops beating makes the others exit
@@ -238,8 +238,9 @@ def init_distributed(
     long makes every other rank exit with `EXIT_RENDEZVOUS`, at any point of the run.
     `ds_config`: the final DeepSpeed dict, whose optimizer op is built with the others first.
     Works under the DeepSpeed launcher, torchrun, srun (with the variables exported) and plain
-    `python` (a world of one on a free local port). A stale op-build lock raises
-    `op_builds.OpBuildError` (a UserError); a stop signal while waiting for a build exits 0.
+    `python` (a world of one on a free local port). A failed op build raises
+    `op_builds.OpBuildError` (a UserError); a stop signal while waiting for a build, or during
+    one, exits 0.
     """
     # Lazy: deepspeed and torch (see _connect).
     import deepspeed

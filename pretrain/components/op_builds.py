@@ -17,9 +17,13 @@ message, so a build killed midway used to hang every later run silently. Here:
   during start-up does.
 * A torch ``lock`` is judged **stale** when no process on this machine holds it open (torch's
   builder keeps the file's descriptor open for the whole build) during :data:`STALE_CONFIRM_S`
-  seconds, on a local filesystem. A run meets it with :class:`OpBuildError` naming the file and
-  the ``rm`` that clears it; the doctor FAILs it the same way. On a network filesystem the holder
-  may be another machine: the run waits and reports instead.
+  seconds, on a local filesystem, while this process holds the op's flock (no other process of
+  this project builds it, in any container of this kernel). A run removes it, says so naming the
+  file, and builds: a job killed during its first build (a preemption, the OOM killer, a
+  scheduler's requeue) starts again by itself. The doctor shows it with the ``rm`` that clears it.
+  On a network filesystem the holder may be another machine: the run waits and reports instead.
+* A stop signal that reaches the job during a build (the group's SIGTERM also ends the compiler)
+  stops the process with exit 0, as any stop during start-up does, not as a failed build.
 
 ``python -m pretrain.doctor --build_ops [--ds_config X]`` (run by ``make install``) builds the ops
 ahead of the first run.
@@ -186,15 +190,20 @@ class _Waiter:
                 what,
             )
             self.reported = now
+        self.stop_if_signalled(f"while waiting to build op {self.op}")
+        time.sleep(POLL_S)
+
+    def stop_if_signalled(self, when: str) -> None:
+        """Exit 0 if a stop signal has come (as any stop during start-up does); ``when`` says
+        where it found the process, for the warning."""
         if self.preempt is not None and self.preempt.signal is not None:
             log.warning(
-                "%s while waiting to build op %s: stopped during start-up, before the first "
-                "step; nothing to save (resume with --resume auto)",
+                "%s %s: stopped during start-up, before the first step; nothing to save "
+                "(resume with --resume auto)",
                 self.preempt.name,
-                self.op,
+                when,
             )
             raise SystemExit(0)
-        time.sleep(POLL_S)
 
 
 def _holder_pid(fd: int) -> str:
@@ -219,8 +228,24 @@ def _take_op_lock(folder: Path, waiter: _Waiter) -> int:
     return fd
 
 
+def clear_stale(lock: BuildLock, op: str) -> None:
+    """Remove a lock judged stale (torch would wait for it forever), saying so; OpBuildError when
+    it cannot be removed."""
+    log.warning(
+        "op %s: removing the stale build lock %s; building the op again", op, lock.describe()
+    )
+    try:
+        lock.path.unlink(missing_ok=True)
+    except OSError as e:
+        raise OpBuildError(
+            f"op {op}: stale build lock {lock.describe()} cannot be removed ({e}). Torch would "
+            f"wait for it forever. Remove it and launch again: {clear_command([lock])}"
+        ) from None
+
+
 def wait_for_torch_lock(path: Path, waiter: _Waiter) -> None:
-    """Return once torch's lock at ``path`` is gone; OpBuildError when it is stale."""
+    """Return once torch's lock at ``path`` is gone: a live build finished, or a stale lock was
+    removed (:func:`clear_stale`). The caller holds the op's flock."""
     unheld: tuple[int, float] | None = None  # (inode, since) of a lock seen without a holder
     first = True
     while (lock := inspect_lock(path)) is not None:
@@ -231,11 +256,8 @@ def wait_for_torch_lock(path: Path, waiter: _Waiter) -> None:
             if unheld is None or unheld[0] != lock.inode:
                 unheld = (lock.inode, time.monotonic())
             elif time.monotonic() - unheld[1] >= STALE_CONFIRM_S:
-                raise OpBuildError(
-                    f"op {waiter.op}: stale build lock {lock.describe()}. Torch would wait for "
-                    f"it forever. Remove it and launch again: {clear_command([lock])} "
-                    "(`python -m pretrain.doctor --build_ops` then builds the ops ahead)"
-                )
+                clear_stale(lock, waiter.op)
+                return
         else:
             unheld = None
         waiter.tick(f"build lock {lock.describe()}")
@@ -261,10 +283,16 @@ def prepare(op_names: list[str], preempt=None) -> list[str]:
         fd = _take_op_lock(folder, waiter)
         try:
             wait_for_torch_lock(folder / TORCH_LOCK, waiter)
+            # A signal that came while another rank built: the compiler this rank would start
+            # now would not get it (the job's group signal is gone), so stop before building.
+            waiter.stop_if_signalled(f"before the build of op {builder.NAME}")
             started = time.monotonic()
             try:
                 builder.load(verbose=False)
             except Exception as e:  # noqa: BLE001  compiler missing, build error: name the op
+                waiter.stop_if_signalled(
+                    f"during the build of op {builder.NAME} (it ended the compiler)"
+                )
                 raise OpBuildError(
                     f"op {builder.NAME}: the build in {folder} failed ({type(e).__name__}: {e}); "
                     "it needs g++ and ninja (`ds_report` lists what DeepSpeed sees)"

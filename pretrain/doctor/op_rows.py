@@ -1,7 +1,8 @@
 """The doctor's op-build rows and ``--build_ops``: DeepSpeed's JIT ops on this machine.
 
-A stale build lock (``pretrain.components.op_builds``) FAILs with the command that clears it; an
-op not built yet is a WARN (the first launch would build it, tens of seconds on every node);
+A stale build lock (``pretrain.components.op_builds``) is a WARN with the command that clears it
+(a launch removes it itself and builds again, as the row says); an op not built yet is a WARN
+(the first launch would build it, tens of seconds on every node);
 ``python -m pretrain.doctor --build_ops`` builds them now (``make install`` runs it).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from bertforge.pretrain.components import op_builds
 from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
-from bertforge.pretrain.doctor.checks import FAIL, LOCAL, OK, WARN, Row
+from bertforge.pretrain.doctor.checks import LOCAL, OK, WARN, Row
 
 
 def _accelerator():
@@ -43,7 +44,8 @@ def _op_names(op_classes: list[str]) -> list[str]:
 
 
 def lock_rows(root: Path) -> list[Row]:
-    """Torch build locks under ``root``: FAIL when stale (looked at twice), WARN while building."""
+    """Torch build locks under ``root``, each a WARN: stale (looked at twice; a launch removes
+    it), or a build in progress (a launch waits for it)."""
     locks = op_builds.find_locks(root)
     if any(lock.stale for lock in locks):  # a builder releasing right now is not stale
         time.sleep(op_builds.STALE_CONFIRM_S)
@@ -56,9 +58,9 @@ def lock_rows(root: Path) -> list[Row]:
             Row(
                 "op build lock",
                 LOCAL,
-                FAIL,
+                WARN,
                 "; ".join(lock.describe() for lock in stale),
-                "a launch would refuse to start on it; remove it with: "
+                "a launch removes it and builds the op again, saying so; or remove it now: "
                 + op_builds.clear_command(stale),
             )
         )
@@ -90,8 +92,6 @@ def op_build_rows(ds_config: dict, ds_config_path: str) -> list[Row]:
     resolves it: :func:`run_config`) needs is built."""
     root = op_builds.use_environment_folder()
     rows = lock_rows(root)
-    if rows and rows[0].status == FAIL:
-        return rows
     names = _op_names(op_builds.needed_ops(ds_config))
     built = [n for n in names if any((root / n).glob(f"{n}*.so"))]
     missing = [n for n in names if n not in built]

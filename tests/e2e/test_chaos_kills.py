@@ -1,13 +1,16 @@
 """The chaos test, CI form: a 2-rank ZeRO-2 run (tiny model, dropout on) killed five times at
-seeded random moments (inside steps, inside a save, inside a validation pass, during start-up;
-SIGKILL to one rank or SIGTERM to the whole job), restarted each time with ``--resume auto``,
-ends bit-identical to an uninterrupted run: every logged loss (redone steps included), the final
-weights, and nothing left behind (shared memory, the run lock, a partial checkpoint folder).
+seeded random moments (inside steps, inside a save, inside a validation pass, during start-up,
+during the first build of DeepSpeed's ops; SIGKILL to one rank or SIGTERM to the whole job),
+restarted each time with ``--resume auto``, ends bit-identical to an uninterrupted run: every
+logged loss (redone steps included), the final weights, and nothing left behind (shared memory,
+the run lock, a torch build lock, a partial checkpoint folder).
 
 The harness is ``benchmarks/training/chaos.py``; its long form (``--kills 30``) and its figures
-are in docs/reliability.md, "Chaos". Seed 0 draws validation/kill, step/kill, startup/term,
-save/term and save/kill: a SIGKILL mid-save (a checkpoint that must never be taken by a resume)
-and a SIGKILL mid-steps (steps redone, which must draw the same dropout and masks again).
+are in docs/reliability.md, "Chaos". Seed 0 draws save/kill, op_build/kill, step/kill,
+startup/term and validation/term: a SIGKILL mid-save (a checkpoint that must never be taken by a
+resume), a SIGKILL of the rank building an op (torch's lock left behind, which the next launch
+must remove instead of waiting forever) and a SIGKILL mid-steps (steps redone, which must draw
+the same dropout and masks again).
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ KILLS, STEPS, SEED = 5, 30, 0
 def test_the_plan_covers_every_moment_and_both_signals():
     kinds = chaos.kinds_for(SEED, KILLS)
     assert {m for m, _ in kinds} == set(chaos.MOMENTS)
-    assert ("save", "kill") in kinds and ("step", "kill") in kinds
+    assert {("save", "kill"), ("step", "kill"), ("op_build", "kill")} <= set(kinds)
     assert chaos.kinds_for(SEED, KILLS) == kinds  # a function of the seed alone
-    eight = chaos.kinds_for(3, 8)
-    assert sorted(eight) == sorted((m, s) for m in chaos.MOMENTS for s in chaos.SIGNALS)
+    ten = chaos.kinds_for(3, 10)
+    assert sorted(ten) == sorted((m, s) for m in chaos.MOMENTS for s in chaos.SIGNALS)
 
 
 @pytest.mark.slow
@@ -39,6 +42,10 @@ def test_five_kills_end_bit_identical_to_the_uninterrupted_run(english_shards, t
     assert summary["kills_survived"] == KILLS, text
     assert {k.split("/")[0] for k in summary["survived_by_kind"]} == set(chaos.MOMENTS), text
     assert summary["steps_redone"] > 0, text  # the SIGKILL mid-steps made the run redo steps
+    # The op_build SIGKILL left torch's lock (unless the other rank removed it before the
+    # launcher stopped it); either way the relaunch built the op instead of waiting forever.
+    built = [k for k in summary["kills"] if k["moment"] == "op_build"]
+    assert len(built) == 1 and (built[0]["left_build_lock"] <= built[0]["next_cleared_build_lock"])
     assert (tmp_path / "chaos_summary.json").is_file()
     assert str(tmp_path) not in (tmp_path / "chaos_summary.json").read_text()  # relative paths
 
@@ -61,7 +68,7 @@ def test_a_launch_whose_port_was_taken_is_started_again(tmp_path, monkeypatch):
     holds is the retry's."""
     attempts = []
 
-    def fake_launch(index, s, args, logs, run, kill):
+    def fake_launch(index, s, args, logs, run, kill, extensions=None):
         attempts.append(kill)
         taken = len(attempts) == 1
         (logs / "launch_00.log").write_text(chaos.PORT_TAKEN + " 1234" if taken else "ok")
@@ -124,6 +131,7 @@ def test_the_summary_of_a_run_that_survived_costs_each_kill(tmp_path, monkeypatc
             "reached_step": 1,
             "exit_code": -9,
             "resumed_at": 0,
+            "next_cleared_build_lock": False,
             "steps_redone": 1,
             "exit_s": 0.5,
             "relaunch_s": 2.0,  # its exit + the next launch's start-up

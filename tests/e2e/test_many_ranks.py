@@ -1,14 +1,15 @@
 """Many ranks, as on a cluster: ZeRO-3 training on N ranks, a save, a resume on 2 ranks.
 
-`deepspeed --num_gpus N` on the CPU accelerator (gloo), tiny model, one sequence per rank and
-step. N is 4 here (``BERTFORGE_TEST_RANKS``, e.g. 16 for a 2-node x 8-GPU world on a machine with
-the cores): on the project's 2-core machine, shared with other jobs, 16 ranks had not finished
-starting after 600 s (measured 2026-12-03, load average 20-30). With dropout off the data order
-and the masks are functions of the global sample position only, so a 2-rank run from scratch is
-the reference: the N-rank steps and the 2-rank continuation of the N-rank checkpoint (through
-DeepSpeed's universal conversion) must give its losses, up to the order of floating-point sums.
-This runs the sampler, ZeRO-3's partitioning over N ranks and the conversion at a world size
-above two (issue 36, item 0).
+`deepspeed --num_gpus N` on the CPU accelerator (gloo), tiny model, one sequence per rank and step.
+N is ``BERTFORGE_TEST_RANKS``: 4 in `make test`, 16 (a 2-node x 8-GPU world) in `make
+test-many-ranks`, which passed in 94 s on the project's 2-core machine, idle (2026-12-06); in CI's
+suite, beside two other test workers, 16 ranks would cost minutes of its 30 (on the same machine
+under a load of 20-30 they had not finished starting after 600 s). With dropout off the data order
+and the masks are functions of the global sample position only, so a 2-rank run from scratch is the
+reference: the N-rank steps and the 2-rank continuation of the N-rank checkpoint (through
+DeepSpeed's universal conversion) must give its losses, up to the order of floating-point sums. This
+runs the sampler, ZeRO-3's partitioning over N ranks and the conversion at a world size above two
+(issue 36, item 0).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """DeepSpeed's JIT op builds never hang a run silently (issue 36, item 1): each environment builds
-into its own folder, a wait is reported and ends on a stop signal, a stale lock is refused with
-the command that clears it, and a process killed during a build leaves a lock the next launch
-names instead of waiting forever."""
+into its own folder, a wait is reported and ends on a stop signal, a stale lock is removed with a
+warning naming it (the doctor shows it with its ``rm``), and a stop signal during a build is a
+stop, not a failed build. A job SIGKILLed during its first op build and launched again is the
+chaos test's ``op_build`` moment (tests/e2e/test_chaos_kills.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO, run_cli
 
 from bertforge.preemption import PreemptionHandler
 from bertforge.pretrain.components import op_builds
@@ -82,18 +82,80 @@ def test_a_lock_held_by_a_live_build_is_not_stale(holder):
     assert [r.status for r in rows] == ["WARN"] and str(lock_path) in rows[0].detail
 
 
-def test_a_stale_lock_is_refused_with_the_command_that_clears_it(tmp_path):
+def test_a_stale_lock_is_removed_saying_so_and_the_doctor_shows_the_rm(tmp_path, monkeypatch):
+    """A lock nobody holds (a build killed midway) is removed within seconds, with a warning that
+    names it, instead of hanging the run; before that the doctor shows it with its ``rm``."""
     lock_path = tmp_path / "deepspeed_shm_comm" / "lock"
     lock_path.parent.mkdir()
     lock_path.touch()
-    waiter = op_builds._Waiter("deepspeed_shm_comm", None)
-    start = time.monotonic()
-    with pytest.raises(op_builds.OpBuildError) as e:
-        op_builds.wait_for_torch_lock(lock_path, waiter)
-    assert time.monotonic() - start < 30
-    assert f"rm -f {lock_path}" in str(e.value) and "held by no live process" in str(e.value)
     rows = lock_rows(tmp_path)
-    assert [r.status for r in rows] == ["FAIL"] and f"rm -f {lock_path}" in rows[0].fix
+    assert [r.status for r in rows] == ["WARN"] and f"rm -f {lock_path}" in rows[0].fix
+    assert "a launch removes it" in rows[0].fix and "held by no live process" in rows[0].detail
+    messages: list[str] = []
+    monkeypatch.setattr(op_builds.log, "warning", lambda fmt, *a: messages.append(fmt % a))
+    start = time.monotonic()
+    op_builds.wait_for_torch_lock(lock_path, op_builds._Waiter("deepspeed_shm_comm", None))
+    assert time.monotonic() - start < 30 and not lock_path.exists()
+    assert any(f"removing the stale build lock {lock_path}" in m for m in messages), messages
+    assert lock_rows(tmp_path) == []
+
+
+def test_a_stale_lock_that_cannot_be_removed_is_refused_with_the_rm(tmp_path, monkeypatch):
+    lock_path = tmp_path / "op" / "lock"
+    lock_path.parent.mkdir()
+    lock_path.touch()
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with pytest.raises(op_builds.OpBuildError) as e:
+        op_builds.wait_for_torch_lock(lock_path, op_builds._Waiter("op", None))
+    assert f"rm -f {lock_path}" in str(e.value) and "Permission denied" in str(e.value)
+
+
+def test_a_stop_signal_that_ends_the_compiler_stops_with_exit_0(tmp_path, monkeypatch):
+    """The job's SIGTERM reaches the compiler too, so the build fails: that is a stop during
+    start-up (exit 0, resume later), not a failed build (exit 2 blaming g++). A rank that gets
+    the op after the signal stops before building."""
+    import deepspeed.accelerator
+    import deepspeed.ops
+
+    preempt = PreemptionHandler("TERM,INT")
+
+    class Builder:
+        NAME = "fake_op"
+        signalled = False
+
+        def load(self, verbose=False):
+            if not Builder.signalled:  # the group's signal, mid-build, the first time
+                Builder.signalled = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("Error building extension 'fake_op'")  # ninja was killed
+
+    class Accelerator:
+        def create_op_builder(self, name):
+            return Builder()
+
+    monkeypatch.setenv(op_builds.ENV_VAR, str(tmp_path))
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, "fake_op", True)  # (imports its ops)
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", Accelerator)
+    try:
+        with pytest.raises(SystemExit) as e:
+            op_builds.prepare(["FakeBuilder"], preempt)
+        assert e.value.code == 0
+        preempt.signal = None  # the same failure without a stop signal: a failed build
+        with pytest.raises(op_builds.OpBuildError, match="op fake_op: the build in"):
+            op_builds.prepare(["FakeBuilder"], preempt)
+        # A signal that came while another rank held the op: no build is started (its compiler
+        # would never get the job's signal).
+        preempt.signal = signal.SIGTERM
+        Builder.load = lambda self, verbose=False: pytest.fail("a build started after a stop")
+        with pytest.raises(SystemExit) as e:
+            op_builds.prepare(["FakeBuilder"], preempt)
+        assert e.value.code == 0
+    finally:
+        preempt.restore()
 
 
 def test_a_wait_is_reported_and_a_stop_signal_ends_it(holder, monkeypatch, capsys):
@@ -129,36 +191,3 @@ def test_our_own_builders_take_turns_and_a_waiter_names_the_builder(tmp_path, mo
     second = op_builds._take_op_lock(folder, op_builds._Waiter("op", None))
     os.close(second)
     assert any(f"pid {os.getpid()} building it" in m for m in messages), messages
-
-
-@pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
-def test_killed_during_the_first_op_build_the_next_launch_names_the_lock(tmp_path):
-    """The chaos moment "killed during the first op build": a process building DeepSpeed's CPU
-    all-reduce op is SIGKILLed while torch's lock exists; the next `--build_ops` (what a run does
-    first) fails within seconds naming the lock and the `rm` that clears it, the doctor FAILs it,
-    and after that `rm` the lock is gone for good."""
-    env = {**os.environ, op_builds.ENV_VAR: str(tmp_path / "ext")}
-    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
-    build = subprocess.Popen(
-        [sys.executable, "-m", "pretrain.doctor", "--build_ops"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its compiler too: the whole job is killed
-    )
-    deadline = time.monotonic() + 240
-    while not lock.exists() and build.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(build.pid, signal.SIGKILL)
-    build.wait()
-    assert lock.exists(), "the build ended before its lock could be seen"
-    # The stale judgement takes STALE_CONFIRM_S (2 s) once DeepSpeed is imported; the timeout
-    # only bounds that import on a loaded machine (134 s seen beside 30 other processes).
-    proc = run_cli("-m", "pretrain.doctor", "--build_ops", check=False, env=env, timeout=400)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"stale build lock {lock}" in proc.stderr and f"rm -f {lock}" in proc.stderr
-    rows = lock_rows(Path(env[op_builds.ENV_VAR]))
-    assert [r.status for r in rows] == ["FAIL"]
-    subprocess.run(rows[0].fix.split(": ", 1)[1], shell=True, check=True)
-    assert lock_rows(Path(env[op_builds.ENV_VAR])) == []
