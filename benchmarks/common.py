@@ -17,10 +17,31 @@ from typing import Any
 
 from bertforge.files import write_json_atomic
 from bertforge.pretrain.config import command_line
+from bertforge.pretrain.config.ds_config import load_user_config
+from bertforge.pretrain.config.precision import PRECISION_BLOCKS, enabled_precision_block
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_DS_CONFIG = REPO / "ds_configs" / "cpu.json"  # the shipped ZeRO-2 CPU config
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # one thread per rank: the 2-core CPU measurements
+
+
+def json_precision(ds_config: Path) -> str | None:
+    """The precision a DeepSpeed JSON enables itself (fp16 / bf16), or None."""
+    block = enabled_precision_block(load_user_config(ds_config))
+    return PRECISION_BLOCKS[block] if block else None
+
+
+def precision_flags(ds_config: Path, precision: str) -> dict[str, Any]:
+    """The trainer's --ds_config, and --precision only where that JSON enables none: a setting is
+    given in one place (pretrain.config.one_home). A JSON enabling another precision is an error
+    (a benchmark's sides would differ)."""
+    enabled = json_precision(ds_config)
+    if enabled not in (None, precision):
+        raise ValueError(
+            f"{ds_config} enables {enabled}, the benchmark asks for {precision}: give a JSON "
+            f"without a precision block, or --precision {enabled}"
+        )
+    return {"ds_config": ds_config, **({"precision": precision} if enabled is None else {})}
 
 
 def build_shards(corpus: Path | list[Path], out: Path, *, quiet: bool = True, **options) -> Path:

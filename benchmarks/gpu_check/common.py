@@ -12,9 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, write_results
-from bertforge.pretrain.config.ds_config import load_user_config
-from bertforge.pretrain.config.one_home import given_by_json
+from benchmarks.common import REPO, precision_flags, write_results
 
 PARTS = (
     "data",
@@ -222,9 +220,4 @@ def run_name(model: str, seq: int, precision: str) -> str:
 def engine_flags(plan: Plan, precision: str) -> dict[str, Any]:
     """--ds_config for ``precision``, and --precision only where that JSON enables none (the
     GPU configs carry theirs; a setting is given in one place, pretrain.config.one_home)."""
-    path = REPO / plan.ds_configs[precision]
-    given = given_by_json(load_user_config(path))
-    flags: dict[str, Any] = {"ds_config": path}
-    if "precision.precision" not in given:
-        flags["precision"] = precision
-    return flags
+    return precision_flags(REPO / plan.ds_configs[precision], precision)

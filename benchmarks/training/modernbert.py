@@ -39,7 +39,9 @@ from pathlib import Path
 from benchmarks.common import (
     CPU_DS_CONFIG,
     build_shards,
+    json_precision,
     one_thread_env,
+    precision_flags,
     run_ranks_measured,
     vocab_size,
     write_results,
@@ -119,6 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.compile, args.hf_compile = ["off"], ["off"]
         # part 1 only: part 2 needs T to be long against the ~15 s start-up of each launch
         args.precision, args.budget_s, args.warmup_steps = "fp32", 0.0, 2
+    enabled = json_precision(args.ds_config)  # a JSON's own precision is both sides'
+    if enabled and args.precision not in ("auto", enabled):
+        p.error(f"--ds_config {args.ds_config} enables {enabled}; --precision {args.precision}")
+    args.precision = enabled or args.precision
     return args
 
 
@@ -186,14 +192,13 @@ def ours_train_cmd(
         **({"script": script} if script else {}),
         ranks=args.ranks,
         master_port=args.port,
-        ds_config=args.ds_config,
+        **precision_flags(args.ds_config, args.precision),
         data=shards,
         arch="modernbert",
         model=args.preset,
         init_from=init,
         attention=attention,
         output_dir=run,
-        precision=args.precision,
         max_steps=args.steps,
         global_batch_size=batch,
         micro_batch_size=batch // args.ranks,

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from benchmarks.common import CPU_DS_CONFIG, REPO, precision_flags
 from benchmarks.training import step_profile_modernbert
-from benchmarks.training.modernbert import main, print_tables, throughput_summary
+from benchmarks.training.modernbert import main, parse_args, print_tables, throughput_summary
 
 HEADER = "| seq | arm | attention | runs | tokens/s median [min, max] | vs HF "
 
@@ -106,3 +107,21 @@ def test_summary_is_median_min_max_and_ratio_to_hf(capsys):
         "| 512 | ours-document | document | 3 | 120 [110, 260] | 1.20x | 1.33 [1.10, 2.00] |" in out
     )
     assert "| ours-bert | 10 | 1.0 | 7.000 | 6.500 (180 s, 5) |" in out
+
+
+def test_a_json_with_its_own_precision_sets_both_sides_and_is_given_once():
+    """--ds_config zero2_bf16.json (bf16 enabled in the JSON): both sides run bf16 and our
+    trainer gets no --precision (the pair would be refused: one home per setting); a JSON that
+    enables another precision than --precision is refused naming both."""
+    bf16 = REPO / "ds_configs" / "zero2_bf16.json"
+    args = parse_args(["--ds_config", str(bf16)])
+    assert args.precision == "bf16"
+    assert precision_flags(bf16, "bf16") == {"ds_config": bf16}
+    assert precision_flags(CPU_DS_CONFIG, "fp32") == {
+        "ds_config": CPU_DS_CONFIG,
+        "precision": "fp32",
+    }
+    with pytest.raises(SystemExit):
+        parse_args(["--ds_config", str(bf16), "--precision", "fp32"])
+    with pytest.raises(ValueError, match="enables bf16, the benchmark asks for fp32"):
+        precision_flags(bf16, "fp32")
