@@ -231,8 +231,11 @@ def _take_op_lock(folder: Path, waiter: _Waiter) -> int:
 def clear_stale(lock: BuildLock, op: str) -> None:
     """Remove a lock judged stale (torch would wait for it forever), saying so; OpBuildError when
     it cannot be removed."""
-    log.warning(
-        "op %s: removing the stale build lock %s; building the op again", op, lock.describe()
+    log.warning(  # whichever rank takes the op first removes it: each says so
+        "op %s: removing the stale build lock %s; building the op again",
+        op,
+        lock.describe(),
+        extra={"all_ranks": True},
     )
     try:
         lock.path.unlink(missing_ok=True)

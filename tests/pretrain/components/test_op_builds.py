@@ -92,11 +92,14 @@ def test_a_stale_lock_is_removed_saying_so_and_the_doctor_shows_the_rm(tmp_path,
     assert [r.status for r in rows] == ["WARN"] and f"rm -f {lock_path}" in rows[0].fix
     assert "a launch removes it" in rows[0].fix and "held by no live process" in rows[0].detail
     messages: list[str] = []
-    monkeypatch.setattr(op_builds.log, "warning", lambda fmt, *a: messages.append(fmt % a))
+    monkeypatch.setattr(
+        op_builds.log, "warning", lambda fmt, *a, **kw: messages.append((fmt % a, kw))
+    )
     start = time.monotonic()
     op_builds.wait_for_torch_lock(lock_path, op_builds._Waiter("deepspeed_shm_comm", None))
     assert time.monotonic() - start < 30 and not lock_path.exists()
-    assert any(f"removing the stale build lock {lock_path}" in m for m in messages), messages
+    said = [kw for m, kw in messages if f"removing the stale build lock {lock_path}" in m]
+    assert said == [{"extra": {"all_ranks": True}}], messages  # not only rank 0: the remover
     assert lock_rows(tmp_path) == []
 
 
