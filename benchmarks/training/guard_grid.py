@@ -194,7 +194,7 @@ def first_escalation(train: list[dict], clipping: float, climb: float) -> int | 
     for r in train:
         loss, norm = float(r["loss"]), r.get("grad_norm")
         verdict = guard.check_loss(r["step"], loss)
-        if verdict.action == "ok":
+        if verdict.action == "ok" and verdict.event is None:
             verdict = guard.check_grad_norm(r["step"], None if norm is None else float(norm))
         if verdict.action in ("rollback", "give_up"):
             return int(r["step"])

@@ -8,7 +8,12 @@ optimizer step and the global grad norm *after* it, so every rank decides the sa
   (``(x - median) / (1.4826 * MAD)``) exceeds ``guard_z`` *and* that is above ``guard_min_ratio``
   times the median (so a flat curve, MAD ~ 0, never triggers). Judged once ``guard_min_history``
   healthy steps are known. Only upward moves count.
-- **Loss spike** -> ``"skip"``: the step's update is not applied (:func:`discard_update`).
+- **Loss spike** -> ``"skip"``: the step's update is not applied (:func:`discard_update`), which
+  helps when the batch is to blame. A spike on the step right after a skipped one is blamed on
+  the weights the skip kept (the same weights, another batch): skipping again would change
+  nothing, so its update is applied (clipped where clipping is on) and the spike recorded and
+  counted. Measured (docs/guard.md): single-step loss spikes that the same run without the guard
+  left behind in one step otherwise repeated on every following batch until the guard gave up.
 - **Grad-norm spike** (known only after the update): recorded. With gradient clipping on, the
   update was bounded, so it counts for nothing else (on a healthy run at lr 1e-3..3e-3 such spikes
   of up to 25x the median come and go); without clipping it counts towards a burst.
@@ -85,6 +90,7 @@ class StabilityGuard:
         self.norms.extend(state.get("grad_norms", []))
         self.spike_steps.extend(state.get("spike_steps", []))
         self.last_in_place = -math.inf  # the step of the last rollback taken in place
+        self.last_skipped = int(state.get("last_skipped", -1))  # the last step not applied
         best = state.get("best_loss")  # the lowest recent median so far (None: none yet)
         self.best_loss = math.inf if best is None else float(best)
 
@@ -100,6 +106,7 @@ class StabilityGuard:
             "grad_norms": list(self.norms),
             "spike_steps": list(self.spike_steps),
             "best_loss": None if math.isinf(self.best_loss) else self.best_loss,
+            "last_skipped": self.last_skipped,
         }
 
     def restore_windows(self, state: dict[str, Any]) -> None:
@@ -142,7 +149,14 @@ class StabilityGuard:
         return len(self.spike_steps) >= self.cfg.guard_spikes
 
     def check_loss(self, step: int, loss: float) -> Verdict:
-        """Before the optimizer step: "ok", "skip" (a loss spike), "rollback" or "give_up"."""
+        """Before the optimizer step: "ok", "skip" (a loss spike), "rollback" or "give_up"; an
+        "ok" with an event is a spike whose update is applied (:meth:`_judge_loss`)."""
+        verdict = self._judge_loss(step, loss)
+        if verdict.action != "ok":
+            self.last_skipped = step  # not applied (a rollback in place is a skip too)
+        return verdict
+
+    def _judge_loss(self, step: int, loss: float) -> Verdict:
         self._pending_loss = None
         if not math.isfinite(loss):
             if self.fp16:  # the loss scaler skips the step and lowers the scale
@@ -158,9 +172,14 @@ class StabilityGuard:
                 return climb
             self._pending_loss = loss
             return Verdict("ok")
-        action = self._escalate(step) if self._count_spike(step) else "skip"
-        kind = "loss_spike" if action == "skip" else "spikes_in_window"
-        return Verdict(action, self._event(step, kind, loss, median, z, action))
+        if self._count_spike(step):
+            action = self._escalate(step)
+            return Verdict(action, self._event(step, "spikes_in_window", loss, median, z, action))
+        if self.last_skipped == step - 1:  # the weights the skip kept: skipping changes nothing
+            event = self._event(step, "loss_spike_after_skip", loss, median, z, "ok")
+            event["reason"] = "the step before was skipped: its weights, not the batch, spike"
+            return Verdict("ok", event)
+        return Verdict("skip", self._event(step, "loss_spike", loss, median, z, "skip"))
 
     def _climb(self, step: int, loss: float) -> Verdict | None:
         """A rollback verdict when the recent median (this loss and the last healthy ones)
@@ -244,6 +263,7 @@ class StabilityGuard:
         self.rollbacks += 1
         self.lr_factor *= self.cfg.guard_lr_factor
         self.spike_steps.clear()
+        self.last_skipped = -1  # the checkpoint's weights now, not those a skip kept
         event.update(
             rollbacks=self.rollbacks,
             to_step=to_step,

@@ -110,7 +110,7 @@ class GuardedStep:
         if phase != self.phase and self.phase is not None:
             guard.new_phase()
         self.phase = phase
-        if verdict.action == "ok":  # the loss was fine: judge the grad norm of the update
+        if verdict.action == "ok" and verdict.event is None:  # a fine loss: judge the update
             verdict = guard.check_grad_norm(rec["step"], rec["grad_norm"])
         event, action = verdict.event, verdict.action
         if event is None:
