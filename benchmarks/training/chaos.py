@@ -161,8 +161,8 @@ def send_to_builder(proc: subprocess.Popen, kill: dict, lock: Path) -> bool:
 
     if kill["signal"] == "term":
         return send(proc, kill)
+    ranks = {getattr(rank_process(proc.pid, r), "pid", None): r for r in (0, 1)}
     for pid in op_builds.holders_of(lock):
-        ranks = {getattr(rank_process(proc.pid, r), "pid", None): r for r in (0, 1)}
         kill["rank"] = ranks.get(pid)
         try:
             builder = psutil.Process(pid)
@@ -298,7 +298,7 @@ def run_launch(
     text = log.read_text(errors="replace")
     if kill is not None:
         kill["fired"] = fired(kill, text) if "faults" in kill else sent
-    launch.cleared_build_lock = "removing the stale build lock" in text
+    launch.cleared_build_lock = op_builds.STALE_REMOVED in text
     found = re.search(r"resumed from \S+ at step (\d+)", text)
     launch.resumed_at = int(found.group(1)) if found else (0 if launch.startup_s else None)
     return launch

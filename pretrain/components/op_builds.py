@@ -51,6 +51,7 @@ REPORT_AFTER_S = 10.0  # a wait longer than this is reported (the issue asks for
 REPORT_EVERY_S = 60.0  # and reported again this often
 STALE_CONFIRM_S = 2.0  # a lock seen unheld this long (same file) is stale
 POLL_S = 0.2
+STALE_REMOVED = "removing the stale build lock"  # the warning's words (the chaos test reads them)
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs")
 
 
@@ -232,8 +233,9 @@ def clear_stale(lock: BuildLock, op: str) -> None:
     """Remove a lock judged stale (torch would wait for it forever), saying so; OpBuildError when
     it cannot be removed."""
     log.warning(  # whichever rank takes the op first removes it: each says so
-        "op %s: removing the stale build lock %s; building the op again",
+        "op %s: %s %s; building the op again",
         op,
+        STALE_REMOVED,
         lock.describe(),
         extra={"all_ranks": True},
     )
