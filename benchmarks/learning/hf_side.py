@@ -18,6 +18,14 @@ def without_launcher(args) -> bool:
     return bool(getattr(args, "quick", False)) and args.ranks == 1
 
 
+def dropout_fields(args) -> dict:
+    """``--dropout P`` as both models' config fields (ours: the trainer's flags of those names;
+    HF: its BertConfig's); empty when not given."""
+    if args.dropout is None:
+        return {}
+    return {"hidden_dropout_prob": args.dropout, "attention_probs_dropout_prob": args.dropout}
+
+
 def hf_command(shards: Path, out: Path, args, launched: float) -> list[str]:
     """``torchrun --nproc_per_node R -m benchmarks.learning.per_hour --hf_worker ...`` (``--quick``
     on one rank: ``python -m benchmarks.learning.per_hour --hf_worker ...``, one plain process)."""
@@ -34,6 +42,7 @@ def hf_command(shards: Path, out: Path, args, launched: float) -> list[str]:
         *("--global_batch", str(args.global_batch), "--lr", str(args.lr)),
         *("--warmup_steps", str(args.warmup_steps), "--launched", repr(launched)),
         *(("--init_model", str(args.init_model)) if args.init_model else ()),
+        *(("--dropout", str(args.dropout)) if args.dropout is not None else ()),
     ]
 
 
@@ -66,14 +75,16 @@ def hf_worker(args) -> None:
 
 def hf_model(args, vocab_size: int):
     """The seeded folder as saved (continued mode: ``--init_model``), else a random model of the
-    preset; SDPA attention either way."""
+    preset; SDPA attention either way, ``--dropout`` applied."""
     import transformers
 
     if args.init_model:
         return transformers.BertForMaskedLM.from_pretrained(
-            args.init_model, attn_implementation="sdpa"
+            args.init_model, attn_implementation="sdpa", **dropout_fields(args)
         )
-    return random_bert_mlm(args.model, vocab_size, attn_implementation="sdpa")
+    return random_bert_mlm(
+        args.model, vocab_size, attn_implementation="sdpa", **dropout_fields(args)
+    )
 
 
 def hf_training_args(args, world: int):

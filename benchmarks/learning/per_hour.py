@@ -73,7 +73,7 @@ from benchmarks.learning.evaluator import (
     plot_curves,
 )
 from benchmarks.learning.heldout import bert_vocab, split_corpus
-from benchmarks.learning.hf_side import hf_command, hf_worker, without_launcher
+from benchmarks.learning.hf_side import dropout_fields, hf_command, hf_worker, without_launcher
 from benchmarks.learning.per_hour_report import print_table, step0_gap, summary
 from benchmarks.learning.real_checkpoint import minilm
 from benchmarks.learning.seeded_head import seeded_mlm_folder
@@ -109,6 +109,7 @@ def ours_options(shards: Path, run: Path, args) -> dict:
         "num_workers": 1,
         "progress": False,
         "eval_batches": 1,
+        **dropout_fields(args),
     }
 
 
@@ -209,9 +210,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--budget_s", type=float, default=480.0, help="wall-clock budget T per side")
     p.add_argument("--snapshots", type=int, default=4, help="snapshots per side (at k*T/S)")
-    p.add_argument("--sides", nargs="+", default=["hf", "ours"], choices=("hf", "ours"))
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        default=["hf", "ours"],
+        choices=("hf", "ours"),
+        help="the sides to run, in this order (alternate it between passes)",
+    )
     p.add_argument(
         "--ours_args", default="", help='more flags for ours, to try a lever ("--mask_prob 0.3")'
+    )
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="both sides' hidden and attention dropout (default: the model's own, 0.1)",
     )
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--ranks", type=int, default=2)
@@ -369,31 +382,41 @@ def ours_step0(args, work: Path, shards: Path) -> dict:
 
 
 def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], dict]:
-    """Train each side for the budget: its snapshots as HF folders with their times, and each
-    launch's Unix time and wall seconds (to re-read the snapshots later)."""
+    """Train each side for the budget, in the order ``--sides`` gives them (alternate it between
+    passes): its snapshots as HF folders with their times, and each launch's Unix time and wall
+    seconds (to re-read the snapshots later)."""
     sides, launches = {}, {}
-    if "hf" in args.sides:
-        shutil.rmtree(work / "hf", ignore_errors=True)
-        launched = time.time()
-        wall = launch(hf_command(shards, work / "hf", args, launched), args, work / "hf.log")
-        sides["hf"] = json.loads((work / "hf" / "snapshots.json").read_text())
-        launches["hf"] = {"launched": launched, "wall_s": wall}
+    for side in args.sides:
+        sides[side], launches[side] = (run_hf if side == "hf" else run_ours)(args, work, shards)
         _save_launches(work, launches)
-        log.info(f"HF Trainer: {wall:.0f} s wall, {len(sides['hf'])} snapshots")
-    if "ours" in args.sides:
-        run = work / "ours"
-        shutil.rmtree(run, ignore_errors=True)
-        launched = time.time()
-        env = {"BERTFORGE_LAUNCHED_AT": repr(launched)}
-        wall = launch(ours_command(shards, run, args), args, work / "ours.log", env)
-        sides["ours"] = ours_snapshots(run, launched)
-        if args.init_model:  # continued: ours at step 0, as the trainer loaded the folder
-            sides["ours"].insert(0, ours_step0(args, work, shards))
-        launches["ours"] = {"launched": launched, "wall_s": wall}
-        _save_launches(work, launches)
-        export_ours(sides["ours"], run, work / "ours_hf")
-        log.info(f"ours: {wall:.0f} s wall, {len(sides['ours'])} snapshots")
     return sides, launches
+
+
+def run_hf(args, work: Path, shards: Path) -> tuple[list[dict], dict]:
+    """HF Trainer for the budget: its snapshots and its launch record."""
+    shutil.rmtree(work / "hf", ignore_errors=True)
+    launched = time.time()
+    wall = launch(hf_command(shards, work / "hf", args, launched), args, work / "hf.log")
+    snapshots = json.loads((work / "hf" / "snapshots.json").read_text())
+    log.info(f"HF Trainer: {wall:.0f} s wall, {len(snapshots)} snapshots")
+    return snapshots, {"launched": launched, "wall_s": wall}
+
+
+def run_ours(args, work: Path, shards: Path) -> tuple[list[dict], dict]:
+    """Our trainer for the budget: its snapshots (exported as HF folders) and its launch record."""
+    run = work / "ours"
+    shutil.rmtree(run, ignore_errors=True)
+    launched = time.time()
+    env = {"BERTFORGE_LAUNCHED_AT": repr(launched)}
+    wall = launch(ours_command(shards, run, args), args, work / "ours.log", env)
+    snapshots = ours_snapshots(run, launched)
+    if args.init_model:  # continued: ours at step 0, as the trainer loaded the folder
+        snapshots.insert(0, ours_step0(args, work, shards))
+    record = {"launched": launched, "wall_s": wall}
+    _save_launches(work, {"ours": record})
+    export_ours(snapshots, run, work / "ours_hf")
+    log.info(f"ours: {wall:.0f} s wall, {len(snapshots)} snapshots")
+    return snapshots, record
 
 
 def _home_tilde(path: Path) -> str:

@@ -2,12 +2,19 @@
 
     python -m benchmarks.training.model_step [--models tiny small] [--batch 32] [--seq_len 128]
                                           [--vocab_size 30522] [--steps 5] [--threads N]
+                                          [--dropout 0.1 0] [--precision fp32|bf16|bf16-autocast]
 
 Both models have the same architecture and vocabulary (30522, BERT's) and run on the SAME batch:
 full-length sequences masked by HF's DataCollatorForLanguageModeling (15%, 80/10/10). HF computes
 the decoder and the loss at every position; ours gathers the masked rows first and runs the head
 and `kernels.masked_lm_loss` on them only. Steps alternate between the two models so background
 load hits both alike; the median step time is reported. Target: ours >= 1.5x HF's tokens/s.
+
+``--dropout P [P ...]``: one pair of models per rate (hidden and attention dropout both P; the
+weights are the same), all in the same alternation, to price dropout on either side.
+``--precision bf16``: both models' weights in bf16 (what DeepSpeed's bf16 mode computes in);
+``bf16-autocast``: fp32 weights, forward under ``torch.autocast`` in bf16 (HF Trainer's
+``bf16=True``).
 """
 
 from __future__ import annotations
@@ -45,14 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, default=3, help="measured steps per model (after 1 warm-up)"
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--dropout", type=float, nargs="+", default=[0.1], help="dropout rates to run")
+    p.add_argument("--precision", choices=("fp32", "bf16", "bf16-autocast"), default="fp32")
     args = p.parse_args(argv)
 
     import numpy as np
     import torch
-    from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
+    from transformers import DataCollatorForLanguageModeling
 
     from bertforge.kernels.constants import IGNORE_INDEX
-    from bertforge.pretrain.model.registry import PRESETS, build_model
+    from bertforge.pretrain.model.registry import PRESETS
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -71,40 +80,64 @@ def main(argv: list[str] | None = None) -> int:
     masked = int((batch["labels"] != IGNORE_INDEX).sum())
     print(
         f"batch {args.batch} x {args.seq_len} = {tokens} tokens, {masked} masked; vocab "
-        f"{args.vocab_size}; torch threads {torch.get_num_threads()}; CPU, fp32"
+        f"{args.vocab_size}; torch threads {torch.get_num_threads()}; CPU, {args.precision}"
     )
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.precision == "bf16-autocast")
 
     rows = []
     for name in args.models:
-        ours = build_model(dataclasses.replace(PRESETS[name], loss_impl="auto"), args.vocab_size)
-        hf = BertForMaskedLM(ours.hf_config(unpad_vocab=True))
-        hf.config._attn_implementation = "sdpa"
-        hf.load_state_dict(ours.hf_state_dict(unpad_vocab=True), strict=True)
-        ours.train()
-        hf.train()
+        pairs = {p: model_pair(PRESETS[name], p, args.vocab_size, dtype) for p in args.dropout}
 
-        def step(model, key):
+        def step(model):
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
-            out = model(**batch)
+            with autocast:
+                out = model(**batch)
             loss = out["loss"] if isinstance(out, dict) else out.loss
             loss.backward()
-            return time.perf_counter() - t0, loss.item()
+            return time.perf_counter() - t0
 
-        times = {"ours": [], "hf": []}
-        step(ours, "ours"), step(hf, "hf")  # warm-up
+        times = {(p, side): [] for p in pairs for side in ("ours", "hf")}
+        for key in times:  # warm-up
+            step(pairs[key[0]][key[1]])
         for _ in range(args.steps):
-            for key, model in (("ours", ours), ("hf", hf)):
-                times[key].append(step(model, key)[0])
-        med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append((name, ours.num_parameters(), tokens / med["ours"], tokens / med["hf"]))
+            for key in times:
+                times[key].append(step(pairs[key[0]][key[1]]))
+        for p, pair in pairs.items():
+            med = {side: statistics.median(times[(p, side)]) for side in pair}
+            params = pair["ours"].num_parameters()
+            rows.append((name, p, params, tokens / med["ours"], tokens / med["hf"]))
 
-    print(f"\n{'model':<8} {'params':>12} {'ours tok/s':>12} {'HF tok/s':>12} {'speed-up':>9}")
-    for name, params, a, b in rows:
-        print(f"{name:<8} {params:>12,} {a:>12,.0f} {b:>12,.0f} {a / b:>8.2f}x")
-    worst = min(a / b for _, _, a, b in rows)
+    head = f"{'model':<8} {'dropout':>8} {'params':>12} {'ours tok/s':>12} {'HF tok/s':>12}"
+    print(f"\n{head} {'speed-up':>9}")
+    for name, p, params, a, b in rows:
+        print(f"{name:<8} {p:>8g} {params:>12,} {a:>12,.0f} {b:>12,.0f} {a / b:>8.2f}x")
+    worst = min(a / b for *_, a, b in rows)
     print(f"\ntarget ours >= 1.5x HF: {'met' if worst >= 1.5 else 'NOT met'} (lowest {worst:.2f}x)")
     return 0
+
+
+def model_pair(shape, dropout: float, vocab_size: int, dtype) -> dict:
+    """Ours of ``shape`` and transformers' BertForMaskedLM with its weights (SDPA), both with
+    hidden and attention dropout ``dropout``, in ``dtype``, in training mode."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    from bertforge.pretrain.model.registry import build_model
+
+    torch.manual_seed(0)  # the same weights for every rate
+    cfg = dataclasses.replace(
+        shape,
+        loss_impl="auto",
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    ours = build_model(cfg, vocab_size)
+    hf = BertForMaskedLM(ours.hf_config(unpad_vocab=True))
+    hf.config._attn_implementation = "sdpa"
+    hf.load_state_dict(ours.hf_state_dict(unpad_vocab=True), strict=True)
+    return {"ours": ours.to(dtype).train(), "hf": hf.to(dtype).train()}
 
 
 if __name__ == "__main__":

@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     args.init_model = per_hour.init_model(args, work)
     shards, _stats, _batches = per_hour.prepare(args, work)
     args.steps, args.warmup = mine.steps, mine.warmup
+    # The lr warmup does not change a step's time; the trainer refuses one longer than the run.
+    args.warmup_steps = min(args.warmup_steps, mine.warmup + mine.steps)
     results = []
     for rep in range(mine.repeats):
         for side in args.sides:

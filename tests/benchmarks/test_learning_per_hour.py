@@ -235,10 +235,21 @@ def _small_encoder(folder):
 def test_continued_quick_both_sides_start_from_the_same_seeded_folder(tmp_path):
     """--init_from --quick: both sides load one seeded BertForMaskedLM folder, so their step-0
     held-out losses through the one evaluator are equal; the report has both curves and the
-    time-to-reach keys (numbers are not checked: a few seconds of training say nothing)."""
+    time-to-reach keys (numbers are not checked: a few seconds of training say nothing).
+    ``--dropout 0`` reaches both sides' models over the checkpoint's 0.1: every snapshot's
+    config says 0."""
     encoder = _small_encoder(tmp_path / "encoder")
     work = tmp_path / "work"
-    per_hour_main("--init_from", str(encoder), "--quick", "--workdir", str(work), "--port", "29890")
+    per_hour_main(
+        "--init_from", str(encoder), "--quick", "--workdir", str(work), "--port", "29890",
+        "--dropout", "0",
+    )  # fmt: skip
+    for side in ("hf", "ours_hf"):
+        configs = sorted((work / side).glob("*/config.json"))
+        assert len(configs) >= 2, side
+        for path in configs:
+            conf = json.loads(path.read_text())
+            assert conf["hidden_dropout_prob"] == conf["attention_probs_dropout_prob"] == 0, path
     result = json.loads((work / "learning.json").read_text())
     assert set(result["sides"]) == {"hf", "ours"}
     for side, recs in result["sides"].items():

@@ -1,0 +1,40 @@
+"""benchmarks.training.model_step: each dropout rate gets a pair of models with the same weights
+(ours and transformers' BertForMaskedLM agree on the loss), and the command prints a row per rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from benchmarks.training import model_step
+from bertforge.pretrain.model.registry import PRESETS
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_a_pair_is_the_same_model_with_the_rate_given(dropout):
+    pair = model_step.model_pair(PRESETS["tiny"], dropout, 1000, torch.float32)
+    assert pair["hf"].config.hidden_dropout_prob == dropout
+    assert pair["hf"].config.attention_probs_dropout_prob == dropout
+    assert pair["ours"].training and pair["hf"].training
+    torch.manual_seed(1)
+    ids = torch.randint(5, 1000, (2, 16))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:9] = ids[:, 3:9]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    with torch.no_grad():
+        losses = [float(pair[side].eval()(**batch)["loss"]) for side in ("ours", "hf")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_the_command_prints_a_row_per_dropout_rate():
+    printed = io.StringIO()
+    args = ["--models", "tiny", "--batch", "2", "--seq_len", "16", "--vocab_size", "1000"]
+    args += ["--steps", "1", "--dropout", "0.1", "0", "--precision", "bf16-autocast"]
+    with contextlib.redirect_stdout(printed):
+        assert model_step.main(args) == 0
+    rows = [line.split() for line in printed.getvalue().splitlines() if line.startswith("tiny ")]
+    assert [row[1] for row in rows] == ["0.1", "0"]
