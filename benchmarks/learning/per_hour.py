@@ -388,22 +388,24 @@ def run_sides(args, work: Path, shards: Path) -> tuple[dict[str, list[dict]], di
     sides, launches = {}, {}
     for side in args.sides:
         sides[side], launches[side] = (run_hf if side == "hf" else run_ours)(args, work, shards)
-        _save_launches(work, launches)
     return sides, launches
 
 
 def run_hf(args, work: Path, shards: Path) -> tuple[list[dict], dict]:
-    """HF Trainer for the budget: its snapshots and its launch record."""
+    """HF Trainer for the budget: its snapshots and its launch record (saved at once)."""
     shutil.rmtree(work / "hf", ignore_errors=True)
     launched = time.time()
     wall = launch(hf_command(shards, work / "hf", args, launched), args, work / "hf.log")
     snapshots = json.loads((work / "hf" / "snapshots.json").read_text())
+    record = {"launched": launched, "wall_s": wall}
+    _save_launches(work, {"hf": record})
     log.info(f"HF Trainer: {wall:.0f} s wall, {len(snapshots)} snapshots")
-    return snapshots, {"launched": launched, "wall_s": wall}
+    return snapshots, record
 
 
 def run_ours(args, work: Path, shards: Path) -> tuple[list[dict], dict]:
-    """Our trainer for the budget: its snapshots (exported as HF folders) and its launch record."""
+    """Our trainer for the budget: its snapshots (exported as HF folders) and its launch record
+    (saved before the export, so that --score_only can still find the run)."""
     run = work / "ours"
     shutil.rmtree(run, ignore_errors=True)
     launched = time.time()

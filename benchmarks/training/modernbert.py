@@ -358,6 +358,7 @@ def train_for_budget(args, data: dict, work: Path, arm: str) -> list[dict]:
         "global_batch": args.batch_tokens // args.learn_seq,
         "ours_args": "",
         "init_model": None,
+        "dropout": None,  # each model's own (ModernBERT's presets have none)
     }
     out = work / "learn" / arm
     shutil.rmtree(out, ignore_errors=True)

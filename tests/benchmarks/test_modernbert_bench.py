@@ -125,3 +125,28 @@ def test_a_json_with_its_own_precision_sets_both_sides_and_is_given_once():
         parse_args(["--ds_config", str(bf16), "--precision", "fp32"])
     with pytest.raises(ValueError, match="enables bf16, the benchmark asks for fp32"):
         precision_flags(bf16, "fp32")
+
+
+@pytest.mark.parametrize("arm", ["hf", "ours-modernbert", "ours-bert"])
+def test_part_two_builds_every_arms_launch_from_per_hours_commands(arm, tmp_path, monkeypatch):
+    """Part 2 reuses per_hour's command builders with a namespace of its own: every field they
+    read must be in it (part 2 broke twice when per_hour gained one). Nothing is launched."""
+    from benchmarks.training import modernbert
+
+    launched = []
+
+    def launch(cmd, *_args, **_kw):
+        launched.append(cmd)
+        if arm == "hf":  # what HF's callback leaves behind
+            (tmp_path / "learn" / "hf" / "snapshots.json").write_text("[]")
+
+    monkeypatch.setattr(modernbert, "launch", launch)
+    monkeypatch.setattr(modernbert, "ours_snapshots", lambda *a: [])
+    monkeypatch.setattr(modernbert, "export_ours", lambda *a: None)
+    args = parse_args(["--budget_s", "60", "--compile", "on", "--workdir", str(tmp_path)])
+    data = {"shards": {args.learn_seq: tmp_path / "shards"}, "init": tmp_path / "init"}
+    assert modernbert.train_for_budget(args, data, tmp_path, arm) == []
+    (cmd,) = launched
+    if arm != "hf":
+        assert "--max_time_hours" in cmd and "--compile" in cmd, cmd
+        assert ("--arch" in cmd) == (arm == "ours-modernbert"), cmd
