@@ -362,6 +362,7 @@ def train_for_budget(args, data: dict, work: Path, arm: str) -> list[dict]:
     }
     out = work / "learn" / arm
     shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)  # its log goes there, whichever arm runs first
     launched = time.time()
     if arm == "hf":
         ns = argparse.Namespace(**base)

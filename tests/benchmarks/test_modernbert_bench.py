@@ -135,7 +135,8 @@ def test_part_two_builds_every_arms_launch_from_per_hours_commands(arm, tmp_path
 
     launched = []
 
-    def launch(cmd, *_args, **_kw):
+    def launch(cmd, _ns, log, *_args, **_kw):
+        assert log.parent.is_dir(), f"{arm} launched first would have nowhere to log"
         launched.append(cmd)
         if arm == "hf":  # what HF's callback leaves behind
             (tmp_path / "learn" / "hf" / "snapshots.json").write_text("[]")
