@@ -55,6 +55,7 @@ from benchmarks.learning.per_hour import (
     ours_snapshots,
     score_all,
 )
+from benchmarks.learning.per_hour import parse_args as per_hour_args
 from benchmarks.training.modernbert_hf import hf_command
 from bertforge.pretrain.config import command_line
 
@@ -351,14 +352,16 @@ def parameters(model_dir: str) -> int:
 def train_for_budget(args, data: dict, work: Path, arm: str) -> list[dict]:
     """One arm of part 2 trained for T from its launch command: its snapshots (HF folders)."""
     shards = data["shards"][args.learn_seq]
-    # init_model None: per_hour's from-scratch mode (ours-modernbert takes the shared seeded
-    # folder through --init_from in ours_args, HF through --init), no step-0 snapshot
+    # per_hour's command builders read its flags: its defaults under ours, so a flag it gains
+    # cannot break part 2 (dropout: each model's own). init_model None: per_hour's from-scratch
+    # mode (ours-modernbert takes the shared seeded folder through --init_from in ours_args, HF
+    # through --init), no step-0 snapshot
     base = {
+        **vars(per_hour_args([])),
         **vars(args),
         "global_batch": args.batch_tokens // args.learn_seq,
         "ours_args": "",
         "init_model": None,
-        "dropout": None,  # each model's own (ModernBERT's presets have none)
     }
     out = work / "learn" / arm
     shutil.rmtree(out, ignore_errors=True)
