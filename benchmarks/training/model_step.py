@@ -3,6 +3,7 @@
     python -m benchmarks.training.model_step [--models tiny small] [--batch 32] [--seq_len 128]
                                           [--vocab_size 30522] [--steps 5] [--threads N]
                                           [--dropout 0.1 0] [--precision fp32|bf16|bf16-autocast]
+                                          [--count_flops]
 
 Both models have the same architecture and vocabulary (30522, BERT's) and run on the SAME batch:
 full-length sequences masked by HF's DataCollatorForLanguageModeling (15%, 80/10/10). HF computes
@@ -15,6 +16,13 @@ weights are the same), all in the same alternation, to price dropout on either s
 ``--precision bf16``: both models' weights in bf16 (what DeepSpeed's bf16 mode computes in);
 ``bf16-autocast``: fp32 weights, forward under ``torch.autocast`` in bf16 (HF Trainer's
 ``bf16=True``).
+
+A ``--models`` entry is a preset name or a BERT folder (an HF ``config.json``: e.g. the
+all-MiniLM-L6-v2 that ``benchmarks.learning.per_hour --init_from minilm`` continues), whose shape
+is used with fresh weights. ``--count_flops``: also count each model's floating-point operations
+in one forward + backward on the batch (``torch.utils.flop_counter.FlopCounterMode``: matmuls and
+attention, what dominates), and print their ratio: at equal learning per step and equal FLOPs
+per second, ours would reach a loss HF reaches after t seconds of training after t / ratio.
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--dropout", type=float, nargs="+", default=[0.1], help="dropout rates to run")
     p.add_argument("--precision", choices=("fp32", "bf16", "bf16-autocast"), default="fp32")
+    p.add_argument(
+        "--count_flops", action="store_true", help="count each side's FLOPs per step, and the ratio"
+    )
     args = p.parse_args(argv)
 
     import numpy as np
@@ -61,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import DataCollatorForLanguageModeling
 
     from bertforge.kernels.constants import IGNORE_INDEX
-    from bertforge.pretrain.model.registry import PRESETS
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name in args.models:
-        pairs = {p: model_pair(PRESETS[name], p, args.vocab_size, dtype) for p in args.dropout}
+        shape = model_shape(name)
+        pairs = {p: model_pair(shape, p, args.vocab_size, dtype) for p in args.dropout}
+        if args.count_flops:
+            report_flops(name, pairs[args.dropout[0]], batch, autocast, tokens)
 
         def step(model):
             model.zero_grad(set_to_none=True)
@@ -109,13 +122,53 @@ def main(argv: list[str] | None = None) -> int:
             params = pair["ours"].num_parameters()
             rows.append((name, p, params, tokens / med["ours"], tokens / med["hf"]))
 
-    head = f"{'model':<8} {'dropout':>8} {'params':>12} {'ours tok/s':>12} {'HF tok/s':>12}"
+    rows = [(Path(name).name, *rest) for name, *rest in rows]  # a folder by its name
+    w = max(8, *(len(name) for name, *_ in rows))
+    head = f"{'model':<{w}} {'dropout':>8} {'params':>12} {'ours tok/s':>12} {'HF tok/s':>12}"
     print(f"\n{head} {'speed-up':>9}")
     for name, p, params, a, b in rows:
-        print(f"{name:<8} {p:>8g} {params:>12,} {a:>12,.0f} {b:>12,.0f} {a / b:>8.2f}x")
+        print(f"{name:<{w}} {p:>8g} {params:>12,} {a:>12,.0f} {b:>12,.0f} {a / b:>8.2f}x")
     worst = min(a / b for *_, a, b in rows)
     print(f"\ntarget ours >= 1.5x HF: {'met' if worst >= 1.5 else 'NOT met'} (lowest {worst:.2f}x)")
     return 0
+
+
+def model_shape(name: str):
+    """The ModelConfig of a preset name, or of a BERT folder's config.json (its architecture on
+    the ``small`` preset's other settings, as ``--init_from`` builds it)."""
+    from bertforge.pretrain.model.init_source import init_model_config
+    from bertforge.pretrain.model.registry import PRESETS
+
+    if Path(name).is_dir():
+        return init_model_config(name, PRESETS["small"], {})
+    if name not in PRESETS:
+        raise SystemExit(f"error: --models {name!r}: a preset ({', '.join(PRESETS)}) or a folder")
+    return PRESETS[name]
+
+
+def step_flops(model, batch: dict, autocast) -> int:
+    """Floating-point operations of one forward + backward of ``model`` on ``batch``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        with autocast:
+            out = model(**batch)
+        (out["loss"] if isinstance(out, dict) else out.loss).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def report_flops(name: str, pair: dict, batch: dict, autocast, tokens: int) -> dict:
+    """Print (and return) each side's FLOPs per step and HF's over ours'."""
+    flops = {side: step_flops(model, batch, autocast) for side, model in pair.items()}
+    ratio = flops["hf"] / flops["ours"]
+    print(
+        f"{name}: FLOPs per forward + backward of {tokens} tokens: ours {flops['ours'] / 1e9:,.1f} "
+        f"G, HF {flops['hf'] / 1e9:,.1f} G; HF / ours {ratio:.2f}x (at equal learning per step "
+        f"and FLOPs/s, ours reaches HF's loss in 1/{ratio:.2f} = {1 / ratio:.2f} of its time)"
+    )
+    return {**flops, "ratio": ratio}
 
 
 def model_pair(shape, dropout: float, vocab_size: int, dtype) -> dict:

@@ -84,10 +84,23 @@ def run_side(side: str, args, data: dict, seq: int, mine, work: Path, out: Path)
         ns = argparse.Namespace(**{**vars(args), "steps": total + 1})
         script = Path(__file__).resolve()  # the trainer's main with timers (ours_rank_main)
         cmd = mb.ours_train_cmd(
-            ns, data["shards"][seq], data["init"], run, seq, mine.attention, script=script
+            ns,
+            data["shards"][seq],
+            data["init"],
+            run,
+            seq,
+            mine.attention,
+            script=script,
+            compile_=args.compile[-1] == "on",
         )
     else:
-        ns = argparse.Namespace(**{**vars(args), "global_batch": args.batch_tokens // seq})
+        ns = argparse.Namespace(
+            **{
+                **vars(args),
+                "global_batch": args.batch_tokens // seq,
+                "hf_compile": args.hf_compile[-1] == "on",
+            }
+        )
         # one step past the measured ones, as ours: the clock reports when the next step begins
         cmd = hf_command(data["shards"][seq], data["init"], run, ns, steps=total + 1, warmup=1)
         cmd[cmd.index("benchmarks.training.modernbert_hf")] = __spec__.name

@@ -38,3 +38,27 @@ def test_the_command_prints_a_row_per_dropout_rate():
         assert model_step.main(args) == 0
     rows = [line.split() for line in printed.getvalue().splitlines() if line.startswith("tiny ")]
     assert [row[1] for row in rows] == ["0.1", "0"]
+
+
+def test_the_flop_count_agrees_with_the_models_own_formula(tmp_path):
+    """torch's FlopCounterMode (an independent count) against each model's flops_per_token:
+    ours runs the head on the masked rows, HF on every row, so HF's step costs more by the
+    head's share; the count matches the formula up to the ops it leaves out (norms, softmax)."""
+    from transformers import DataCollatorForLanguageModeling
+
+    torch.manual_seed(0)
+    pair = model_step.model_pair(PRESETS["tiny"], 0.0, 1000, torch.float32)
+    tok = model_step.bert_tokenizer(1000, tmp_path)
+    seqs = torch.randint(104, 1000, (4, 32)).tolist()
+    collate = DataCollatorForLanguageModeling(tok, mlm_probability=0.15)
+    batch = collate([{"input_ids": s} for s in seqs])
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    masked = float((batch["labels"] != -100).float().mean())
+    with contextlib.redirect_stdout(io.StringIO()):
+        counted = model_step.report_flops("tiny", pair, batch, contextlib.nullcontext(), 128)
+    ours = pair["ours"]
+    expected = {"ours": ours.flops_per_token(32, masked), "hf": ours.flops_per_token(32, 1.0)}
+    for side in ("ours", "hf"):
+        assert counted[side] == pytest.approx(128 * expected[side], rel=0.05)
+    assert counted["ratio"] == pytest.approx(expected["hf"] / expected["ours"], rel=0.05)
+    assert counted["ratio"] > 1.2

@@ -151,3 +151,21 @@ def test_part_two_builds_every_arms_launch_from_per_hours_commands(arm, tmp_path
     if arm != "hf":
         assert "--max_time_hours" in cmd and "--compile" in cmd, cmd
         assert ("--arch" in cmd) == (arm == "ours-modernbert"), cmd
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_step_profile_profiles_the_compiled_arms_when_asked(compiled, tmp_path, monkeypatch):
+    """``--compile on`` / ``--hf_compile on`` reach each side's launch (nothing is launched)."""
+    from benchmarks.learning import per_hour
+
+    launched = {}
+    monkeypatch.setattr(per_hour, "launch", lambda cmd, *a, **k: launched.setdefault("cmd", cmd))
+    monkeypatch.setattr(step_profile_modernbert.sp, "rank_reports", lambda out: {})
+    on = "on" if compiled else "off"
+    mine, args = step_profile_modernbert.parse_args(["--compile", on, "--hf_compile", on])
+    data = {"shards": {512: tmp_path / "shards"}, "init": tmp_path / "init"}
+    step_profile_modernbert.run_side("ours", args, data, 512, mine, tmp_path, tmp_path / "ours")
+    cmd = launched.pop("cmd")
+    assert cmd[cmd.index("--compile") + 1] == str(compiled).lower(), cmd
+    step_profile_modernbert.run_side("hf", args, data, 512, mine, tmp_path, tmp_path / "hf")
+    assert ("--torch_compile" in launched["cmd"]) == compiled, launched["cmd"]
