@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name in args.models:
-        shape = model_shape(name)
+        shape = model_shape(name, args.vocab_size)
         pairs = {p: model_pair(shape, p, args.vocab_size, dtype) for p in args.dropout}
         if args.count_flops:
             report_flops(name, pairs[args.dropout[0]], batch, autocast, tokens)
@@ -133,14 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def model_shape(name: str):
+def model_shape(name: str, vocab_size: int):
     """The ModelConfig of a preset name, or of a BERT folder's config.json (its architecture on
-    the ``small`` preset's other settings, as ``--init_from`` builds it)."""
-    from bertforge.pretrain.model.init_source import init_model_config
+    the ``small`` preset's other settings; its vocabulary must be ``vocab_size`` entries, the
+    batch's)."""
+    import json
+
+    from bertforge.pretrain.model.bert.adapter import fields_from_hf
     from bertforge.pretrain.model.registry import PRESETS
 
     if Path(name).is_dir():
-        return init_model_config(name, PRESETS["small"], {})
+        config = json.loads((Path(name) / "config.json").read_text())
+        if config.get("vocab_size", vocab_size) != vocab_size:
+            raise SystemExit(
+                f"error: {Path(name) / 'config.json'} has vocab_size {config['vocab_size']} and "
+                f"--vocab_size is {vocab_size}: pass --vocab_size {config['vocab_size']}"
+            )
+        return dataclasses.replace(PRESETS["small"], **fields_from_hf(Path(name), config))
     if name not in PRESETS:
         raise SystemExit(f"error: --models {name!r}: a preset ({', '.join(PRESETS)}) or a folder")
     return PRESETS[name]

@@ -62,3 +62,17 @@ def test_the_flop_count_agrees_with_the_models_own_formula(tmp_path):
         assert counted[side] == pytest.approx(128 * expected[side], rel=0.05)
     assert counted["ratio"] == pytest.approx(expected["hf"] / expected["ours"], rel=0.05)
     assert counted["ratio"] > 1.2
+
+
+def test_a_folder_gives_its_shape_and_must_match_the_vocabulary(tmp_path):
+    import json
+
+    from transformers import BertConfig
+
+    shape = dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4, intermediate_size=192)
+    BertConfig(vocab_size=1000, **shape).save_pretrained(tmp_path)
+    cfg = model_step.model_shape(str(tmp_path), 1000)
+    assert {k: getattr(cfg, k) for k in shape} == shape
+    with pytest.raises(SystemExit, match="pass --vocab_size 1000"):
+        model_step.model_shape(str(tmp_path), 30522)
+    assert json.loads((tmp_path / "config.json").read_text())["vocab_size"] == 1000
