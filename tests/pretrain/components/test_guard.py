@@ -342,7 +342,11 @@ def test_nan_rolls_back_skips_the_exact_range_and_resumes(english_shards, tmp_pa
     out = proc.stdout + proc.stderr
     assert "guard step 6: loss_nonfinite nan" in out and "back to step 4 (rollback 1)" in out
     records = _records(run)
-    (event,) = [r for r in records if r.get("split") == "guard"]
+    guard = [r for r in records if r.get("split") == "guard"]
+    # One intervention; the guard may also note a spike whose update it let through ("ok": the
+    # test's shards come from a tokenizer trained per session, and tokenizers' WordPiece trainer
+    # is not deterministic, huggingface/tokenizers#1794, so such notes come and go).
+    (event,) = [r for r in guard if r["action"] != "ok"]
     assert event["action"] == "rollback" and event["to_step"] == 4 and event["rollbacks"] == 1
     assert event["skipped_samples"] == [64, 96]  # checkpoint's position .. the NaN step's end
     after = [r for r in records[records.index(event) + 1 :] if r.get("split", "train") == "train"]
