@@ -105,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         def step(model):
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
-            with autocast:
-                out = model(**batch)
-            loss = out["loss"] if isinstance(out, dict) else out.loss
-            loss.backward()
+            forward_backward(model, batch, autocast)
             return time.perf_counter() - t0
 
         times = {(p, side): [] for p in pairs for side in ("ours", "hf")}
@@ -155,15 +152,20 @@ def model_shape(name: str, vocab_size: int):
     return PRESETS[name]
 
 
+def forward_backward(model, batch: dict, autocast) -> None:
+    """One forward (under ``autocast``) and backward of either side's model on ``batch``."""
+    with autocast:
+        out = model(**batch)
+    (out["loss"] if isinstance(out, dict) else out.loss).backward()
+
+
 def step_flops(model, batch: dict, autocast) -> int:
     """Floating-point operations of one forward + backward of ``model`` on ``batch``."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model.zero_grad(set_to_none=True)
     with FlopCounterMode(display=False) as counter:
-        with autocast:
-            out = model(**batch)
-        (out["loss"] if isinstance(out, dict) else out.loss).backward()
+        forward_backward(model, batch, autocast)
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
