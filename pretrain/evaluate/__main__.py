@@ -10,6 +10,11 @@
     # two folders of one name (hf_model) told apart by a label
     python -m pretrain.evaluate --models base=runs/demo/hf_model domain=runs/cont/hf_model ...
 
+    # GLUE (or CLUE) as download_glue_data.py or Hugging Face's datasets wrote it; a protocol
+    python -m pretrain.evaluate --models runs/demo@all bert=hf/bert-base-uncased --glue glue_data \\
+        --out eval_glue/ --protocol bert [--only RTE STS-B] [--seeds 3] [--lrs 2e-5,3e-5]
+    python -m pretrain.evaluate --models hf/bert-base-chinese --clue clue_data --out eval_clue/
+
     # one task from flags instead of a tasks file
     python -m pretrain.evaluate --models hf/model --out eval/ --name sentiment \\
         --type classification --train reviews.jsonl --text_column text --label_column label
@@ -18,7 +23,8 @@ Models: an HF folder, a run folder (its newest complete checkpoint), ``RUN@STEP`
 (every complete checkpoint: also draws OUT/score_vs_step_RUN.png), each as ``LABEL=...`` to name
 its row. Every task also gets two reference rows: the majority class and a classical model
 (TF-IDF + logistic regression). Writes OUT/results.json (every run's scores) and OUT/results.md
-(the table, also printed). Exit status 2 on bad input.
+(the table, also printed); with --glue/--clue: OUT/glue.json and OUT/glue.md (docs/evaluation.md,
+"GLUE"). Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ from bertforge.pretrain.data.downstream_tasks import (
     load_task_file,
 )
 from bertforge.pretrain.evaluate.finetune import Recipe
+from bertforge.pretrain.evaluate.glue.protocols import OVERRIDABLE, PROTOCOLS
+from bertforge.pretrain.evaluate.glue.readers import load_benchmark
+from bertforge.pretrain.evaluate.glue.report import markdown_table as benchmark_table
+from bertforge.pretrain.evaluate.glue.report import plot_steps as plot_benchmark_steps
+from bertforge.pretrain.evaluate.glue.report import write_results as write_benchmark
+from bertforge.pretrain.evaluate.glue.suite import evaluate_benchmark
 from bertforge.pretrain.evaluate.long_documents import STRATEGIES
 from bertforge.pretrain.evaluate.report import markdown_table, plot_steps, write_results
 from bertforge.pretrain.evaluate.runner import evaluate_models
@@ -67,8 +79,38 @@ def _parser() -> argparse.ArgumentParser:
         "--models", nargs="+", required=True, help="[LABEL=]PATH | [LABEL=]RUN@STEP | RUN@all ..."
     )
     p.add_argument("--tasks", help="tasks JSON file (its format: docs/evaluation.md)")
+    b = p.add_argument_group("GLUE and CLUE (instead of --tasks)")
+    b.add_argument(
+        "--glue",
+        metavar="DIR",
+        help="GLUE folder: download_glue_data.py's layout (CoLA/train.tsv, ...) or Hugging "
+        "Face's copies per config (cola/ saved by datasets, or its parquet files)",
+    )
+    b.add_argument(
+        "--clue", metavar="DIR", help="CLUE folder: afqmc/train.json, dev.json, ... (jsonl)"
+    )
+    b.add_argument(
+        "--protocol",
+        choices=sorted(PROTOCOLS),
+        default="run_glue",
+        help="fine-tuning preset (docs/evaluation.md); the recipe flags below override it "
+        "(default run_glue: lr 2e-5, batch 32, 3 epochs, seed 42)",
+    )
+    b.add_argument(
+        "--from_mnli",
+        choices=("protocol", "off"),
+        default="protocol",
+        help="RTE/MRPC/STS-B from the MNLI fine-tuned model as the protocol says, or never",
+    )
+    b.add_argument("--max_eval_examples", type=int, default=None, help="cap per reported split")
+    b.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="folder for results.json, results.md, plots")
-    p.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per lr (default 3)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="fine-tuning seeds per lr (default 3; GLUE/CLUE: the protocol's)",
+    )
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed..seed+K-1)")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when present)")
     p.add_argument("--only", nargs="+", default=None, help="evaluate only these task names")
@@ -78,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         default = getattr(Recipe(), name)
         g.add_argument(f"--{name}", type=int, default=None, help=f"{what} (default {default})")
     g.add_argument("--warmup_ratio", type=float, default=None)
+    g.add_argument("--weight_decay", type=float, default=None, help="AdamW's (default 0.01)")
     g.add_argument(
         "--long_documents",
         choices=STRATEGIES,
@@ -127,10 +170,67 @@ def _task_specs(args: argparse.Namespace) -> list[TaskSpec]:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    over = {k: getattr(args, k) for k in (*_INT_RECIPE, "warmup_ratio", "long_documents")}
+    over = {
+        k: getattr(args, k)
+        for k in (*_INT_RECIPE, "warmup_ratio", "weight_decay", "long_documents")
+    }
     if args.lrs:
         over["lrs"] = tuple(float(x) for x in args.lrs.split(","))
     return {k: v for k, v in over.items() if v is not None and k in Recipe.__dataclass_fields__}
+
+
+def _benchmark_overrides(args: argparse.Namespace) -> dict:
+    """The recipe flags given, as protocol settings (protocols.OVERRIDABLE)."""
+    over = {k: getattr(args, k) for k in OVERRIDABLE if k not in ("lrs", "seeds")}
+    over = {k: v for k, v in over.items() if v is not None}
+    if "epochs" in over:
+        over["epochs"] = float(over["epochs"])
+    if args.lrs:
+        over["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+    if args.seeds is not None:
+        over["seeds"] = tuple(range(args.seed, args.seed + args.seeds))
+    if args.from_mnli == "off":
+        over["from_mnli"] = False
+    return over
+
+
+def _run_benchmark(args: argparse.Namespace) -> int:
+    """--glue / --clue: every task the folder holds (or --only), the protocol, the outputs."""
+    bench, root = ("glue", args.glue) if args.glue else ("clue", args.clue)
+    if args.tasks or args.train:
+        raise UserError(f"--{bench} and --tasks/--train are two evaluations: run them apart")
+    if args.protocol == "mosaicbert" and bench == "clue":
+        raise UserError("--protocol mosaicbert has settings for GLUE's tasks only; use bert")
+    unused = [
+        f"--{k}"
+        for k in ("min_steps", "dev_checks", "patience", "window_stride", "long_documents")
+        if getattr(args, k) is not None
+    ]
+    if unused:
+        raise UserError(
+            f"{', '.join(unused)}: not part of a --{bench} protocol (fixed epochs, dev scored "
+            "once at the end, as the papers ran it); leave them out"
+        )
+    datas = load_benchmark(bench, root, args.only)
+    for d in datas:
+        d.train = d.train.head(args.max_train_examples)
+        d.evals = {k: v.head(args.max_eval_examples) for k, v in d.evals.items()}
+    results = evaluate_benchmark(
+        bench,
+        args.models,
+        datas,
+        args.protocol,
+        _benchmark_overrides(args),
+        torch.device(args.device) if args.device else None,
+        workdir=str(Path(args.out) / "models"),
+        progress_bar=not args.no_progress,
+    )
+    out = Path(args.out)
+    paths = write_benchmark(out, results)
+    print(benchmark_table(results))
+    for path in [*paths, *plot_benchmark_steps(results, out)]:
+        print(path, file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = Path(args.out)
     try:
-        if args.seeds < 1:
+        if args.seeds is not None and args.seeds < 1:
             raise TaskError("--seeds must be at least 1")
+        if args.glue and args.clue:
+            raise TaskError("--glue and --clue: give one benchmark per run")
+        if args.glue or args.clue:
+            return _run_benchmark(args)
+        args.seeds = 3 if args.seeds is None else args.seeds
         tasks = [load_task(s) for s in _task_specs(args)]
         device = torch.device(args.device) if args.device else None
         results = evaluate_models(

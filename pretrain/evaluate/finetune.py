@@ -160,17 +160,20 @@ def _collate(tokenizer, feats: list[dict[str, Any]], device: torch.device) -> di
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _optimizer(model: torch.nn.Module, lr: float, recipe: Recipe) -> torch.optim.Optimizer:
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: ``weight_decay`` on the matrices, none on biases and norms (as
+    transformers' Trainer groups them)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    return torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": recipe.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=lr,
-    )
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _optimizer(model: torch.nn.Module, lr: float, recipe: Recipe) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(decay_groups(model, recipe.weight_decay), lr=lr)
 
 
 def seed_everything(seed: int) -> None:

@@ -231,3 +231,20 @@ class ModelSource:
         model = task_model_class(task_type).from_config(conf)
         _load_encoder(model, self.state_dict, self.where)
         return model
+
+    def build_for(self, kind: str, labels: list[str]) -> torch.nn.Module:
+        """A new sequence model of a benchmark task: ``kind`` "classification" (a class per
+        label) or "regression" (one output, mean-squared error, as STS-B's)."""
+        if kind != "regression":
+            return self.build("classification", labels)
+        conf = _task_config(self.config, ["score"])
+        conf.problem_type = "regression"
+        model = task_model_class("classification").from_config(conf)
+        _load_encoder(model, self.state_dict, self.where)
+        return model
+
+    def with_encoder_of(self, model: torch.nn.Module, where: str) -> ModelSource:
+        """The same tokenizer and config with the encoder of a fine-tuned task ``model`` (a task
+        that starts from the MNLI fine-tuned model); its classifier is left behind."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        return ModelSource(self.config, state, self.tokenizer, where)
