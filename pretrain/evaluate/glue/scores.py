@@ -9,7 +9,6 @@ that predicts one STS-B score for every pair) is undefined; it counts as 0, no c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 
@@ -27,11 +26,13 @@ def task_scores(metrics: Sequence[str], gold: Sequence, pred: Sequence) -> dict[
             out[m] = f1_score(gold, pred, zero_division=0)
         elif m == "matthews_correlation":
             out[m] = matthews_corrcoef(gold, pred)
+        elif m in ("pearson", "spearmanr") and len(set(pred)) < 2:
+            out[m] = 0.0  # constant predictions: undefined, counted as no correlation
         elif m == "pearson":
             out[m] = pearsonr(pred, gold)[0]
         elif m == "spearmanr":
             out[m] = spearmanr(pred, gold)[0]
         else:
             raise ValueError(f"unknown metric {m!r}")
-        out[m] = float(out[m]) if math.isfinite(out[m]) else 0.0
+        out[m] = float(out[m])
     return out
