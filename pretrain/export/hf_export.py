@@ -45,7 +45,7 @@ from bertforge.pretrain.export.hf_extras import (
     initialised_pooler,
     trained_length,
 )
-from bertforge.pretrain.export.model_card import write_model_card
+from bertforge.pretrain.export.model_card import benchmark_section, write_model_card
 from bertforge.pretrain.model.run_checkpoints import (
     MARKER,
     CheckpointError,
@@ -170,13 +170,18 @@ def export(
     datasets: list[str] | None = None,
     average: str | None = None,
     ema: bool = False,
+    glue_results: str | None = None,
+    glue_model: str | None = None,
 ) -> dict[str, Any]:
     """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``, or
     the mean of the checkpoints ``average`` names: ``last:K`` or steps ``100,200``), with a model
     card (README.md; ``language`` and ``datasets`` go into its YAML header). ``ema``: the
-    checkpoint's EMA weights (``--ema`` of the trainer) instead of its weights."""
+    checkpoint's EMA weights (``--ema`` of the trainer) instead of its weights. ``glue_results``:
+    a glue.json (or clue.json) of ``pretrain.evaluate`` whose row ``glue_model`` joins the card."""
     import torch
 
+    # a bad results file fails before any weight is read
+    benchmark = benchmark_section(glue_results, glue_model) if glue_results else None
     run = Path(run)
     ckpt, sd, state = _checkpoint_weights(run, checkpoint, average, ema)
     nsp = bool(state.get("nsp", False))
@@ -216,6 +221,7 @@ def export(
             pooler=_pooler_line(model.arch, nsp),
             language=language,
             datasets=datasets,
+            benchmark=benchmark,
         )
         if generator is not None:
             result["generator"] = str(output / GENERATOR_DIR)
@@ -361,6 +367,16 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="model card: a dataset name for its header (repeat for several)",
     )
+    p.add_argument(
+        "--glue_results",
+        default=None,
+        metavar="FILE",
+        help="model card: the GLUE (or CLUE) scores of this model from a glue.json of "
+        "python -m pretrain.evaluate --glue",
+    )
+    p.add_argument(
+        "--glue_model", default=None, help="its row in that file (default: the only one)"
+    )
     args = p.parse_args(argv)
     try:
         res = export(
@@ -372,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             datasets=args.dataset,
             average=args.average,
             ema=args.ema,
+            glue_results=args.glue_results,
+            glue_model=args.glue_model,
         )
     except UserError as e:
         log.error(str(e))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.data_prep.reader import ShardError, load_manifest
+from bertforge.errors import UserError
 from bertforge.pretrain.components.metrics import read_metrics
 
 _REPOSITORY = Path(__file__).resolve().parents[2]  # pretrain/export/ -> the repository
@@ -212,6 +213,45 @@ def _sharing(model: dict[str, Any]) -> list[str]:
     ]
 
 
+def benchmark_section(path: str | Path, label: str | None) -> list[str]:
+    """The model card's lines for one model of a ``python -m pretrain.evaluate --glue`` (or
+    ``--clue``) results file: each task's dev scores, median [min, max] over the seeds, the
+    benchmark score and how it was run. ``label``: the model's row (None: the file's only one)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        bench, rows = doc["benchmark"], doc["models"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"--glue_results {path}: not a glue.json/clue.json of python -m pretrain.evaluate ({e})"
+        ) from None
+    if label is None and len(rows) == 1:
+        label = next(iter(rows))
+    if label not in rows:
+        raise UserError(
+            f"--glue_results {path}: give --glue_model, one of {sorted(rows)}"
+            if label is None
+            else f"--glue_model {label}: not in {path}; its models: {sorted(rows)}"
+        )
+    lines = [f"## {bench.upper()} (dev)", "", "| task | metric | x 100 |", "|---|---|---|"]
+    for r in (r for r in doc["results"] if r["model"] == label):
+        for name, metrics in r["evals"].items():
+            for metric, st in metrics.items():
+                cell = f"{100 * st['median']:.1f} [{100 * st['min']:.1f}, {100 * st['max']:.1f}]"
+                lines.append(f"| {name} | {metric} | {cell} |")
+    score = rows[label].get(bench)
+    lines += [
+        f"| **{bench.upper()}** | {doc['score']} | "
+        + ("(not every task of the average was run)" if score is None else f"{100 * score:.1f}")
+        + " |",
+        "",
+        f"Protocol `{doc['protocol']}` ({doc['protocol_source']}); {doc['reported']}. Fine-tuned "
+        f"on {doc['device']} with `python -m pretrain.evaluate --glue` ({path.name}).",
+        "",
+    ]
+    return lines
+
+
 def render_card(
     facts: dict[str, Any],
     *,
@@ -221,6 +261,7 @@ def render_card(
     language: list[str],
     datasets: list[str],
     pooler: str | None = None,
+    benchmark: list[str] | None = None,
 ) -> str:
     """README.md text: YAML header, then size, tokenizer, data, training, validation, command."""
     cfg = facts["config"]
@@ -283,8 +324,9 @@ def render_card(
             "|---|---|---|",
             f"| {val['val_loss']} | {val['val_accuracy']} | {val['val_perplexity']} |",
         ]
+    lines += ["", *(benchmark or [])]
     command = _command(facts["argv"], facts["world_size"])
-    lines += ["", "## Training command", "", "```bash", command, "```", ""]
+    lines += ["## Training command", "", "```bash", command, "```", ""]
     return "\n".join(lines)
 
 
@@ -299,6 +341,7 @@ def write_model_card(
     language: list[str] | None = None,
     datasets: list[str] | None = None,
     pooler: str | None = None,
+    benchmark: list[str] | None = None,
 ) -> Path:
     """Write ``out/README.md`` for the checkpoint whose trainer ``state`` is given, paths
     relative to the run folder (:func:`relative_paths`); returns it."""
@@ -316,6 +359,7 @@ def write_model_card(
         language=list(language or []),
         datasets=list(datasets or []),
         pooler=pooler,
+        benchmark=benchmark,
     )
     text = relative_paths(text, run)
     path = out / "README.md"

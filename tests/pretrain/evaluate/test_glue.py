@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.glue import NLI, sentence, write_glue, write_lines
 from helpers.tiny_bert import build_tiny_bert
 
 from bertforge.errors import UserError
@@ -25,58 +26,6 @@ from bertforge.pretrain.evaluate.glue.readers import GlueDataError, load_benchma
 from bertforge.pretrain.evaluate.glue.scores import task_scores
 from bertforge.pretrain.evaluate.glue.tasks import GLUE_TASKS, benchmark_score, score_definition
 from bertforge.pretrain.evaluate.models import ModelSource
-
-WORDS = "the cat dog sat ran on a mat house big small red blue old new car tree".split()
-STS_HEADER = (
-    "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
-)
-MNLI_HEADER = (
-    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
-    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label"
-)
-NLI = ("entailment", "neutral", "contradiction")
-
-
-def _sentence(rng: random.Random) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))
-
-
-def _write(path: Path, lines: list[str], bom: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(("\ufeff" if bom else "") + "\n".join(lines) + "\n", encoding="utf-8")
-
-
-def write_glue(root: Path, n_train: int = 48, n_dev: int = 24, seed: int = 0) -> Path:
-    """CoLA (no header), MRPC (byte-order mark), STS-B, RTE and MNLI (matched and mismatched dev)
-    in download_glue_data.py's layout; a sentence holds a lone ``"`` (quoting must stay off)."""
-    rng = random.Random(seed)
-    for split, n in (("train", n_train), ("dev", n_dev)):
-        cola, mrpc, sts, rte = [], ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"], [STS_HEADER], []
-        rte.append("index\tsentence1\tsentence2\tlabel")
-        for i in range(n):
-            a, b = _sentence(rng), _sentence(rng)
-            same = i % 2 == 0
-            cola.append(f"gj04\t{i % 2}\t\t{a} .")
-            mrpc.append(f"{i % 2}\t{i}\t{i + 1}\t{a}\t{a if same else b}")
-            sts.append(
-                f"{i}\tmain-news\tfile\t2012\t{i}\tnone\tnone\t{a}\t{b}\t{5.0 * rng.random():.3f}"
-            )
-            rte.append(
-                f'{i}\t{a} " said\t{a if same else b}\t{"entailment" if same else "not_entailment"}'
-            )
-        _write(root / "CoLA" / f"{split}.tsv", cola)
-        _write(root / "MRPC" / f"{split}.tsv", mrpc, bom=True)
-        _write(root / "STS-B" / f"{split}.tsv", sts)
-        _write(root / "RTE" / f"{split}.tsv", rte)
-    for stem, n in (("train", n_train), ("dev_matched", n_dev), ("dev_mismatched", n_dev)):
-        rows = [MNLI_HEADER]
-        for i in range(n):
-            a, b = _sentence(rng), _sentence(rng)
-            lab = NLI[i % 3]
-            parses = f"( {a} )\t( {b} )\t(ROOT {a})\t(ROOT {b})"
-            rows.append(f"{i}\t1\t1n\tfiction\t{parses}\t{a}\t{b}\t{lab}\t{lab}")
-        _write(root / "MNLI" / f"{stem}.tsv", rows)
-    return root
 
 
 def _examples(datas) -> dict:
@@ -272,16 +221,18 @@ def test_clue_jsonl(tiny, tmp_path):
     rng = random.Random(1)
     for split, n in (("train", 40), ("dev", 12)):
         rows = [
-            {"sentence1": _sentence(rng), "sentence2": _sentence(rng), "label": NLI[i % 3]}
+            {"sentence1": sentence(rng), "sentence2": sentence(rng), "label": NLI[i % 3]}
             for i in range(n)
         ]
         rows.append({"sentence1": "a", "sentence2": "b", "label": "-"})  # no gold label: dropped
-        _write(root / "ocnli" / f"{split}.json", [json.dumps(r, ensure_ascii=False) for r in rows])
+        write_lines(
+            root / "ocnli" / f"{split}.json", [json.dumps(r, ensure_ascii=False) for r in rows]
+        )
         csl = [
-            {"id": i, "abst": _sentence(rng), "keyword": ["cat", "dog"], "label": str(i % 2)}
+            {"id": i, "abst": sentence(rng), "keyword": ["cat", "dog"], "label": str(i % 2)}
             for i in range(n)
         ]
-        _write(root / "csl" / f"{split}.json", [json.dumps(r) for r in csl])
+        write_lines(root / "csl" / f"{split}.json", [json.dumps(r) for r in csl])
     datas = {d.task.name: d for d in load_benchmark("clue", root)}
     assert len(datas["OCNLI"].train) == 40 and datas["CSL"].train.texts[0][0] == "cat dog"
     out = tmp_path / "out"

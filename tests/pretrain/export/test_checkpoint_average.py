@@ -1,6 +1,7 @@
 """python -m pretrain.export RUN --average: the exported weights are exactly the mean of the
 named checkpoints' consolidated weights, the card lists their steps, and checkpoints of another
-architecture are refused naming both and the first key that differs."""
+architecture are refused naming both and the first key that differs; the card carries the GLUE
+scores of the exported checkpoint (--glue_results)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,26 @@ def test_average_specs_that_name_nothing_usable_are_refused(run, tmp_path, capsy
     with pytest.raises(AverageError, match="at least 1"):
         parse_average("last:0")
     assert parse_average("last:4") == 4 and parse_average("300,100") == [300, 100]
+
+
+def test_the_card_carries_the_glue_of_the_exported_checkpoint(run, tmp_path, capsys):
+    """pretrain.evaluate --glue on the run's checkpoint, then export --glue_results: the card has
+    each task's dev scores and how they were run; a label the file lacks is refused first."""
+    from helpers.glue import write_glue
+
+    from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
+
+    glue, out = write_glue(tmp_path / "glue_data", n_train=16, n_dev=8), tmp_path / "eval"
+    argv = ["--models", f"demo={run}@2", "--glue", str(glue), "--out", str(out), "--no_progress"]
+    assert evaluate_main([*argv, "--only", "RTE", "STS-B", "--epochs", "1"]) == 0
+    results = str(out / "glue.json")
+    bad = [str(run), "--output", str(tmp_path / "bad"), "--glue_results", results]
+    assert export_main([*bad, "--glue_model", "other"]) == 2
+    assert "--glue_model other: not in" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert export_main([str(run), "--output", str(tmp_path / "hf"), "--glue_results", results]) == 0
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert (
+        "## GLUE (dev)" in card and "| STS-B | spearmanr |" in card and "| RTE | accuracy |" in card
+    )
+    assert "Protocol `run_glue`" in card and "median [min, max] over 1 seed(s)" in card
