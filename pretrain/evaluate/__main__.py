@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         help="RTE/MRPC/STS-B from the MNLI fine-tuned model as the protocol says, or never",
     )
     b.add_argument("--max_eval_examples", type=int, default=None, help="cap per reported split")
-    b.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="folder for results.json, results.md, plots")
     p.add_argument(
         "--seeds",
@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             _overrides(args),
             device,
             workdir=str(out / "models"),
+            progress_bar=not args.no_progress,
         )
     except UserError as e:
         log.error(str(e))

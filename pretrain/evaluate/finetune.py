@@ -199,9 +199,18 @@ def _batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
 
 
 def _fit(
-    model, tokenizer, data: TaskData, encoded: Encoded, recipe: Recipe, lr: float, seed: int, device
+    model,
+    tokenizer,
+    data: TaskData,
+    encoded: Encoded,
+    recipe: Recipe,
+    lr: float,
+    seed: int,
+    device,
+    progress=None,
 ) -> dict[str, Any]:
-    """Train, checking dev ``recipe.dev_checks`` times; leaves the model at its best dev check."""
+    """Train, checking dev ``recipe.dev_checks`` times; leaves the model at its best dev check.
+    ``progress`` (a tqdm bar) counts the planned steps, the ones early stopping skipped too."""
     # Lazy: transformers takes seconds to import; only this path needs it.
     from transformers import get_linear_schedule_with_warmup
 
@@ -222,6 +231,8 @@ def _fit(
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        if progress is not None:
+            progress.update(1)
         if step % check_every and step != total:
             continue
         preds = predict(model, tokenizer, encoded.dev, recipe.batch_size, device)
@@ -234,6 +245,8 @@ def _fit(
             since_best += 1
             if recipe.patience and since_best >= recipe.patience:
                 break
+    if progress is not None:
+        progress.update(total - step)  # stopped early: the bar still ends at its planned total
     model.load_state_dict(best["state"])
     return {"dev": best["dev"], "steps": step, "best_step": best["step"], "planned_steps": total}
 
@@ -294,6 +307,7 @@ def run_once(
     lr: float,
     seed: int,
     device: torch.device,
+    progress=None,
 ) -> dict[str, Any]:
     """Fine-tune a fresh task model of ``source`` (a models.ModelSource); its best dev check's
     scores, and the test scores of those weights."""
@@ -301,7 +315,7 @@ def run_once(
     seed_everything(seed)
     tokenizer = source.tokenizer
     model = source.build(data.spec.type, data.labels).to(device)
-    fit = _fit(model, tokenizer, data, encoded, recipe, lr, seed, device)
+    fit = _fit(model, tokenizer, data, encoded, recipe, lr, seed, device, progress)
     preds = predict(model, tokenizer, encoded.test, recipe.batch_size, device)
     result: dict[str, Any] = {"lr": lr, "seed": seed, **fit}
     result["test"] = score_split(data, data.test, encoded.test, preds)

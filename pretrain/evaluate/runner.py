@@ -18,7 +18,13 @@ import torch
 
 from bertforge.logs import get_logger
 from bertforge.pretrain.data.downstream_tasks import TaskData
-from bertforge.pretrain.evaluate.finetune import encode_for, recipe_dict, recipe_for, run_once
+from bertforge.pretrain.evaluate.finetune import (
+    encode_for,
+    recipe_dict,
+    recipe_for,
+    run_once,
+    total_steps,
+)
 from bertforge.pretrain.evaluate.metrics import PRIMARY
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve_all
 from bertforge.pretrain.evaluate.references import reference_rows
@@ -55,16 +61,22 @@ def evaluate_pair(
     overrides: dict[str, Any] | None = None,
     device: torch.device | None = None,
     log=None,
+    progress=None,
 ) -> dict[str, Any]:
-    """All runs of one model on one task, and their aggregate (see the module doc)."""
+    """All runs of one model on one task, and their aggregate (see the module doc).
+    ``progress``: a tqdm bar that counts optimizer steps (``planned_steps`` planned them)."""
     device = device or default_device()
     recipe = recipe_for(data, overrides)
     start = time.perf_counter()
     encoded = encode_for(source.tokenizer, data, recipe)
+    if progress is not None and len(encoded.train) != len(data.train):  # windows: more sequences
+        extra = total_steps(len(encoded.train), recipe) - total_steps(len(data.train), recipe)
+        progress.total += extra * len(recipe.lrs) * len(seeds)
+        progress.refresh()
     runs = []
     for lr in recipe.lrs:
         for seed in seeds:
-            r = run_once(source, data, encoded, recipe, lr, seed, device)
+            r = run_once(source, data, encoded, recipe, lr, seed, device, progress)
             runs.append(r)
             if log:
                 log(
@@ -134,6 +146,16 @@ def describe_task(data: TaskData) -> dict[str, Any]:
     }
 
 
+def planned_steps(tasks: list[TaskData], seeds: list[int], overrides: dict[str, Any] | None) -> int:
+    """Optimizer steps of one model's runs: every task's lrs x seeds at its planned length (early
+    stopping may end a run sooner)."""
+    total = 0
+    for data in tasks:
+        recipe = recipe_for(data, overrides)
+        total += total_steps(len(data.train), recipe) * len(recipe.lrs) * len(seeds)
+    return total
+
+
 def stderr_log(msg: str) -> None:
     """Progress lines go to stderr, the table to stdout."""
     print(msg, file=sys.stderr, flush=True)
@@ -147,10 +169,21 @@ def evaluate_models(
     device: torch.device | None = None,
     workdir: str | None = None,
     log=stderr_log,
+    progress_bar: bool = True,
 ) -> dict[str, Any]:
     """Evaluate every model (``PATH``, ``RUN@STEP``, ``RUN@all``) on every loaded task."""
+    # Lazy: tqdm only when a run starts.
+    from tqdm import tqdm
+
     refs = resolve_all(model_specs)
     device = device or default_device()
+    steps = planned_steps(tasks, seeds, overrides)
+    runs = sum(len(recipe_for(d, overrides).lrs) * len(seeds) for d in tasks)
+    log(
+        f"{len(refs)} model(s) x {len(tasks)} task(s): {runs} fine-tuning run(s) and at most "
+        f"{steps:,} optimizer steps per model on {device}; the bar's rate after a few steps "
+        "gives the time left (fewer runs: --seeds 1, one lr in --lrs, --min_steps 0)"
+    )
     notes = [n for n in map(small_dev_note, tasks) if n]
     for note in notes:
         get_logger(__name__).warning(note)
@@ -159,12 +192,17 @@ def evaluate_models(
         log(f"{data.spec.name}: reference rows (majority class, classical model)")
         references += reference_results(data)
     results = []
-    for ref in refs:
-        log(f"{ref.label}: {ref.checkpoint or ref.path}")
-        source = ModelSource.from_hf_dir(materialize(ref, workdir))
-        for data in tasks:
-            res = evaluate_pair(source, data, seeds, overrides, device, log)
-            results.append({"model": ref.label, "step": ref.step, **res})
+    bar = tqdm(total=steps * len(refs), unit="step", disable=not progress_bar, dynamic_ncols=True)
+    try:
+        for ref in refs:
+            log(f"{ref.label}: {ref.checkpoint or ref.path}")
+            source = ModelSource.from_hf_dir(materialize(ref, workdir))
+            for data in tasks:
+                bar.set_description(f"{ref.label} {data.spec.name}")
+                res = evaluate_pair(source, data, seeds, overrides, device, log, bar)
+                results.append({"model": ref.label, "step": ref.step, **res})
+    finally:
+        bar.close()
     return {
         "models": [
             {

@@ -217,7 +217,11 @@ def test_run_folder_checkpoints_scored_and_plotted(
         ("bert", None),
     ]
     assert all(len(r["test"]["accuracy"]["values"]) == 2 for r in results["results"])
-    assert "| run@2 |" in capsys.readouterr().out and (out / "results.md").is_file()
+    shown = capsys.readouterr()
+    assert "| run@2 |" in shown.out and (out / "results.md").is_file()
+    # the plan before the first step, then a progress bar over every run's steps (issue 55)
+    assert "3 model(s) x 1 task(s): 2 fine-tuning run(s) and at most" in shown.err
+    assert "100%|" in shown.err
     assert (out / "score_vs_step_run.png").stat().st_size > 1000
     # the background-process form of the evaluation during pretraining
     records = tmp_path / "downstream.jsonl"
