@@ -112,7 +112,12 @@ def _parser() -> argparse.ArgumentParser:
         help="fine-tuning seeds per lr (default 3; GLUE/CLUE: the protocol's)",
     )
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed..seed+K-1)")
-    p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when present)")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cuda | cpu (default: cuda when present); --glue/--clue: a comma-separated list "
+        "runs the tasks side by side, one per device (default: every GPU)",
+    )
     p.add_argument("--only", nargs="+", default=None, help="evaluate only these task names")
     g = p.add_argument_group("recipe overrides (all tasks)")
     g.add_argument("--lrs", default=None, help="comma-separated learning-rate grid")
@@ -221,7 +226,7 @@ def _run_benchmark(args: argparse.Namespace) -> int:
         datas,
         args.protocol,
         _benchmark_overrides(args),
-        torch.device(args.device) if args.device else None,
+        [torch.device(d) for d in args.device.split(",")] if args.device else None,
         workdir=str(Path(args.out) / "models"),
         progress_bar=not args.no_progress,
     )

@@ -10,17 +10,20 @@ progress bar counts the optimizer steps of every run.
 
 from __future__ import annotations
 
-import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.evaluate.glue.finetune import encode, fine_tune, total_steps
+from bertforge.pretrain.evaluate.glue.finetune import total_steps
+from bertforge.pretrain.evaluate.glue.parallel import run_side_by_side
 from bertforge.pretrain.evaluate.glue.protocols import PROTOCOLS, Settings, task_settings
 from bertforge.pretrain.evaluate.glue.readers import BenchmarkData
+from bertforge.pretrain.evaluate.glue.task_runs import choose_lr, task_runs
 from bertforge.pretrain.evaluate.glue.tasks import benchmark_score, score_definition
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve_all
 from bertforge.pretrain.evaluate.runner import default_device, spread
@@ -50,52 +53,6 @@ def planned_steps(tasks: list[tuple[BenchmarkData, Settings]]) -> int:
     return sum(total_steps(len(d.train), s) * len(s.lrs) * len(s.seeds) for d, s in tasks)
 
 
-def choose_lr(runs: list[dict[str, Any]], split: str, metric: str) -> float:
-    """The lr with the best median score over its seeds (the lower lr on a tie)."""
-    by_lr: dict[float, list[float]] = {}
-    for r in runs:
-        by_lr.setdefault(r["lr"], []).append(r["scores"][split][metric])
-    return max(by_lr, key=lambda lr: (statistics.median(by_lr[lr]), -lr))
-
-
-def _task_runs(source, data: BenchmarkData, settings: Settings, device, progress):
-    """Every (lr, seed) run of one task; the runs, and each run's model kept while MNLI needs it."""
-    tok = source.tokenizer
-    train = encode(tok, data.train, settings.max_length)
-    evals = {
-        name: (encode(tok, part, settings.max_length), part.labels)
-        for name, part in data.evals.items()
-    }
-    runs, models = [], {}
-    for lr in settings.lrs:
-        for seed in settings.seeds:
-            result, model = fine_tune(
-                source,
-                data.task,
-                train,
-                data.train.labels,
-                evals,
-                settings,
-                lr,
-                seed,
-                device,
-                progress,
-            )
-            runs.append(result)
-            if data.task.name == MNLI and seed == settings.seeds[0]:
-                models[lr] = model.to("cpu")
-            del model
-            log.info(
-                f"{data.task.name}: lr {lr:g} seed {seed}: "
-                + "; ".join(
-                    f"{split} " + ", ".join(f"{m} {v:.4f}" for m, v in sc.items())
-                    for split, sc in result["scores"].items()
-                )
-                + f" ({result['seconds']:.1f} s)"
-            )
-    return runs, models
-
-
 def _aggregate(data: BenchmarkData, settings: Settings, runs: list[dict[str, Any]]) -> dict:
     task = data.task
     first = next(iter(task.evals))
@@ -123,21 +80,47 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.__dict__.items()}
 
 
+def default_devices() -> list[torch.device]:
+    """Every GPU, one task on each (MosaicBERT's glue.py does the same); else the CPU."""
+    n = torch.cuda.device_count()
+    return [torch.device(f"cuda:{i}") for i in range(n)] if n else [default_device()]
+
+
+def _serial(
+    hf_dir, tasks: list[tuple[BenchmarkData, Settings]], device, progress, label: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Every task's runs on one device, in order (MNLI first)."""
+    source = ModelSource.from_hf_dir(hf_dir)
+    mnli_source, done = None, {}
+    for data, settings in tasks:
+        if progress is not None:
+            progress.set_description(f"{label} {data.task.name}")
+        start = mnli_source if settings.from_mnli else source
+        runs, models = task_runs(start, data, settings, device, progress)
+        if models:
+            lr = choose_lr(runs, next(iter(data.task.evals)), data.task.metrics[0])
+            mnli_source = source.with_encoder_of(models[lr], f"{label} fine-tuned on MNLI")
+        done[data.task.name] = runs
+    return done
+
+
 def evaluate_benchmark(
     benchmark: str,
     model_specs: list[str],
     datas: list[BenchmarkData],
     protocol: str,
     overrides: dict[str, Any],
-    device: torch.device | None = None,
+    devices: list[torch.device] | None = None,
     workdir: str | None = None,
     progress_bar: bool = True,
 ) -> dict[str, Any]:
-    """Fine-tune and score every model on every task (see the module doc); the results."""
+    """Fine-tune and score every model on every task (see the module doc); the results. With
+    several ``devices`` the tasks run side by side, one per device (parallel.py)."""
     # Lazy: tqdm only when a run starts.
     from tqdm import tqdm
 
-    device = device or default_device()
+    devices = devices or default_devices()
+    where = ", ".join(map(str, devices))
     tasks = plan(datas, protocol, overrides)
     refs = resolve_all(model_specs)
     steps = planned_steps(tasks)
@@ -145,26 +128,21 @@ def evaluate_benchmark(
     log.info(
         f"{benchmark.upper()} ({protocol}): {len(refs)} model(s) x {len(tasks)} task(s) "
         f"({', '.join(d.task.name for d, _ in tasks)}), {n_runs} run(s) and {steps:,} optimizer "
-        f"steps per model on {device}; the bar's rate after a few steps gives the time left"
+        f"steps per model on {where}; the bar's rate after a few steps gives the time left"
     )
     results, started = [], time.perf_counter()
     bar = tqdm(total=steps * len(refs), unit="step", disable=not progress_bar, dynamic_ncols=True)
     try:
         for ref in refs:
             log.info(f"{ref.label}: {ref.checkpoint or ref.path}")
-            source = ModelSource.from_hf_dir(materialize(ref, workdir))
-            mnli_source = None
+            hf_dir = materialize(ref, workdir)
+            if len(devices) > 1:
+                with tempfile.TemporaryDirectory(prefix="glue-") as scratch:
+                    done = run_side_by_side(hf_dir, tasks, devices, Path(scratch), bar)
+            else:
+                done = _serial(hf_dir, tasks, devices[0], bar, ref.label)
             for data, settings in tasks:
-                bar.set_description(f"{ref.label} {data.task.name}")
-                start = source
-                if settings.from_mnli:
-                    start = mnli_source
-                runs, models = _task_runs(start, data, settings, device, bar)
-                agg = _aggregate(data, settings, runs)
-                if models:
-                    mnli_source = source.with_encoder_of(
-                        models[agg["lr"]], f"{ref.label} fine-tuned on MNLI"
-                    )
+                agg = _aggregate(data, settings, done[data.task.name])
                 agg["start"] = "MNLI fine-tuned" if settings.from_mnli else "pretrained"
                 results.append({"model": ref.label, "step": ref.step, **agg})
     finally:
@@ -191,7 +169,7 @@ def evaluate_benchmark(
             if (m := list(d.task.metrics))
         ],
         "results": results,
-        "device": str(device),
+        "device": where,
         "seconds": time.perf_counter() - started,
     }
     out["summary"] = summary(out)

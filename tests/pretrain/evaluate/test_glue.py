@@ -298,3 +298,28 @@ def test_errors_are_user_errors():
     with pytest.raises(GlueDataError, match="no such folder"):
         load_benchmark("glue", "/nonexistent/glue")
     assert issubclass(GlueDataError, UserError)
+
+
+@pytest.mark.slow  # worker processes of their own
+def test_tasks_side_by_side_give_the_serial_scores(tiny, glue_dir, tmp_path):
+    """--device cpu,cpu: one worker process per device, MNLI before the tasks that start from
+    it; every run's scores equal the serial run's (one thread per worker, one thread here)."""
+    import torch
+
+    args = ["--protocol", "mosaicbert", "--epochs", "1", "--seeds", "1", "--max_train_examples"]
+    args += ["24", "--only", "MNLI", "RTE"]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # two workers: a thread each
+        assert _run(tiny, glue_dir, tmp_path / "two", "--device", "cpu,cpu", *args) == 0
+        torch.set_num_threads(1)
+        assert _run(tiny, glue_dir, tmp_path / "one", "--device", "cpu", *args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    two, one = (json.loads((tmp_path / d / "glue.json").read_text()) for d in ("two", "one"))
+    assert two["device"] == "cpu, cpu" and one["device"] == "cpu"
+    scores = [
+        {r["task"]: [x["scores"] for x in r["runs"]] for r in d["results"]} for d in (two, one)
+    ]
+    assert scores[0] == scores[1]
+    assert {r["task"]: r["start"] for r in two["results"]}["RTE"] == "MNLI fine-tuned"
