@@ -45,6 +45,7 @@ from bertforge.pretrain.config.ds_config import (
     ConfigError,
     DeepSpeedSetup,
     resolve_deepspeed_config,
+    with_derived_batch,
 )
 from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
 from bertforge.pretrain.config.schedule import build_schedule
@@ -190,6 +191,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         cfg = _override_peak(cfg, point)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
+    cfg = with_derived_batch(cfg, setup.batch)  # a recipe's accumulation for another world size
     stage = int(setup.config.get("zero_optimization", {}).get("stage", 0))
     check_engine(cfg.model_cfg, stage, setup.activation_checkpointing)
     check_compile(cfg.speed.compile, stage)
@@ -438,6 +440,8 @@ def build_training(
     place = join_ranks(cfg, run)
     if run.setup.precision_note:
         log.warning(run.setup.precision_note)
+    if run.setup.batch.note:
+        log.info(run.setup.batch.note)
     verify_shards_once(cfg, place.rank, place.world, place.device, run.phases)
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
     longest = run.phases.max_seq_len if run.phases else None
