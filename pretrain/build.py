@@ -40,7 +40,7 @@ from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tfl
 from bertforge.pretrain.components.optim import lr_scheduler_factory, param_groups
 from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
 from bertforge.pretrain.components.resume import ResumePoint, find_resume
-from bertforge.pretrain.components.schedule_override import check_resume_clock
+from bertforge.pretrain.components.schedule_override import check_resume_clock, steps_origin
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
     DeepSpeedSetup,
@@ -358,6 +358,7 @@ def start_position(
             schedule=schedule,
             seed=cfg.run.seed,
             override_lr=cfg.optim.override_lr_schedule,
+            steps_from=steps_origin(cfg.run, cfg.sources),
         )
         warn_if_data_changed(run.point, run.train_reader)
         return start
