@@ -12,7 +12,7 @@ from typing import Any
 
 from bertforge.cli import checked, opt
 from bertforge.data_prep.decontam import NUM_PERM, SHINGLE
-from bertforge.data_prep.inputs import InputConfig, input_signature
+from bertforge.data_prep.inputs import InputConfig
 from bertforge.data_prep.key_sentences import METHOD as KEY_SENTENCES_METHOD
 from bertforge.data_prep.layout import FORMAT_VERSION, TOKENIZER_DIR
 from bertforge.data_prep.progress import normalize_mode
@@ -143,6 +143,38 @@ def check_config(cfg: BuildConfig) -> None:
         )
     if problems:
         raise BuildError("; ".join(problems))
+
+
+def _sample_hash(path: Path, size: int, window: int = 1 << 20) -> str:
+    """sha256 of the first, middle and last MiB: cheap, and it changes when the content does."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for start in sorted({0, max(0, size // 2 - window // 2), max(0, size - window)}):
+            f.seek(start)
+            h.update(f.read(window))
+    return h.hexdigest()
+
+
+def input_signature(files: list[Path]) -> list[dict]:
+    """Path, size and sampled content hash of each input: a resumed build must see the same
+    files (a file rewritten with the same content still matches)."""
+    sig = []
+    for p in files:
+        if p.is_dir():  # a saved dataset: its files' names and sizes
+            parts = sorted(
+                (str(f.relative_to(p)), f.stat().st_size) for f in p.rglob("*") if f.is_file()
+            )
+            sig.append(
+                {
+                    "path": str(p),
+                    "bytes": sum(n for _, n in parts),
+                    "sha256_sample": hashlib.sha256(repr(parts).encode()).hexdigest(),
+                }
+            )
+        else:
+            size = p.stat().st_size
+            sig.append({"path": str(p), "bytes": size, "sha256_sample": _sample_hash(p, size)})
+    return sig
 
 
 def build_key(

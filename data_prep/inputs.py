@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import codecs
 import glob
-import hashlib
 import io
 import json
 import re
@@ -464,35 +463,3 @@ def iter_located_documents(
 def iter_documents(files: list[Path], cfg: InputConfig, drops: DropCounter) -> Iterator[str]:
     """Every document of every input file, in order (stripped, never empty)."""
     return (text for text, _ in iter_located_documents(files, cfg, drops))
-
-
-def _sample_hash(path: Path, size: int, window: int = 1 << 20) -> str:
-    """sha256 of the first, middle and last MiB: cheap, and it changes when the content does."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for start in sorted({0, max(0, size // 2 - window // 2), max(0, size - window)}):
-            f.seek(start)
-            h.update(f.read(window))
-    return h.hexdigest()
-
-
-def input_signature(files: list[Path]) -> list[dict]:
-    """Path, size and sampled content hash of each input: a resumed build must see the same
-    files (a file rewritten with the same content still matches)."""
-    sig = []
-    for p in files:
-        if p.is_dir():  # a saved dataset: its files' names and sizes
-            parts = sorted(
-                (str(f.relative_to(p)), f.stat().st_size) for f in p.rglob("*") if f.is_file()
-            )
-            sig.append(
-                {
-                    "path": str(p),
-                    "bytes": sum(n for _, n in parts),
-                    "sha256_sample": hashlib.sha256(repr(parts).encode()).hexdigest(),
-                }
-            )
-        else:
-            size = p.stat().st_size
-            sig.append({"path": str(p), "bytes": size, "sha256_sample": _sample_hash(p, size)})
-    return sig
