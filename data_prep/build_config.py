@@ -57,6 +57,12 @@ class BuildConfig:
     validation_fraction: float = opt(
         0.01, "share of documents (by text hash) in the validation split"
     )
+    max_invalid_utf8_share: float = opt(
+        0.01,
+        "fail when more than this share of a text or jsonl file's non-blank lines is not UTF-8 "
+        "(the file is in another encoding: convert it with iconv); below it such lines are "
+        "skipped with a warning; 1: never fail",
+    )
     protected_terms: str | None = opt(
         None, "file of terms kept whole for whole-word masking, one per line"
     )
@@ -118,6 +124,10 @@ def check_config(cfg: BuildConfig) -> None:
         problems.append("--stride applies to --format packed only")
     if not 0.0 <= cfg.validation_fraction < 1.0:
         problems.append(f"--validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
+    if not 0.0 <= cfg.max_invalid_utf8_share <= 1.0:
+        problems.append(
+            f"--max_invalid_utf8_share must be in [0, 1], got {cfg.max_invalid_utf8_share}"
+        )
     if cfg.tokenizer is None and cfg.vocab_size < 100:
         problems.append(f"--vocab_size must be at least 100, got {cfg.vocab_size}")
     if cfg.workers < 1 or cfg.shard_docs < 1 or cfg.shard_bytes < 1:

@@ -22,7 +22,9 @@ record (decided per input class, tested by tests/data_prep/test_build_fuzz.py):
 
 The build fails instead (InputError, naming the file and what to do) on argument mistakes: a
 path that does not exist, a jsonl file none of whose objects has `--text_field`, a parquet or
-dataset without that column.
+dataset without that column; and (EncodingError) on a text or jsonl file of which more than
+`--max_invalid_utf8_share` of the lines are not UTF-8. What is said about a file as a whole (its
+share of such lines) is :mod:`data_prep.input_checks`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 
 from bertforge.cli import opt
 from bertforge.data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
+from bertforge.data_prep.input_checks import check_encoding
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
 
@@ -75,13 +78,20 @@ class DropCounter:
     """Counts bad records by reason, keeps the first few (file and line) for the manifest and
     reports the first few of each reason on stderr."""
 
-    def __init__(self, quiet: bool = False, report_first: int = 5):
+    def __init__(
+        self,
+        quiet: bool = False,
+        report_first: int = 5,
+        max_invalid_utf8_share: float | None = None,
+    ):
         self.counts: Counter[str] = Counter()
         self.examples: list[dict[str, str]] = []  # the first MAX_BAD_EXAMPLES, in input order
         self.split_documents = 0  # oversized blank-line blocks cut into pieces (not dropped)
         self.quiet = quiet
         self.report_first = report_first
+        self.max_invalid_utf8_share = max_invalid_utf8_share  # of a file's lines; None: no limit
         self._reported: Counter[str] = Counter()
+        self._warned: Counter[str] = Counter()  # whole-file warnings printed, by kind
 
     def drop(self, reason: str, where: str, detail: str) -> None:
         """Count one skipped record; keep and print `where: detail` for the first few."""
@@ -100,6 +110,20 @@ class DropCounter:
         if not self.quiet and n <= self.report_first:
             more = " (further ones are only counted)" if n == self.report_first else ""
             log.warning(f"skipped {where}: {detail} [{reason}]{more}")
+
+    def file_read(self, path: str, lines: int, invalid_utf8: int) -> None:
+        """A text or jsonl file read to its end, ``invalid_utf8`` of its ``lines`` non-blank lines
+        skipped as not UTF-8: raises EncodingError above the share allowed, else warns (the
+        first ``report_first`` files) naming the file and the conversion."""
+        self.warn(check_encoding(path, lines, invalid_utf8, self.max_invalid_utf8_share), "utf8")
+
+    def warn(self, message: str | None, kind: str) -> None:
+        """Print a warning about a whole file (unless quiet or None), the first few of a kind."""
+        if message is None or self.quiet:
+            return
+        self._warned[kind] += 1
+        if self._warned[kind] <= self.report_first:
+            log.warning(message)
 
 
 def _kind(path: Path) -> tuple[str, str | None]:
@@ -227,7 +251,7 @@ def _lines(
     skipped. A damaged compressed stream is counted and ends the file with (line, None): the
     line in progress there is lost and the caller drops what it was assembling."""
     where = str(path)
-    lineno = 0
+    lineno = nonblank = invalid = 0  # the encoding check counts non-blank lines
     limit = cfg.max_line_bytes
     try:
         with open_binary(path, compression) as raw:
@@ -252,10 +276,13 @@ def _lines(
                 else:
                     line = line.removesuffix("\n")
                     problem = _bad_line(line, limit)
+                nonblank += bool(problem) or bool(line.strip())
                 if problem:
+                    invalid += problem[0] == "invalid_utf8_line"
                     drops.drop(problem[0], f"{where}:{lineno}", problem[1])
                     continue
                 yield lineno, line
+            drops.file_read(where, nonblank, invalid)
     except FileNotFoundError as e:
         raise InputError(f"{where}: file disappeared during the build.") from e
     except STREAM_DAMAGE as e:
