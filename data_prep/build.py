@@ -42,6 +42,7 @@ from bertforge.data_prep.build_config import (
 )
 from bertforge.data_prep.cleanup import part_owns, staging_path, undo_on_user_error
 from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
+from bertforge.data_prep.input_checks import no_validation_hint
 from bertforge.data_prep.inputs import (
     DropCounter,
     InputError,
@@ -314,6 +315,8 @@ def merge(out: Path) -> dict[str, Any]:
     manifest = build_manifest(out, key, records, parts[0])
     write_json_atomic(out / MANIFEST, manifest)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+    if (hint := no_validation_hint(manifest)) is not None:
+        log.warning(hint)
     return manifest
 
 

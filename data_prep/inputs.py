@@ -24,7 +24,7 @@ The build fails instead (InputError, naming the file and what to do) on argument
 path that does not exist, a jsonl file none of whose objects has `--text_field`, a parquet or
 dataset without that column; and (EncodingError) on a text or jsonl file of which more than
 `--max_invalid_utf8_share` of the lines are not UTF-8. What is said about a file as a whole (its
-share of such lines) is :mod:`data_prep.input_checks`.
+share of such lines, a text file that makes one document) is :mod:`data_prep.input_checks`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bertforge.cli import opt
 from bertforge.data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
-from bertforge.data_prep.input_checks import check_encoding
+from bertforge.data_prep.input_checks import check_encoding, one_document_hint
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
 
@@ -311,7 +311,7 @@ def _text_documents(
                 yield line.strip(), f"{path}:{lineno}"
         return
     block: list[str] = []
-    size = first = 0
+    size = first = lines = documents = 0
     for lineno, line in _lines(path, compression, cfg, drops):
         if line is None:  # a damaged stream: the document in progress may be incomplete
             return
@@ -320,15 +320,20 @@ def _text_documents(
                 first = lineno
             block.append(line)
             size += len(line) + 1
+            lines += 1
             if size >= cfg.max_doc_bytes:
                 drops.split_documents += 1
+                documents += 1
                 yield "\n".join(block).strip(), f"{path}:{first}"
                 block, size = [], 0
         elif block:
+            documents += 1
             yield "\n".join(block).strip(), f"{path}:{first}"
             block, size = [], 0
     if block:
+        documents += 1
         yield "\n".join(block).strip(), f"{path}:{first}"
+    drops.warn(one_document_hint(str(path), lines, documents), "one_document")
 
 
 def _json_text(line: str, field: str) -> tuple[str, str | None, str]:

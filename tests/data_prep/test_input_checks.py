@@ -1,6 +1,7 @@
 """Whole-file problems a build names with their fix (issue 55): a file in another encoding than
 UTF-8 fails the build above --max_invalid_utf8_share of its lines and is warned about below it,
-both naming the iconv command.
+both naming the iconv command; a text file of one paragraph a line built without
+--one_doc_per_line, and the empty validation split it leads to, are warned about.
 
 Each runs `python -m data_prep build`'s entry point with the user's arguments, in-process as
 tests/data_prep/test_inputs.py does (a process of its own costs 8-16 s of imports per build here).
@@ -103,3 +104,34 @@ def test_below_the_share_the_lines_are_skipped_with_a_warning_naming_iconv(tmp_p
     assert f"{src}: 40 of its 200 lines (20.0%) are not UTF-8 and were skipped" in proc.stdout
     assert f"iconv -f latin1 -t utf-8 {src}" in proc.stdout
     assert sum(documents(tmp_path / "raised").values()) == 160
+
+
+def test_one_paragraph_a_line_without_the_flag_is_named_at_build_time(tmp_path, build, prose):
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n".join(prose) + "\n", encoding="utf-8")  # no blank line between them
+    proc = build(src, tmp_path / "shards")
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the shards are usable: a warning
+    assert documents(tmp_path / "shards") == {"train": 1, "validation": 0}
+    out = proc.stdout
+    assert f"[data_prep] WARNING: {src}: its 200 lines made one document" in out
+    assert (
+        "If each line is a document (one paragraph a line), rebuild with --one_doc_per_line" in out
+    )
+    assert "[data_prep] WARNING: validation: 0 documents (--validation_fraction 0.01 of 1 " in out
+    assert "the trainer will have no validation data" in out
+    # With the flag: one document a line, a validation split, no warning.
+    proc = build(src, tmp_path / "per_line", "--one_doc_per_line")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING" not in proc.stdout
+    counts = documents(tmp_path / "per_line")
+    assert counts["train"] + counts["validation"] == 200 and counts["validation"] > 0
+
+
+def test_the_one_document_hint_leaves_blank_line_corpora_alone():
+    from bertforge.data_prep.input_checks import one_document_hint
+
+    assert one_document_hint("f.txt", 79, 1).startswith("f.txt: its 79 lines made one document")
+    assert "only 2 documents" in one_document_hint("f.txt", 2000, 2)
+    assert one_document_hint("f.txt", 49, 1) is None  # a short file may be one document
+    assert one_document_hint("pydoc_topics.txt", 8716, 79) is None  # the tests' corpus
+    assert one_document_hint("f.txt", 2000, 3) is None  # three long documents
