@@ -42,6 +42,7 @@ from bertforge.data_prep.build_config import (
 )
 from bertforge.data_prep.cleanup import part_owns, staging_path, undo_on_user_error
 from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
+from bertforge.data_prep.input_checks import no_validation_hint
 from bertforge.data_prep.inputs import (
     DropCounter,
     InputError,
@@ -126,6 +127,13 @@ def _prepare_output(cfg: BuildConfig, key: dict, staging: bool = False) -> bool:
     return False
 
 
+def _drops(cfg: BuildConfig, quiet: bool = False) -> DropCounter:
+    """The counter of bad records of one pass over the input: a file with more lines that are
+    not UTF-8 than --max_invalid_utf8_share fails the first pass that reads it to its end (the
+    failed build then removes what it wrote: data_prep.cleanup)."""
+    return DropCounter(quiet=quiet, max_invalid_utf8_share=cfg.max_invalid_utf8_share)
+
+
 def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
     """Put the tokenizer into OUT/tokenizer (train it, import it, or keep a resumed one)."""
     tok_dir = cfg.output / TOKENIZER_DIR
@@ -144,7 +152,7 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
     log.info(f"training a WordPiece vocabulary of {cfg.vocab_size} on the training documents")
     train_docs = (
         d
-        for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
+        for d in iter_documents(files, cfg.input, _drops(cfg, quiet=True))
         if not is_validation(d, cfg.validation_fraction)
     )
     lowercase = cfg.lowercase is not False
@@ -179,7 +187,7 @@ def _decontam_index(cfg: BuildConfig, files: list[Path]) -> None:
     log.info("indexing the validation documents for decontamination")
     val_docs = (
         d
-        for d in iter_documents(files, cfg.input, DropCounter(quiet=True))
+        for d in iter_documents(files, cfg.input, _drops(cfg, quiet=True))
         if is_validation(d, cfg.validation_fraction)
     )
     NearDuplicateIndex.build(val_docs, cfg.decontaminate, Signer()).save(path)
@@ -307,6 +315,8 @@ def merge(out: Path) -> dict[str, Any]:
     manifest = build_manifest(out, key, records, parts[0])
     write_json_atomic(out / MANIFEST, manifest)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+    if (hint := no_validation_hint(manifest)) is not None:
+        log.warning(hint)
     return manifest
 
 
@@ -377,7 +387,7 @@ def _build_locked(
         decontam_index=(str(_index_path(cfg.output)) if cfg.decontaminate is not None else None),
         key_sentences=cfg.key_sentences,
     )
-    drops = DropCounter()
+    drops = _drops(cfg)
     records, total = run_units(cfg, files, spec, drops)
     indexed = (
         len(NearDuplicateIndex.load(_index_path(cfg.output)))

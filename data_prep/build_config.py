@@ -12,7 +12,7 @@ from typing import Any
 
 from bertforge.cli import checked, opt
 from bertforge.data_prep.decontam import NUM_PERM, SHINGLE
-from bertforge.data_prep.inputs import InputConfig, input_signature
+from bertforge.data_prep.inputs import InputConfig
 from bertforge.data_prep.key_sentences import METHOD as KEY_SENTENCES_METHOD
 from bertforge.data_prep.layout import FORMAT_VERSION, TOKENIZER_DIR
 from bertforge.data_prep.progress import normalize_mode
@@ -56,6 +56,12 @@ class BuildConfig:
     input: InputConfig = field(default_factory=InputConfig)
     validation_fraction: float = opt(
         0.01, "share of documents (by text hash) in the validation split"
+    )
+    max_invalid_utf8_share: float = opt(
+        0.01,
+        "fail when more than this share of a text or jsonl file's non-blank lines is not UTF-8 "
+        "(the file is in another encoding: convert it with iconv); below it such lines are "
+        "skipped with a warning; 1: never fail",
     )
     protected_terms: str | None = opt(
         None, "file of terms kept whole for whole-word masking, one per line"
@@ -118,6 +124,10 @@ def check_config(cfg: BuildConfig) -> None:
         problems.append("--stride applies to --format packed only")
     if not 0.0 <= cfg.validation_fraction < 1.0:
         problems.append(f"--validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
+    if not 0.0 <= cfg.max_invalid_utf8_share <= 1.0:
+        problems.append(
+            f"--max_invalid_utf8_share must be in [0, 1], got {cfg.max_invalid_utf8_share}"
+        )
     if cfg.tokenizer is None and cfg.vocab_size < 100:
         problems.append(f"--vocab_size must be at least 100, got {cfg.vocab_size}")
     if cfg.workers < 1 or cfg.shard_docs < 1 or cfg.shard_bytes < 1:
@@ -143,6 +153,38 @@ def check_config(cfg: BuildConfig) -> None:
         )
     if problems:
         raise BuildError("; ".join(problems))
+
+
+def _sample_hash(path: Path, size: int, window: int = 1 << 20) -> str:
+    """sha256 of the first, middle and last MiB: cheap, and it changes when the content does."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for start in sorted({0, max(0, size // 2 - window // 2), max(0, size - window)}):
+            f.seek(start)
+            h.update(f.read(window))
+    return h.hexdigest()
+
+
+def input_signature(files: list[Path]) -> list[dict]:
+    """Path, size and sampled content hash of each input: a resumed build must see the same
+    files (a file rewritten with the same content still matches)."""
+    sig = []
+    for p in files:
+        if p.is_dir():  # a saved dataset: its files' names and sizes
+            parts = sorted(
+                (str(f.relative_to(p)), f.stat().st_size) for f in p.rglob("*") if f.is_file()
+            )
+            sig.append(
+                {
+                    "path": str(p),
+                    "bytes": sum(n for _, n in parts),
+                    "sha256_sample": hashlib.sha256(repr(parts).encode()).hexdigest(),
+                }
+            )
+        else:
+            size = p.stat().st_size
+            sig.append({"path": str(p), "bytes": size, "sha256_sample": _sample_hash(p, size)})
+    return sig
 
 
 def build_key(

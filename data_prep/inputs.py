@@ -22,14 +22,15 @@ record (decided per input class, tested by tests/data_prep/test_build_fuzz.py):
 
 The build fails instead (InputError, naming the file and what to do) on argument mistakes: a
 path that does not exist, a jsonl file none of whose objects has `--text_field`, a parquet or
-dataset without that column.
+dataset without that column; and (EncodingError) on a text or jsonl file of which more than
+`--max_invalid_utf8_share` of the lines are not UTF-8. What is said about a file as a whole (its
+share of such lines, a text file that makes one document) is :mod:`data_prep.input_checks`.
 """
 
 from __future__ import annotations
 
 import codecs
 import glob
-import hashlib
 import io
 import json
 import re
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from bertforge.cli import opt
 from bertforge.data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
+from bertforge.data_prep.input_checks import check_encoding, one_document_hint
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
 
@@ -76,13 +78,20 @@ class DropCounter:
     """Counts bad records by reason, keeps the first few (file and line) for the manifest and
     reports the first few of each reason on stderr."""
 
-    def __init__(self, quiet: bool = False, report_first: int = 5):
+    def __init__(
+        self,
+        quiet: bool = False,
+        report_first: int = 5,
+        max_invalid_utf8_share: float | None = None,
+    ):
         self.counts: Counter[str] = Counter()
         self.examples: list[dict[str, str]] = []  # the first MAX_BAD_EXAMPLES, in input order
         self.split_documents = 0  # oversized blank-line blocks cut into pieces (not dropped)
         self.quiet = quiet
         self.report_first = report_first
+        self.max_invalid_utf8_share = max_invalid_utf8_share  # of a file's lines; None: no limit
         self._reported: Counter[str] = Counter()
+        self._warned: Counter[str] = Counter()  # whole-file warnings printed, by kind
 
     def drop(self, reason: str, where: str, detail: str) -> None:
         """Count one skipped record; keep and print `where: detail` for the first few."""
@@ -101,6 +110,20 @@ class DropCounter:
         if not self.quiet and n <= self.report_first:
             more = " (further ones are only counted)" if n == self.report_first else ""
             log.warning(f"skipped {where}: {detail} [{reason}]{more}")
+
+    def file_read(self, path: str, lines: int, invalid_utf8: int) -> None:
+        """A text or jsonl file read to its end, ``invalid_utf8`` of its ``lines`` non-blank lines
+        skipped as not UTF-8: raises EncodingError above the share allowed, else warns (the
+        first ``report_first`` files) naming the file and the conversion."""
+        self.warn(check_encoding(path, lines, invalid_utf8, self.max_invalid_utf8_share), "utf8")
+
+    def warn(self, message: str | None, kind: str) -> None:
+        """Print a warning about a whole file (unless quiet or None), the first few of a kind."""
+        if message is None or self.quiet:
+            return
+        self._warned[kind] += 1
+        if self._warned[kind] <= self.report_first:
+            log.warning(message)
 
 
 def _kind(path: Path) -> tuple[str, str | None]:
@@ -228,7 +251,7 @@ def _lines(
     skipped. A damaged compressed stream is counted and ends the file with (line, None): the
     line in progress there is lost and the caller drops what it was assembling."""
     where = str(path)
-    lineno = 0
+    lineno = nonblank = invalid = 0  # the encoding check counts non-blank lines
     limit = cfg.max_line_bytes
     try:
         with open_binary(path, compression) as raw:
@@ -253,10 +276,13 @@ def _lines(
                 else:
                     line = line.removesuffix("\n")
                     problem = _bad_line(line, limit)
+                nonblank += bool(problem) or bool(line.strip())
                 if problem:
+                    invalid += problem[0] == "invalid_utf8_line"
                     drops.drop(problem[0], f"{where}:{lineno}", problem[1])
                     continue
                 yield lineno, line
+            drops.file_read(where, nonblank, invalid)
     except FileNotFoundError as e:
         raise InputError(f"{where}: file disappeared during the build.") from e
     except STREAM_DAMAGE as e:
@@ -285,7 +311,7 @@ def _text_documents(
                 yield line.strip(), f"{path}:{lineno}"
         return
     block: list[str] = []
-    size = first = 0
+    size = first = lines = documents = 0
     for lineno, line in _lines(path, compression, cfg, drops):
         if line is None:  # a damaged stream: the document in progress may be incomplete
             return
@@ -294,15 +320,20 @@ def _text_documents(
                 first = lineno
             block.append(line)
             size += len(line) + 1
+            lines += 1
             if size >= cfg.max_doc_bytes:
                 drops.split_documents += 1
+                documents += 1
                 yield "\n".join(block).strip(), f"{path}:{first}"
                 block, size = [], 0
         elif block:
+            documents += 1
             yield "\n".join(block).strip(), f"{path}:{first}"
             block, size = [], 0
     if block:
+        documents += 1
         yield "\n".join(block).strip(), f"{path}:{first}"
+    drops.warn(one_document_hint(str(path), lines, documents), "one_document")
 
 
 def _json_text(line: str, field: str) -> tuple[str, str | None, str]:
@@ -464,35 +495,3 @@ def iter_located_documents(
 def iter_documents(files: list[Path], cfg: InputConfig, drops: DropCounter) -> Iterator[str]:
     """Every document of every input file, in order (stripped, never empty)."""
     return (text for text, _ in iter_located_documents(files, cfg, drops))
-
-
-def _sample_hash(path: Path, size: int, window: int = 1 << 20) -> str:
-    """sha256 of the first, middle and last MiB: cheap, and it changes when the content does."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for start in sorted({0, max(0, size // 2 - window // 2), max(0, size - window)}):
-            f.seek(start)
-            h.update(f.read(window))
-    return h.hexdigest()
-
-
-def input_signature(files: list[Path]) -> list[dict]:
-    """Path, size and sampled content hash of each input: a resumed build must see the same
-    files (a file rewritten with the same content still matches)."""
-    sig = []
-    for p in files:
-        if p.is_dir():  # a saved dataset: its files' names and sizes
-            parts = sorted(
-                (str(f.relative_to(p)), f.stat().st_size) for f in p.rglob("*") if f.is_file()
-            )
-            sig.append(
-                {
-                    "path": str(p),
-                    "bytes": sum(n for _, n in parts),
-                    "sha256_sample": hashlib.sha256(repr(parts).encode()).hexdigest(),
-                }
-            )
-        else:
-            size = p.stat().st_size
-            sig.append({"path": str(p), "bytes": size, "sha256_sample": _sample_hash(p, size)})
-    return sig

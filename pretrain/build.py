@@ -40,11 +40,12 @@ from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tfl
 from bertforge.pretrain.components.optim import lr_scheduler_factory, param_groups
 from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
 from bertforge.pretrain.components.resume import ResumePoint, find_resume
-from bertforge.pretrain.components.schedule_override import check_resume_clock
+from bertforge.pretrain.components.schedule_override import check_resume_clock, steps_origin
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
     DeepSpeedSetup,
     resolve_deepspeed_config,
+    with_derived_batch,
 )
 from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
 from bertforge.pretrain.config.schedule import build_schedule
@@ -190,6 +191,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         cfg = _override_peak(cfg, point)
     changed = point is not None and point.world_size_changed(world)
     setup = resolve_deepspeed_config(cfg, world, accel, load_universal=changed)
+    cfg = with_derived_batch(cfg, setup.batch)  # a recipe's accumulation for another world size
     stage = int(setup.config.get("zero_optimization", {}).get("stage", 0))
     check_engine(cfg.model_cfg, stage, setup.activation_checkpointing)
     check_compile(cfg.speed.compile, stage)
@@ -356,6 +358,7 @@ def start_position(
             schedule=schedule,
             seed=cfg.run.seed,
             override_lr=cfg.optim.override_lr_schedule,
+            steps_from=steps_origin(cfg.run, cfg.sources),
         )
         warn_if_data_changed(run.point, run.train_reader)
         return start
@@ -438,6 +441,8 @@ def build_training(
     place = join_ranks(cfg, run)
     if run.setup.precision_note:
         log.warning(run.setup.precision_note)
+    if run.setup.batch.note:
+        log.info(run.setup.batch.note)
     verify_shards_once(cfg, place.rank, place.world, place.device, run.phases)
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
     longest = run.phases.max_seq_len if run.phases else None

@@ -444,7 +444,7 @@ def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
         by["run.max_steps"] = by["optim.lr"] = f"anneal_from {parsed.run.anneal_from}"
     cfg = run.cfg
     # values resolution set (the checkpoint's peak lr for --override_lr_schedule)
-    by.update({k: v for k, v in cfg.sources.items() if k not in parsed.sources})
+    by.update({k: v for k, v in cfg.sources.items() if parsed.sources.get(k) != v})
     if run.point is not None and not cfg.optim.override_lr_schedule and run.phases is None:
         saved = run.point.state.get("config", {}).get("optim", {})
         for key, value in saved.items():  # the schedule that continues is the checkpoint's

@@ -348,7 +348,14 @@ class CheckpointManager:
         return sum_across_ranks([float(preempt.signal is not None)], self.device)[0] > 0
 
     def restore(
-        self, engine, point: ResumePoint, *, schedule: Any, seed: int, override_lr: bool = False
+        self,
+        engine,
+        point: ResumePoint,
+        *,
+        schedule: Any,
+        seed: int,
+        override_lr: bool = False,
+        steps_from: str = "",
     ) -> tuple[int, int]:
         """Load ``point`` into ``engine`` and return (step, consumed samples). Collective.
 
@@ -359,7 +366,8 @@ class CheckpointManager:
         ``schedule`` (:mod:`pretrain.components.schedule_override`: a warning says what the flags
         changed or which were ignored), the engine's step and sample counters are set, and on a
         world-size change each rank's RNG is derived from the seed and step since per-rank states
-        cannot carry over.
+        cannot carry over. ``steps_from``: where this launch's --max_steps came from, named by the
+        schedule warning when it differs from the checkpoint's schedule length.
         """
         world_changed = point.world_size_changed(self.world_size)
         path = self.to_universal(point.path) if world_changed else point.path
@@ -377,6 +385,7 @@ class CheckpointManager:
                 flags_peak,
                 override=override_lr,
                 where=f"the checkpoint {point.path}",
+                steps_from=steps_from,
             )
         step, consumed = int(point.state["step"]), int(point.state["consumed_samples"])
         engine.global_steps, engine.global_samples = step, consumed

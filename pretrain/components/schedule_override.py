@@ -113,28 +113,59 @@ def guard_factor(state: dict[str, Any]) -> float:
     return float(state.get("guard", {}).get("lr_factor", 1.0))
 
 
-def _kept_warning(changes: dict[str, str], listed: str, where: str, steps: Any) -> str:
+def steps_origin(run: Any, sources: dict[str, str]) -> str:
+    """Where this launch's ``run.max_steps`` (the flags' schedule length) came from, for the
+    warnings: the command line, the recipe, the phase plan, the anneal or the default."""
+    if run.phases:
+        return f"the length of the phase plan --phases {run.phases}"
+    if run.anneal_from:
+        return "the anneal's length (--anneal_tokens)"
+    given = sources.get("run.max_steps", "")
+    if given.startswith("flag"):
+        recipe = any(v.startswith("recipe ") for v in sources.values())
+        return "given on the command line" + (", where a flag wins over the recipe" * recipe)
+    if given.startswith("recipe "):
+        return f"run.max_steps of the {given}"
+    return "the default, as no flag or recipe gives it"
+
+
+def _kept_warning(
+    changes: dict[str, str], listed: str, where: str, steps: Any, steps_from: str
+) -> str:
     """The warning of a resume that keeps the checkpoint's schedule: which flags it ignores for
-    the lr; --max_steps is not among them (it still ends the run), only the schedule's length."""
+    the lr; --max_steps is not among them (it still ends the run), only the schedule's length,
+    whose change the warning explains (``steps_from``: where this launch's --max_steps came
+    from)."""
     ignored = [flag for name, flag in _FLAGS.items() if name in changes and name != "total steps"]
     parts = [f"the learning-rate schedule continues as saved in {where} ({listed})"]
     if ignored:
         verb = "is" if len(ignored) == 1 else "are"
         parts.append(f"this launch's {', '.join(ignored)} {verb} ignored for the lr")
     if "total steps" in changes:
+        old = changes["total steps"].split(" -> ")[0]
+        why = f" (this launch's --max_steps: {steps_from})" if steps_from else ""
+        length = f" of {old} steps" if old != "-" else ""
         parts.append(
-            f"--max_steps {steps} still ends this run at step {steps}, but the lr keeps the "
-            "checkpoint's schedule length"
+            f"--max_steps {steps} still ends this run at step {steps}{why}, but the lr keeps "
+            f"the checkpoint's schedule length{length}"
         )
     return "; ".join(parts) + ". Pass --override_lr_schedule to take the schedule from the flags."
 
 
 def resume_schedule(
-    scheduler, state: dict[str, Any], flags: Any, flags_peak: float, *, override: bool, where: str
+    scheduler,
+    state: dict[str, Any],
+    flags: Any,
+    flags_peak: float,
+    *,
+    override: bool,
+    where: str,
+    steps_from: str = "",
 ) -> ScheduleOverride | None:
     """After a checkpoint load: keep its schedule (warning which flags that ignores) or, with
-    ``override``, put the flags' in place (warning what changed). Returns the override to
-    re-apply after later loads of the launch (rollbacks), or None."""
+    ``override``, put the flags' in place (warning what changed). ``steps_from``: where the
+    flags' length (--max_steps) came from (:func:`steps_origin`), named where it changed.
+    Returns the override to re-apply after later loads of the launch (rollbacks), or None."""
     factor = guard_factor(state)
     new = schedule_settings(flags, flags_peak)
     if getattr(scheduler, "loaded_from_none", False):  # a time-clock checkpoint
@@ -147,8 +178,12 @@ def resume_schedule(
     listed = "; ".join(f"{k} {v}" for k, v in changes.items())
     if not override:
         if changes:
-            log.warning(_kept_warning(changes, listed, where, new.get("total steps")))
+            steps = new.get("total steps")
+            log.warning(_kept_warning(changes, listed, where, steps, steps_from))
         return None
+    if "total steps" in changes and steps_from:
+        changes["total steps"] += f" (--max_steps: {steps_from})"
+        listed = "; ".join(f"{k} {v}" for k, v in changes.items())
     plan = ScheduleOverride(copy.deepcopy(flags), flags_peak)
     lrs = plan.apply(scheduler, state)
     kept = f"; the guard's lr cut x{factor:g} is kept" if factor != 1.0 else ""

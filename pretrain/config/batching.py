@@ -4,21 +4,37 @@ DeepSpeed requires ``train_batch_size == micro_batch * grad_accum * world_size``
 (each in the recipe or in the DeepSpeed JSON, not both: :mod:`.one_home`); the third is derived
 here and every value is checked against the world size before any model, data or process-group
 work starts. Given none, a rank takes :data:`DEFAULT_MICRO_BATCH` sequences per step.
+
+The global batch is what a run keeps; the accumulation only splits it for one world size. So an
+accumulation that came from a recipe file (a run's own ``RUN/recipe.yaml`` pins the one its world
+size needed) yields to this world size: it is derived again from the global and micro batch, and
+the plan's ``note`` says so (the trainer logs it). An accumulation given as a flag, or in the
+DeepSpeed JSON, is kept and checked. A micro batch is never changed (it is the memory a rank
+needs): one that cannot share the global batch is refused, naming its flag and a value that fits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from bertforge.errors import UserError
 from bertforge.pretrain.config.train_config import DEFAULT_MICRO_BATCH
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+FIELDS = ("global_batch_size", "micro_batch_size", "grad_accum")  # the recipe's, as BATCH_KEYS
+_FLAGS = {"global_batch_size": "--global_batch_size", "micro_batch_size": "--micro_batch_size"}
+_FLAGS["grad_accum"] = "--grad_accum"
 
 
 class BatchSizeError(UserError, ValueError):
-    """Batch sizes that cannot be satisfied on this world size."""
+    """Batch sizes that cannot be satisfied on this world size: ``problem`` says what is wrong,
+    ``fix`` which setting to change (its flag, recipe key or JSON key) and to what."""
+
+    def __init__(self, problem: str, fix: str = ""):
+        super().__init__(f"{problem}: {fix}" if fix else problem)
+        self.problem, self.fix = problem, fix
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,7 @@ class BatchPlan:
     micro_batch: int  # sequences per forward pass on one rank
     grad_accum: int  # micro-batches per rank per optimizer step
     world_size: int  # data-parallel ranks
+    note: str = field(default="", compare=False)  # a recipe's accumulation derived again: why
 
     def with_global(self, global_batch: int) -> BatchPlan:
         """This plan at another global batch: the micro-batch and world size stay, the
@@ -45,19 +62,43 @@ class BatchPlan:
         }
 
 
-def _value(ds_config: dict[str, Any], key: str, override: int | None, source: str) -> int | None:
-    """The recipe's value, else the config's; ``"auto"`` means "derive it" (DeepSpeed cannot)."""
+@dataclass(frozen=True)
+class _Size:
+    """One of the three sizes: its value (None: not given) and where it is set."""
+
+    value: int | None
+    home: str  # what to change: "--grad_accum", "--grad_accum (recipe R: batch.grad_accum)" ...
+    origin: str = ""  # "recipe FILE" when the value came from a recipe file
+
+    @property
+    def recipe(self) -> bool:
+        """The value came from a recipe file, not a flag or the DeepSpeed JSON."""
+        return self.origin.startswith("recipe ")
+
+
+def _size(
+    ds_config: dict[str, Any], i: int, override: int | None, origin: str, source: str
+) -> _Size:
+    """The recipe's (or flag's) value, else the config's; ``"auto"`` means "derive it"."""
+    name, key = FIELDS[i], BATCH_KEYS[i]
+    flag = _FLAGS[name]
     if override is not None:
         value: Any = override
-        where = f"the recipe's value for {key}"
+        origin = origin if origin.startswith("recipe ") else ""
+        home = f"{flag} ({origin}: batch.{name})" if origin else flag
     else:
-        value = ds_config.get(key)
-        where = f"{source}: {key}"
+        value, origin = ds_config.get(key), ""
+        home = f"{key} in {source}" if value not in (None, "auto") else f"{flag} (batch.{name})"
     if value is None or value == "auto":
-        return None
+        return _Size(None, home)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BatchSizeError(f"{where} must be a positive integer, got {value!r}")
-    return value
+        raise BatchSizeError(f"{home} must be a positive integer, got {value!r}")
+    return _Size(value, home, origin)
+
+
+def _divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit``."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
 def resolve_batch(
@@ -68,53 +109,78 @@ def resolve_batch(
     micro_batch: int | None = None,
     grad_accum: int | None = None,
     source: str = "DeepSpeed config",
+    origins: Mapping[str, str] | None = None,
 ) -> BatchPlan:
     """Derive and check (global batch, micro batch, accumulation) for ``world_size`` ranks.
 
     The keyword values are the recipe's (None: not given there); :func:`.one_home.check_one_home`
-    has refused a value given in the config too. When all three are known they must agree.
+    has refused a value given in the config too. ``origins``: where each keyword value came from,
+    by recipe field (``cfg.sources``' ``"flag --grad_accum"`` or ``"recipe FILE"``); a value
+    without one counts as a flag. When all three are known they must agree, except that a
+    recipe's accumulation is derived again (see the module docstring).
     """
     if world_size <= 0:
         raise BatchSizeError(f"world size must be positive, got {world_size}")
-    g = _value(ds_config, BATCH_KEYS[0], global_batch, source)
-    m = _value(ds_config, BATCH_KEYS[1], micro_batch, source)
-    a = _value(ds_config, BATCH_KEYS[2], grad_accum, source)
-    hint = (
-        f"(world size {world_size}; train_batch_size must equal "
-        f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size). "
-        f"Fix {source} or the recipe's batch section (--global_batch_size / --micro_batch_size / "
-        "--grad_accum)"
-    )
-    if g is not None and m is None and a is None:
-        m = DEFAULT_MICRO_BATCH  # the global batch alone: the default micro batch shares it
-    if g is not None and m is not None:
-        if g % (m * world_size):
+    origins = origins or {}
+    given = (global_batch, micro_batch, grad_accum)
+    g, m, a = (_size(ds_config, i, given[i], origins.get(FIELDS[i], ""), source) for i in range(3))
+    ranks = f"world size {world_size}"
+    if g.value is not None and m.value is None and a.value is None:
+        # the global batch alone: the default micro batch shares it
+        home = m.home.removesuffix(")") + f"; {DEFAULT_MICRO_BATCH} by default)"
+        m = _Size(DEFAULT_MICRO_BATCH, home)
+    if g.value is not None and g.value % world_size:
+        raise BatchSizeError(
+            f"global batch {g.value} cannot be shared evenly by {world_size} ranks",
+            f"set {g.home} to a multiple of {world_size}, or launch a number of ranks that "
+            f"divides {g.value}",
+        )
+    note = ""
+    if g.value is not None and m.value is not None:
+        per_rank = g.value // world_size
+        fits = _divisor_at_most(per_rank, m.value)
+        if per_rank < m.value:
             raise BatchSizeError(
-                f"global batch {g} is not divisible by micro batch {m} x world size "
-                f"{world_size} = {m * world_size} {hint}"
+                f"micro batch {m.value} x {ranks} = {m.value * world_size} is larger than the "
+                f"global batch {g.value}",
+                f"lower {m.home} to {fits} or less (it must divide {g.value} / {world_size} "
+                f"= {per_rank})",
             )
-        derived = g // (m * world_size)
-        if a is not None and a != derived:
+        if per_rank % m.value:
             raise BatchSizeError(
-                f"global batch {g} != micro batch {m} x accumulation {a} x world "
-                f"size {world_size} = {m * a * world_size} {hint}"
+                f"global batch {g.value} is not divisible by micro batch {m.value} x {ranks} = "
+                f"{m.value * world_size}",
+                f"set {m.home} to a divisor of {per_rank} (e.g. {fits}), or {g.home} to a "
+                f"multiple of {m.value * world_size}",
             )
-        a = derived
-    elif g is not None and a is not None:
-        if g % (a * world_size):
+        derived = per_rank // m.value
+        if a.value is not None and a.value != derived:
+            if not a.recipe:
+                raise BatchSizeError(
+                    f"global batch {g.value} != micro batch {m.value} x accumulation {a.value} x "
+                    f"{ranks} = {m.value * a.value * world_size}",
+                    f"drop {a.home} (the other two derive it: {derived}), or change "
+                    f"{m.home} or {g.home}",
+                )
+            note = (
+                f"batch: global batch {g.value} kept on {world_size} rank(s) as micro batch "
+                f"{m.value} x accumulation {derived} (the {a.origin}'s batch.grad_accum "
+                f"{a.value} fits another world size; a {_FLAGS['grad_accum']} flag would be kept)"
+            )
+        return BatchPlan(g.value, m.value, derived, world_size, note)
+    if g.value is not None and a.value is not None:
+        per_rank = g.value // world_size
+        if per_rank % a.value:
             raise BatchSizeError(
-                f"global batch {g} is not divisible by accumulation {a} x world "
-                f"size {world_size} {hint}"
+                f"global batch {g.value} is not divisible by accumulation {a.value} x {ranks} = "
+                f"{a.value * world_size}",
+                f"set {a.home} to a divisor of {per_rank}, or give the micro batch "
+                f"({m.home}) instead",
             )
-        m = g // (a * world_size)
-    elif m is not None:
-        a = a or 1
-        g = m * a * world_size
-    else:
-        m, a = DEFAULT_MICRO_BATCH, a or 1
-        g = m * a * world_size
-    assert g is not None and m is not None and a is not None
-    return BatchPlan(global_batch=g, micro_batch=m, grad_accum=a, world_size=world_size)
+        return BatchPlan(g.value, per_rank // a.value, a.value, world_size)
+    micro = m.value or DEFAULT_MICRO_BATCH
+    accum = a.value or 1
+    return BatchPlan(micro * accum * world_size, micro, accum, world_size)
 
 
 def apply_batch(ds_config: dict[str, Any], plan: BatchPlan) -> dict[str, Any]:

@@ -12,13 +12,14 @@ helpers returns an edited copy; nothing else in the trainer touches the dict.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import UserError
-from bertforge.pretrain.config.batching import BatchPlan, apply_batch, resolve_batch
+from bertforge.pretrain.config.batching import FIELDS, BatchPlan, apply_batch, resolve_batch
 from bertforge.pretrain.config.one_home import check_one_home, given_by_json
 from bertforge.pretrain.config.optimizer import configure_optimizer
 from bertforge.pretrain.config.precision import resolve_precision
@@ -64,6 +65,21 @@ def activation_checkpointing_mode(ds_config: dict[str, Any], flag: str | None) -
     return "deepspeed" if ds_config.get("activation_checkpointing", {}).get("enabled") else "none"
 
 
+def batch_origins(cfg: TrainConfig) -> dict[str, str]:
+    """Where each batch size of the recipe came from (``"flag --grad_accum"``, ``"recipe F"``)."""
+    return {name: cfg.sources[f"batch.{name}"] for name in FIELDS if f"batch.{name}" in cfg.sources}
+
+
+def with_derived_batch(cfg: TrainConfig, plan: BatchPlan) -> TrainConfig:
+    """``cfg`` with the accumulation ``plan`` derived in place of a recipe's that fits another
+    world size (``plan.note``), its source saying so (the dry run, RUN/recipe.yaml)."""
+    if not plan.note:
+        return cfg
+    batch = dataclasses.replace(cfg.batch, grad_accum=plan.grad_accum)
+    sources = {**cfg.sources, "batch.grad_accum": f"derived for {plan.world_size} rank(s)"}
+    return dataclasses.replace(cfg, batch=batch, sources=sources)
+
+
 def resolve_deepspeed_config(
     cfg: TrainConfig, world_size: int, device: str, *, load_universal: bool = False
 ) -> DeepSpeedSetup:
@@ -101,6 +117,7 @@ def resolve_deepspeed_config(
         micro_batch=cfg.batch.micro_batch_size,
         grad_accum=cfg.batch.grad_accum,
         source=src,
+        origins=batch_origins(cfg),
     )
     if cfg.guard.stability_guard and int(ds.get("zero_optimization", {}).get("stage", 0)) < 1:
         # The guard drops a rejected update through the ZeRO optimizers' overflow path.

@@ -227,9 +227,12 @@ def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list
     return rows
 
 
-def batch_plan(cfg: dict, world: int, flags: dict[str, int | None]) -> Any:
-    """The trainer's own batch resolution (raises pretrain.config.batching.BatchSizeError)."""
-    return resolve_batch(cfg, world, **flags)
+def batch_plan(
+    cfg: dict, world: int, flags: dict[str, int | None], origins: dict[str, str] | None = None
+) -> Any:
+    """The trainer's own batch resolution (raises pretrain.config.batching.BatchSizeError);
+    ``origins``: where each flag's value came from (a recipe's accumulation is derived again)."""
+    return resolve_batch(cfg, world, **flags, origins=origins)
 
 
 def memory_and_disk_rows(

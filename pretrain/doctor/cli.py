@@ -31,11 +31,12 @@ from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import op_builds, shm_buffers
-from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.batching import BatchPlan, BatchSizeError
 from bertforge.pretrain.config.cli import config_from_args, trainer_parser
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
     activation_checkpointing_mode,
+    batch_origins,
     load_user_config,
 )
 from bertforge.pretrain.config.one_home import TwoHomesError, check_one_home
@@ -326,28 +327,17 @@ def batch_rows(cfg: TrainConfig, ds: dict, world: int) -> tuple[BatchPlan | None
     except TwoHomesError as e:
         return None, [Row("settings", "-", FAIL, str(e).split(":\n")[0], str(e).split(":\n")[1])]
     try:
-        plan = batch_plan(ds, world, flags)
-    except ValueError as e:
-        return None, [
-            Row(
-                "batch",
-                "-",
-                FAIL,
-                str(e).split(" (world size")[0],
-                f"make the global batch a multiple of micro batch x {world} (--global_batch_size"
-                " / --micro_batch_size, or the DeepSpeed JSON's keys where it gives them), or "
-                "change the slots",
-            )
-        ]
-    return plan, [
-        Row(
-            "batch",
-            "-",
-            OK,
-            f"world size {world}: global {plan.global_batch} = micro {plan.micro_batch} "
-            f"x accumulation {plan.grad_accum} x {world} ranks",
-        )
-    ]
+        plan = batch_plan(ds, world, flags, batch_origins(cfg))
+    except BatchSizeError as e:
+        fix = f"{e.fix}, or change the slots" if e.fix else "change the slots"
+        return None, [Row("batch", "-", FAIL, e.problem, fix)]
+    detail = (
+        f"world size {world}: global {plan.global_batch} = micro {plan.micro_batch} "
+        f"x accumulation {plan.grad_accum} x {world} ranks"
+    )
+    if plan.note:  # a recipe's accumulation derived again for these ranks
+        detail += f" ({plan.note.removeprefix('batch: ')})"
+    return plan, [Row("batch", "-", OK, detail)]
 
 
 def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:

@@ -297,10 +297,13 @@ def run_build(inputs: Path, out: Path, *extra: str) -> tuple[int, str]:
     """`python -m data_prep build` in-process; (exit status, its log: warnings on stdout, errors
     on stderr, in order). A traceback fails."""
     err = io.StringIO()
+    # Every generated line that is not UTF-8 is skipped and counted: the share of a file that
+    # fails the build (--max_invalid_utf8_share, tests/data_prep/test_input_checks.py) is off.
+    share = ("--max_invalid_utf8_share", "1")
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
         rc = main(
             ["build", "--input", str(inputs), "--output", str(out), "--workers", "1"]
-            + ["--progress", "off", *extra]
+            + ["--progress", "off", *share, *extra]
         )
     return rc, err.getvalue()
 

@@ -149,6 +149,8 @@ def test_bad_files_are_skipped_counted_and_named(tmp_path, capsys, tok, docs):
         tmp_path / "out",
         "--max_line_bytes",
         "100000",
+        "--max_invalid_utf8_share",  # 1 of bad_utf8.txt's 3 lines: skipped, not failed
+        "0.5",
         tokenizer=tok,
     )
     assert rc == 0, err

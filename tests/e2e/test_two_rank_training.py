@@ -175,6 +175,39 @@ def test_resume_two_ranks_to_one(zero2_run, english_shards, tmp_path):
     assert find_latest(run / "checkpoints").name == tag_for(6)
 
 
+def test_resume_on_one_process_with_the_runs_own_recipe(zero2_run, tmp_path):
+    """docs/training.md: a run continues on another world size with `--recipe RUN/recipe.yaml
+    --resume auto`. The 2-rank run's recipe pins accumulation 2 (16 = 4 x 2 x 2 ranks); on one
+    process that was refused (issue 55: "global batch 16 != micro batch 4 x accumulation 2 x
+    world size 1"). Now the global batch is kept and the accumulation derived again, said once."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(zero2_run / "recipe.yaml", run / "recipe.yaml")
+    shutil.copytree(zero2_run / "checkpoints" / tag_for(4), run / "checkpoints" / tag_for(4))
+    recipe = run / "recipe.yaml"
+    assert "grad_accum: 2" in recipe.read_text()
+    proc = launch(["--recipe", str(recipe), "--output_dir", str(run), "--resume", "auto"], nproc=1)
+    out = proc.stdout + proc.stderr
+    assert "global batch 16 kept on 1 rank(s) as micro batch 4 x accumulation 4" in out
+    assert f"the recipe {recipe}'s batch.grad_accum 2 fits another world size" in out
+    assert "saved on 2 ranks, now 1" in out
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["batch_plan"] == {
+        "global_batch": 16,
+        "micro_batch": 4,
+        "grad_accum": 4,
+        "world_size": 1,
+    }
+    assert "grad_accum: 4" in recipe.read_text()  # the next resume reads this launch's split
+    ref = {r["step"]: r for r in read_metrics(zero2_run / "metrics.jsonl")}
+    got = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}
+    assert sorted(got) == [5, 6, 7, 8]  # the recipe's max_steps
+    for step in got:
+        assert got[step]["samples"] == 16 and got[step]["consumed_samples"] == 16 * step
+        assert got[step]["lr"] == pytest.approx(ref[step]["lr"])
+    assert got[5]["loss"] == pytest.approx(ref[5]["loss"], rel=0.02)  # dropout draws differ
+
+
 def test_export_loads_in_transformers(zero2_run, tmp_path):
     import torch
     import transformers

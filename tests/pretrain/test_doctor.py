@@ -282,7 +282,8 @@ def test_two_hosts_each_broken_one_is_reported(ssh_hosts, english_shards, tmp_pa
     assert Path(english_shards, "manifest.json").is_file()  # the real folder was never touched
 
     batch = by[("batch", "-")]
-    assert batch["status"] == "FAIL" and "micro batch 8 x world size 3" in batch["detail"]
+    assert batch["status"] == "FAIL" and "32 cannot be shared evenly by 3 ranks" in batch["detail"]
+    assert "--global_batch_size to a multiple of 3" in batch["fix"]
 
 
 def _probe(gpus: int, gpu_gib: float = 80.0, ram_gib: float = 64.0, free_gib: float = 500.0):

@@ -67,13 +67,43 @@ def test_resolve_batch(cfg, world, flags, expect):
             r"!= micro batch 8 x accumulation 4",
         ),
         ({"train_batch_size": 0, "train_micro_batch_size_per_gpu": 8}, 2, "positive integer"),
-        ({"train_batch_size": 256}, 16, "not divisible by micro batch 32"),
+        # the default micro batch over more ranks than the global batch can feed: "larger",
+        # naming the flag and a value that fits (before: "not divisible", pointing at the JSON)
+        ({"train_batch_size": 256}, 16, r"32 x world size 16 = 512 is larger than the global"),
+        ({"train_batch_size": 30}, 4, "cannot be shared evenly by 4 ranks"),
     ],
 )
 def test_resolve_batch_errors(cfg, world, match):
     with pytest.raises(BatchSizeError, match=match) as e:
         resolve_batch(cfg, world, source="cfg.json")
     assert "cfg.json" in str(e.value) or "world size" in str(e.value)
+
+
+def test_a_recipes_accumulation_yields_to_the_world_size_a_flags_does_not():
+    """A run's RUN/recipe.yaml pins all three sizes for its world size (issue 55): on another one
+    the global batch is kept and the accumulation derived again, with a note; given as a flag,
+    the accumulation is kept and a mismatch refused naming it; a micro batch is never changed."""
+    fields = ("global_batch_size", "micro_batch_size", "grad_accum")
+    saved = {f: "recipe RUN/recipe.yaml" for f in fields}
+    sizes = {"global_batch": 32, "micro_batch": 16, "grad_accum": 1}  # the demo's, on 2 ranks
+    plan = resolve_batch({}, 1, **sizes, origins=saved)
+    assert (plan.global_batch, plan.micro_batch, plan.grad_accum) == (32, 16, 2)
+    assert "global batch 32 kept on 1 rank(s) as micro batch 16 x accumulation 2" in plan.note
+    assert "RUN/recipe.yaml's batch.grad_accum 1" in plan.note
+    assert resolve_batch({}, 2, **sizes, origins=saved).note == ""  # its own world size
+    with pytest.raises(BatchSizeError, match="drop --grad_accum") as e:
+        resolve_batch({}, 1, **sizes, origins={**saved, "grad_accum": "flag --grad_accum"})
+    assert "the other two derive it: 2" in str(e.value)
+    # 4 ranks: the recipe's micro batch 16 cannot share 32; the error names its flag and key
+    with pytest.raises(BatchSizeError) as e:
+        resolve_batch({}, 4, **sizes, origins=saved)
+    problem = "micro batch 16 x world size 4 = 64 is larger than the global batch 32"
+    assert e.value.problem == problem
+    assert e.value.fix.startswith(
+        "lower --micro_batch_size (recipe RUN/recipe.yaml: batch.micro_batch_size) to 8 or less"
+    )
+    with pytest.raises(BatchSizeError, match="set --global_batch_size .* to a multiple of 3"):
+        resolve_batch({}, 3, **sizes, origins=saved)
 
 
 # ---- optimizer / schedule ----------------------------------------------------------------------

@@ -73,3 +73,38 @@ def test_an_override_of_a_time_clock_checkpoint_starts_at_its_step_with_the_guar
     assert "loaded_from_none" not in sched.state_dict()  # about the load, not saved
     sched.load_state_dict(sched.state_dict())
     assert not sched.loaded_from_none and sched.lr_lambdas == [new]
+
+
+def test_a_longer_max_steps_on_a_resume_says_where_it_came_from(capsys):
+    """Issue 55: "total steps 600 -> 1215" was warned without saying why; the warning now names
+    where this launch's --max_steps came from (here the command line, over the run's recipe)."""
+    import torch
+
+    from bertforge.pretrain.components.optim import lr_scheduler_factory
+    from bertforge.pretrain.components.schedule_override import resume_schedule, steps_origin
+    from bertforge.pretrain.config.schedule import warmup_decay
+    from bertforge.pretrain.config.train_config import RunConfig
+
+    sources = {"run.max_steps": "flag --max_steps", "batch.grad_accum": "recipe RUN/recipe.yaml"}
+    why = steps_origin(RunConfig(max_steps=1215), sources)
+    assert why == "given on the command line, where a flag wins over the recipe"
+    recipe = {"run.max_steps": "recipe RUN/recipe.yaml"}
+    assert steps_origin(RunConfig(), recipe) == "run.max_steps of the recipe RUN/recipe.yaml"
+    assert steps_origin(RunConfig(), {}) == "the default, as no flag or recipe gives it"
+    assert steps_origin(RunConfig(phases="plan.json"), sources).startswith("the length of the")
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
+    sched = lr_scheduler_factory(warmup_decay(warmup_steps=30, total_steps=600))(opt)
+    flags = warmup_decay(warmup_steps=30, total_steps=1215)
+    resume_schedule(sched, {"step": 600}, flags, 2e-3, override=False, where="C", steps_from=why)
+    out = capsys.readouterr().out
+    assert "(total steps 600 -> 1215)" in out
+    assert (
+        "--max_steps 1215 still ends this run at step 1215 (this launch's --max_steps: given on "
+        "the command line, where a flag wins over the recipe), but the lr keeps the checkpoint's "
+        "schedule length of 600 steps"
+    ) in out
+    resume_schedule(sched, {"step": 600}, flags, 2e-3, override=True, where="C", steps_from=why)
+    assert (
+        "total steps 600 -> 1215 (--max_steps: given on the command line" in capsys.readouterr().out
+    )
