@@ -18,10 +18,10 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
+from bertforge.pretrain.data.glue.readers import BenchmarkData
+from bertforge.pretrain.data.glue.tasks import benchmark_score, score_definition
 from bertforge.pretrain.evaluate.glue.finetune import encode, fine_tune, total_steps
 from bertforge.pretrain.evaluate.glue.protocols import PROTOCOLS, Settings, task_settings
-from bertforge.pretrain.evaluate.glue.readers import BenchmarkData
-from bertforge.pretrain.evaluate.glue.tasks import benchmark_score, score_definition
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve_all
 from bertforge.pretrain.evaluate.runner import default_device, spread
 
