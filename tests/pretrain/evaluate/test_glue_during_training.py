@@ -134,3 +134,30 @@ def test_plot_from_every_record_of_the_folder(tmp_path):
     other.mkdir()
     (other / "step_00000002.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert redraw(other, "glue") is None and not (other / "glue_vs_tokens.png").exists()
+
+
+def test_the_job_gets_the_spec_and_the_runs_device(glue_dir, tmp_path, monkeypatch):
+    """--downstream_device reaches the glue job's command line (its fine-tuning runs there,
+    bf16 autocast on CUDA); a bad folder fails when the jobs are set up, not in the first job."""
+    from bertforge.pretrain.components import downstream_jobs
+
+    started = []
+
+    class Job:
+        pid = 0
+
+    monkeypatch.setattr(
+        downstream_jobs.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or Job()
+    )
+    spec = f"glue:{glue_dir}:RTE"
+    jobs = downstream_jobs.DownstreamJobs(
+        tmp_path, spec, 2, max_examples=8, device="cuda:1", rank=0, metrics=None
+    )
+    jobs.after_save(2)
+    (cmd,) = started
+    assert cmd[cmd.index("--device") + 1] == "cuda:1" and cmd[cmd.index("--tasks") + 1] == spec
+    assert cmd[cmd.index("--max_examples") + 1] == "8"
+    with pytest.raises(GlueDataError, match="is not a folder"):
+        downstream_jobs.DownstreamJobs(
+            tmp_path, "glue:/nowhere", 2, max_examples=8, device="cpu", rank=0, metrics=None
+        )
