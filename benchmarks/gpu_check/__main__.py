@@ -24,6 +24,10 @@ runs out of time leaves the others' numbers; the whole run stays inside --budget
   phases         a --phases plan (batch ramp at seq 128, then a decay on the seq-512 shards),
                  BERT-base bf16: tokens/s and peak memory per phase, and the doctor's memory
                  estimate for the same launch line (sized by the longest phase) beside the peak
+  glue           GLUE fine-tuning throughput (train examples/s) of a BERT-base-shaped model at
+                 batch 32, 128 tokens, on a synthetic RTE-like task in GLUE's layout; and the
+                 resume run's checkpoint scored by the --downstream_eval glue: job, beside its
+                 tokens and GPU-hours
 Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per part, and the targets), OUT/logs/
 (one log per part) and each part's own files. Exit status 1 when a part failed or timed out.
 --dry-run runs every part on the CPU with a tiny model, tiny shapes and a few steps (CI runs it).
@@ -50,6 +54,7 @@ from benchmarks.gpu_check.common import (
     seconds_left,
 )
 from benchmarks.gpu_check.compiled import part_compile
+from benchmarks.gpu_check.glue import part_glue
 from benchmarks.gpu_check.modernbert import part_modernbert
 from benchmarks.gpu_check.parts import (
     part_data,
@@ -72,6 +77,7 @@ PART_FUNCS = {
     "hf_baseline": part_hf_baseline,
     "resume": part_resume,
     "phases": part_phases,
+    "glue": part_glue,
 }
 
 

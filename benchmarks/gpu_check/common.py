@@ -25,6 +25,7 @@ PARTS = (
     "hf_baseline",
     "resume",
     "phases",
+    "glue",
 )
 
 
@@ -52,6 +53,10 @@ class Plan:
     head_widths: tuple[int, ...]
     ds_configs: dict  # precision -> the shipped DeepSpeed config it trains with
     vocab: int | None  # pad the trained vocabulary to this size (None: as trained)
+    glue_model: str  # preset whose shape the glue part fine-tunes (random init)
+    glue_examples: int  # train examples of each synthetic GLUE-layout task
+    glue_dev: int  # dev examples of each
+    glue_max_examples: int  # the glue job's --max_examples on the train part's checkpoint
 
 
 GPU_PLAN = Plan(
@@ -81,6 +86,7 @@ GPU_PLAN = Plan(
         "hf_baseline": (50, 30),
         "resume": (45, 30),
         "phases": (60, 30),
+        "glue": (90, 30),
     },
     kernel_test_args=(
         "tests/kernels/test_masked_lm_loss.py",
@@ -91,6 +97,10 @@ GPU_PLAN = Plan(
     head_widths=(768, 1024),
     ds_configs={"bf16": "ds_configs/zero2_bf16.json", "fp16": "ds_configs/zero2.json"},
     vocab=VOCAB,
+    glue_model="base",
+    glue_examples=2048,  # 3 epochs at batch 32: 192 steps, the model's build amortised
+    glue_dev=256,
+    glue_max_examples=512,
 )
 
 
@@ -123,6 +133,7 @@ DRY_PLAN = Plan(
         "hf_baseline": (60, 20),
         "resume": (60, 20),
         "phases": (60, 20),
+        "glue": (90, 30),
     },
     kernel_test_args=("tests/kernels/test_masked_lm_loss.py", "-k", "one_valid_row or auto_picks"),
     bench_args=(
@@ -145,6 +156,10 @@ DRY_PLAN = Plan(
     head_widths=(16,),
     ds_configs={"bf16": "ds_configs/cpu.json", "fp16": "ds_configs/cpu.json"},
     vocab=None,
+    glue_model="tiny",
+    glue_examples=32,  # one batch of 32 an epoch: 3 steps
+    glue_dev=8,
+    glue_max_examples=16,
 )
 
 

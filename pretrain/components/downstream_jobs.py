@@ -2,9 +2,11 @@
 
 ``--downstream_eval TASKS.json --downstream_interval N``: after the checkpoint of every Nth step
 is complete, rank 0 starts ``python -m pretrain.evaluate.downstream RUN@STEP`` (one seed, the
-first learning rate of each task's grid, at most ``--downstream_max_examples`` examples) as a
-separate process and goes on training: no rank waits, and the training losses are those of a run
-without it (the job reads the finished checkpoint, never the live weights or the RNG). Finished
+first learning rate of each task's grid, at most ``--downstream_max_examples`` examples; with
+``glue:DIR[:TASKS]`` or ``clue:...`` the run_glue protocol on the benchmark's tasks, see
+:mod:`pretrain.evaluate.glue.checkpoint_job`) as a separate process and goes on training: no
+rank waits, and the training losses are those of a run without it (the job reads the finished
+checkpoint, never the live weights or the RNG). Finished
 jobs' ``split: "downstream"`` records are copied into metrics.jsonl and TensorBoard at the next
 step; at the end of the run rank 0 waits for the jobs still running. Each job writes its records
 and its log under ``RUN/downstream/``. Jobs run on the CPU unless ``--downstream_device`` says
@@ -30,6 +32,7 @@ from typing import Any
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
 from bertforge.pretrain.data.downstream_tasks import load_downstream_tasks
+from bertforge.pretrain.data.glue.spec import is_benchmark_spec, resolve_spec
 from bertforge.pretrain.model.run_checkpoints import tag_for
 
 log = get_logger(__name__)
@@ -58,7 +61,10 @@ class DownstreamJobs:
         self.running: dict[int, subprocess.Popen] = {}
         self.leases: dict[int, Path] = {}  # step -> the lease its job holds on the checkpoint
         if self.active:  # a bad tasks file fails now, not in the first background job
-            load_downstream_tasks(tasks, max_examples)
+            if is_benchmark_spec(tasks):  # the CLI has read the folder; here: is it still there
+                resolve_spec(tasks)
+            else:
+                load_downstream_tasks(tasks, max_examples)
             self.root.mkdir(parents=True, exist_ok=True)
 
     @classmethod

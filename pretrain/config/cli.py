@@ -35,6 +35,8 @@ from bertforge.pretrain.config.train_config import (
     TrainConfig,
     foreign_concerns,
 )
+from bertforge.pretrain.data.glue.readers import GlueDataError
+from bertforge.pretrain.data.glue.spec import is_benchmark_spec, load_spec
 from bertforge.pretrain.model.document_attention import AttentionError
 from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset, resolve_attention
 from bertforge.pretrain.model.sharing import (
@@ -392,8 +394,17 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             )
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
-    if cfg.log.downstream_eval and not os.path.isfile(cfg.log.downstream_eval):
-        parser.error(f"--downstream_eval {cfg.log.downstream_eval}: no such tasks file")
+    downstream = cfg.log.downstream_eval
+    if downstream and is_benchmark_spec(downstream):  # glue:DIR[:TASKS]: every split read now
+        try:
+            load_spec(downstream)
+        except GlueDataError as e:
+            parser.error(str(e))
+    elif downstream and not os.path.isfile(downstream):
+        parser.error(
+            f"--downstream_eval {downstream}: no such tasks file (or give glue:DIR[:TASK,...] "
+            "or clue:DIR[:TASK,...], a GLUE or CLUE folder)"
+        )
     if cfg.run.init_from and not os.path.exists(cfg.run.init_from):
         parser.error(
             f"--init_from {cfg.run.init_from}: no such folder "

@@ -317,13 +317,18 @@ class LogConfig:
     )
     downstream_eval: str = opt(
         "",
-        "tasks JSON (python -m pretrain.evaluate's format): fine-tune and score checkpoints "
-        'in the background on rank 0 (records "split": "downstream")',
+        "tasks JSON (python -m pretrain.evaluate's format), or glue:DIR[:TASK,...] / "
+        "clue:DIR[:TASK,...] (a GLUE or CLUE folder, the run_glue protocol): fine-tune and score "
+        'checkpoints in the background on rank 0 (records "split": "downstream")',
     )
     downstream_interval: int = opt(
         0, "evaluate the checkpoint of every N-th step (a multiple of --save_interval)"
     )
-    downstream_max_examples: int = opt(500, "train and test examples per task in those evaluations")
+    downstream_max_examples: int = opt(
+        500,
+        "train and test examples per task in those evaluations (glue:/clue: train examples; "
+        "the dev splits are scored whole)",
+    )
     downstream_device: str = opt(
         "cpu", "device of the background evaluations (cpu keeps the GPUs for training)"
     )

@@ -45,9 +45,9 @@ from bertforge.pretrain.data.downstream_tasks import (
     load_task,
     load_task_file,
 )
+from bertforge.pretrain.data.glue.readers import load_benchmark
 from bertforge.pretrain.evaluate.finetune import Recipe
 from bertforge.pretrain.evaluate.glue.protocols import OVERRIDABLE, PROTOCOLS
-from bertforge.pretrain.evaluate.glue.readers import load_benchmark
 from bertforge.pretrain.evaluate.glue.report import markdown_table as benchmark_table
 from bertforge.pretrain.evaluate.glue.report import plot_steps as plot_benchmark_steps
 from bertforge.pretrain.evaluate.glue.report import write_results as write_benchmark

@@ -20,7 +20,9 @@ afterwards, so calling this does not change the training that follows.
 Or, so that no rank waits: after the checkpoint of step N is complete, rank 0 starts
 ``python -m pretrain.evaluate.downstream RUN@N --tasks TASKS.json --out RUN/downstream.jsonl``
 in the background (``subprocess.Popen``); that process appends the same records, with ``"step":
-N``, and the trainer copies finished ones into metrics.jsonl / TensorBoard.
+N``, and the trainer copies finished ones into metrics.jsonl / TensorBoard. ``--tasks
+glue:DIR[:TASKS]`` (or ``clue:``) scores a GLUE or CLUE folder instead, with the run_glue protocol
+(:mod:`pretrain.evaluate.glue.checkpoint_job`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,14 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components import leases
 from bertforge.pretrain.data.downstream_tasks import TaskData, load_downstream_tasks
+from bertforge.pretrain.data.glue.spec import is_benchmark_spec
 from bertforge.pretrain.evaluate.finetune import encode_for, recipe_for, run_once
+from bertforge.pretrain.evaluate.glue.checkpoint_job import (
+    checkpoint_progress,
+    load_capped,
+    score_checkpoint,
+)
+from bertforge.pretrain.evaluate.glue.progress_plot import redraw
 from bertforge.pretrain.evaluate.metrics import PRIMARY
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve
 from bertforge.pretrain.evaluate.runner import choose_lr, default_device
@@ -126,30 +135,45 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = ArgumentParser(prog="python -m pretrain.evaluate.downstream", description=main.__doc__)
     p.add_argument("model", help="RUN@STEP, a run folder or an HF folder")
-    p.add_argument("--tasks", required=True, help="tasks JSON file")
+    p.add_argument(
+        "--tasks",
+        required=True,
+        help="tasks JSON file, or glue:DIR[:TASK,...] / clue:DIR[:TASK,...] (a GLUE or CLUE "
+        "folder, fine-tuned with the run_glue protocol: pretrain.evaluate.glue.checkpoint_job)",
+    )
     p.add_argument("--out", required=True, help="JSONL file the records are appended to")
-    p.add_argument("--max_examples", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max_examples", type=int, default=2000, help="per task (glue:/clue: train examples)"
+    )
+    p.add_argument("--seed", type=int, default=None, help="default 0 (glue:/clue: 42, run_glue's)")
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
     try:
-        refs = resolve(args.model)
-        tasks = load_downstream_tasks(args.tasks, args.max_examples)
+        ref = resolve(args.model)[-1]
+        glue = is_benchmark_spec(args.tasks)  # glue:DIR / clue:DIR (checkpoint_job), or a file
+        bench = load_capped(args.tasks, args.max_examples) if glue else None
+        tasks = None if bench else load_downstream_tasks(args.tasks, args.max_examples)
         workdir = Path(tempfile.mkdtemp(prefix="bertforge_downstream_"))
-        source = ModelSource.from_hf_dir(materialize(refs[-1], workdir))
-        if refs[-1].checkpoint is not None:  # read: the trainer's --keep_last may prune it now
-            leases.release(leases.lease_path(refs[-1].checkpoint, os.getpid()))
+        hf_dir = materialize(ref, workdir)
+        source = None if bench else ModelSource.from_hf_dir(hf_dir)
+        extra = {"step": ref.step, **(checkpoint_progress(ref) if bench else {})}
+        if ref.checkpoint is not None:  # read: the trainer's --keep_last may prune it now
+            leases.release(leases.lease_path(ref.checkpoint, os.getpid()))
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT
     device = torch.device(args.device) if args.device else None
-    records = [
-        {"step": refs[-1].step, **r} for r in evaluate_source(source, tasks, args.seed, device)
-    ]
+    if bench:
+        records = score_checkpoint(hf_dir, *bench, args.seed, device, extra)
+    else:
+        seed = 0 if args.seed is None else args.seed
+        records = [{**extra, **r} for r in evaluate_source(source, tasks, seed, device)]
     shutil.rmtree(workdir, ignore_errors=True)
     with open(args.out, "a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r) + "\n" for r in records))
     log.info(f"{len(records)} records appended to {args.out}")
+    if bench and (plot := redraw(Path(args.out).parent, bench[0].benchmark)):
+        log.info(f"redrew {plot}")
     return 0
 
 

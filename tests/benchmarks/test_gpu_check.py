@@ -72,6 +72,22 @@ def test_dry_run_runs_every_part(dry_run):
     assert phases["rows"][0]["global batch"] == "4 -> 8" and phases["rows"][1]["tokens/s"] > 0
     assert "longest sequences 128 tokens in phase 'seq128'" in phases["details"]["doctor"]
     assert phases["details"]["estimate GiB"] > 0
+    # GLUE: fine-tuning throughput at batch 32, 128 tokens; the train part's run scored by the
+    # --downstream_eval glue: job beside its tokens and GPU-hours
+    (glue,) = parts["glue"]["rows"]
+    assert (glue["batch"], glue["max_length"], glue["steps"]) == (32, 128, 3)
+    assert (
+        glue["train examples/s"] > 0 and glue["train examples"] == gpu_check.DRY_PLAN.glue_examples
+    )
+    scored = parts["glue"]["details"]
+    assert scored["run"] == f"tiny-64-bf16@{train['steps'] + gpu_check.DRY_PLAN.warmup_steps}"
+    assert (
+        "RTE accuracy" in scored["run scores x 100"]
+        and "STS-B pearson" in scored["run scores x 100"]
+    )
+    assert scored["run tokens"] > 0 and scored["run GPU-hours"] > 0
+    assert scored["run GLUE score"].startswith("none: the synthetic folder holds 2")
+    assert (out / "glue" / "run_scores" / "glue_vs_tokens.png").is_file()
     md = (out / "gpu_check.md").read_text()
     for name in gpu_check.PARTS:
         assert f"## {name}: ok" in md

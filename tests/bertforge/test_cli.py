@@ -226,6 +226,7 @@ def test_trainer_help_says_where_each_default_comes_from_once():
         "benchmarks.tasks.pydoc_tasks",
         "bertforge.pretrain.evaluate.passage_tasks",
         "benchmarks.tasks.snownlp_tasks",
+        "benchmarks.tasks.glue_like",
         "bertforge.pretrain.attention",
         "bertforge.pretrain.doctor.cli",
         "bertforge.pretrain.plot",

@@ -1,5 +1,6 @@
 """--downstream_eval during pretraining: background evaluations of the checkpoints land in
-metrics.jsonl at their steps and leave the training itself exactly as without them."""
+metrics.jsonl at their steps and leave the training itself exactly as without them; with
+glue:DIR:TASKS, GLUE's tasks scored the run_glue way, with tokens, hours and a plot."""
 
 from __future__ import annotations
 
@@ -92,3 +93,55 @@ def test_downstream_interval_must_fall_on_checkpoints(english_shards, tmp_path, 
             ]
         )
     assert "must be a multiple of --save_interval" in capsys.readouterr().err
+
+
+def test_glue_records_with_tokens_and_hours_and_the_plot(english_shards, tmp_path):
+    """One checkpoint (step 2) scored on a tiny GLUE-layout folder: RTE's and STS-B's records
+    with the reported names and evaluate's metric names, no GLUE score (2 of its 8 tasks)."""
+    from benchmarks.tasks.glue_like import write_glue_like
+
+    glue = write_glue_like(tmp_path / "glue", train=16, dev=8)
+    run = tmp_path / "run"
+    proc = _train(
+        english_shards,
+        run,
+        "--max_steps",
+        "2",
+        "--downstream_eval",
+        f"glue:{glue}:RTE,STS-B",
+        "--downstream_interval",
+        "2",
+        "--downstream_max_examples",
+        "12",
+    )
+    assert "downstream evaluation of step 2 started" in proc.stdout
+    down = read_metrics(run / "metrics.jsonl", "downstream")
+    assert [(r["task"], r["metric"]) for r in down] == [
+        ("RTE", "accuracy"),
+        ("STS-B", "pearson"),
+        ("STS-B", "spearmanr"),
+    ]
+    train = read_metrics(run / "metrics.jsonl")
+    for r in down:
+        assert r["step"] == 2 and r["benchmark"] == "glue" and -1.0 <= r["value"] <= 1.0
+        assert (r["train"], r["test"], r["lr"], r["seed"]) == (12, 8, 2e-5, 42)  # run_glue
+        assert r["tokens"] == sum(x["tokens"] for x in train if x["step"] <= 2) > 0
+        assert 0 < r["hours"] < 1
+    assert (run / "downstream" / "glue_vs_tokens.png").stat().st_size > 10_000
+
+
+def test_a_bad_glue_spec_is_refused_at_launch(english_shards, tmp_path, capsys):
+    from benchmarks.tasks.glue_like import write_glue_like
+    from bertforge.pretrain.config.cli import parse_args
+
+    glue = write_glue_like(tmp_path / "glue", train=4, dev=2)
+    for spec, says in (
+        (f"glue:{glue}:RTE,QNLI", f"{glue} does not hold QNLI"),
+        (f"clue:{glue}", "holds no CLUE task"),
+        (str(tmp_path / "tasks.json"), "no such tasks file (or give glue:DIR"),
+    ):
+        argv = ["--data", str(english_shards), "--downstream_eval", spec]
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "--downstream_interval", "2", "--save_interval", "2"])
+        err = capsys.readouterr().err
+        assert f"--downstream_eval {spec}: " in err and says in err

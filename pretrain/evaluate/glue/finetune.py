@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.pretrain.data.glue.readers import Examples
+from bertforge.pretrain.data.glue.tasks import REGRESSION, BenchmarkTask
 from bertforge.pretrain.evaluate.finetune import decay_groups, seed_everything
 from bertforge.pretrain.evaluate.glue.protocols import Settings
-from bertforge.pretrain.evaluate.glue.readers import Examples
 from bertforge.pretrain.evaluate.glue.scores import task_scores
-from bertforge.pretrain.evaluate.glue.tasks import REGRESSION, BenchmarkTask
 
 FEATURES = ("input_ids", "token_type_ids", "attention_mask")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from bertforge.pretrain.data.glue.readers import BenchmarkData
 from bertforge.pretrain.evaluate.glue.finetune import total_steps
 from bertforge.pretrain.evaluate.glue.protocols import Settings
-from bertforge.pretrain.evaluate.glue.readers import BenchmarkData
 
 MNLI = "MNLI"
 

@@ -19,12 +19,12 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
+from bertforge.pretrain.data.glue.readers import BenchmarkData
+from bertforge.pretrain.data.glue.tasks import benchmark_score, score_definition
 from bertforge.pretrain.evaluate.glue.finetune import total_steps
 from bertforge.pretrain.evaluate.glue.parallel import run_side_by_side
 from bertforge.pretrain.evaluate.glue.protocols import PROTOCOLS, Settings, task_settings
-from bertforge.pretrain.evaluate.glue.readers import BenchmarkData
 from bertforge.pretrain.evaluate.glue.task_runs import choose_lr, task_runs
-from bertforge.pretrain.evaluate.glue.tasks import benchmark_score, score_definition
 from bertforge.pretrain.evaluate.models import ModelSource, materialize, resolve_all
 from bertforge.pretrain.evaluate.runner import default_device, spread
 

@@ -7,9 +7,9 @@ import statistics
 from typing import Any
 
 from bertforge.logs import get_logger
+from bertforge.pretrain.data.glue.readers import BenchmarkData
 from bertforge.pretrain.evaluate.glue.finetune import encode, fine_tune
 from bertforge.pretrain.evaluate.glue.protocols import Settings
-from bertforge.pretrain.evaluate.glue.readers import BenchmarkData
 
 log = get_logger(__name__)
 

@@ -72,3 +72,24 @@ def test_long_documents_are_long_and_never_name_their_package(tmp_path):
         assert 1200 <= len(ex.text) <= 3000, len(ex.text)  # min_chars, max_chars
         words = set(re.findall(r"\w+", ex.text.lower()))
         assert ex.label not in words, "the label is never a word of its document"
+
+
+def test_glue_like_is_true_by_construction(tmp_path):
+    """RTE-like: sentence2 is a run of sentence1's words when entailed (and seldom otherwise);
+    STS-B-like: the score is 5 x the share of sentence1's words kept in place; both read as
+    GLUE's files do."""
+    from bertforge.pretrain.data.glue.readers import load_benchmark
+
+    argv = ["--out", str(tmp_path), "--train", "40", "--dev", "8"]
+    run_cli("-m", "benchmarks.tasks.glue_like", *argv)
+    stsb, rte = load_benchmark("glue", tmp_path)
+    assert (len(rte.train), len(rte.evals["dev"]), len(stsb.train)) == (40, 8, 40)
+    names = [rte.task.labels[x] for x in rte.train.labels]
+    inside = [f" {b} " in f" {a} " for a, b in rte.train.texts]
+    assert names.count("entailment") == names.count("not_entailment") == 20
+    assert all(i for i, n in zip(inside, names) if n == "entailment")
+    assert sum(i for i, n in zip(inside, names) if n == "not_entailment") <= 1
+    for (first, second), score in zip(stsb.train.texts, stsb.train.labels):
+        a, b = first.split(), second.split()
+        kept = sum(x == y for x, y in zip(a, b))  # a word swapped in may equal the one it replaced
+        assert 5.0 * kept / len(a) >= score - 1e-3

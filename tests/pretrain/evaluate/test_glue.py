@@ -20,11 +20,11 @@ from helpers.glue import NLI, sentence, write_glue, write_lines
 from helpers.tiny_bert import build_tiny_bert
 
 from bertforge.errors import UserError
+from bertforge.pretrain.data.glue.readers import GlueDataError, load_benchmark
+from bertforge.pretrain.data.glue.tasks import GLUE_TASKS, benchmark_score, score_definition
 from bertforge.pretrain.evaluate.__main__ import main as evaluate_main
 from bertforge.pretrain.evaluate.glue.protocols import PROTOCOLS, task_settings
-from bertforge.pretrain.evaluate.glue.readers import GlueDataError, load_benchmark
 from bertforge.pretrain.evaluate.glue.scores import task_scores
-from bertforge.pretrain.evaluate.glue.tasks import GLUE_TASKS, benchmark_score, score_definition
 from bertforge.pretrain.evaluate.models import ModelSource
 
 

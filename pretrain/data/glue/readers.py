@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.errors import UserError
-from bertforge.pretrain.evaluate.glue.tasks import BENCHMARKS, REGRESSION, BenchmarkTask, find_task
+from bertforge.pretrain.data.glue.tasks import BENCHMARKS, REGRESSION, BenchmarkTask, find_task
 
 TSV, JSONL, SAVED, PARQUET = "tsv", "jsonl", "save_to_disk", "parquet"
 
