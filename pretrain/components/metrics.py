@@ -24,6 +24,7 @@ import torch
 from bertforge.data_prep.progress import Progress
 from bertforge.files import write_text_atomic
 from bertforge.logs import format_line
+from bertforge.pretrain.components.guard import outcome
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.
@@ -238,15 +239,15 @@ class MetricsWriter:
         self._file.flush()
         line = (
             f"guard step {record['step']}: {record['event']} {record['value']:.4g} "
-            f"(median {record['median']:.4g}, z {record['z']:.3g}) -> {record['action']}"
+            f"(median {record['median']:.4g}, z {record['z']:.3g}) -> {outcome(record)}"
         )
+        if record["action"] == "rollback":
+            line += f" to step {record['to_step']} (rollback {record['rollbacks']})"
         if "skipped_samples" in record:
             first, end = record["skipped_samples"]
             line += f", samples [{first}, {end}) skipped"
         if "reason" in record:
             line += f" ({record['reason']})"
-        if record["action"] == "rollback":
-            line += f", back to step {record['to_step']} (rollback {record['rollbacks']})"
         self.info(line)
 
     def print(self, msg: str) -> None:
