@@ -1,10 +1,12 @@
 """PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``.
 
-Each panel is drawn against the optimizer step; loss_vs_time.png draws the training and
-validation loss against the run's wall-clock training time (``elapsed_s``, start-up included and
-added up over resumes), so that runs of different speed compare by time. The phases of a run
-(its step records' ``phase``: a ``--phases`` plan, or warmup/stable/decay...) are shaded and named
-in every panel drawn against the step.
+Each panel is drawn against the optimizer step, with its unit on the y axis; loss_vs_time.png
+draws the training and validation loss against the run's wall-clock training time
+(``elapsed_s``, start-up included and added up over resumes), so that runs of different speed
+compare by time. The phases of a run (its step records' ``phase``: a ``--phases`` plan, or
+warmup/stable/decay...) are shaded and named in every panel drawn against the step, and the steps
+a launch resumed after are marked. Which panels a run gets (the loss scale for fp16 only, the
+discriminator's for replaced-token detection: rtd.png) is :mod:`.panels`'.
 """
 
 from __future__ import annotations
@@ -18,28 +20,21 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.components.step_records import prior_loss
+from bertforge.pretrain.plot.panels import (
+    DISCRIMINATOR,
+    MLM_LOSS,
+    STEP_LABEL,
+    Marks,
+    draw,
+    is_rtd,
+    phase_spans,
+    series,
+    shade_phases,
+    step_panels,
+)
 
 log = get_logger(__name__)
-
-# (file stem, title, [(split, key), ...]) — one PNG per panel, plus one overview.
-PANELS = [
-    ("loss", "loss", [("train", "loss"), ("validation", "val_loss")]),
-    ("accuracy", "MLM accuracy", [("train", "mlm_accuracy"), ("validation", "val_accuracy")]),
-    ("lr", "learning rate", [("train", "lr")]),
-    ("loss_scale", "loss scale", [("train", "loss_scale")]),
-    ("grad_norm", "gradient norm", [("train", "grad_norm")]),
-    ("throughput", "tokens/s", [("train", "tokens_per_s")]),
-]
-
-
-def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for r in records:
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(r["step"])
-            ys.append(float(v))
-    return xs, ys
 
 
 def _time_series(records: list[dict], key: str, elapsed_by_step: dict[int, float]):
@@ -55,63 +50,61 @@ def _time_series(records: list[dict], key: str, elapsed_by_step: dict[int, float
     return xs, ys
 
 
-def phase_spans(records: list[dict]) -> list[tuple[str, int, int]]:
-    """(phase, first step, last step) of each run of consecutive training records with the same
-    ``phase``; [] when no record names one (a run without phases)."""
-    spans: list[list] = []
-    for r in records:
-        name = r.get("phase")
-        if name is None:
-            continue
-        if spans and spans[-1][0] == name:
-            spans[-1][2] = r["step"]
-        else:
-            spans.append([name, r["step"], r["step"]])
-    return [tuple(span) for span in spans]
-
-
-def shade_phases(ax, spans: list[tuple[str, int, int]]) -> None:
-    """Alternate grey bands over the steps of each phase, the phase's name at the top."""
-    for i, (name, first, last) in enumerate(spans):
-        # A band covers its steps from half a step before the first to half after the last.
-        ax.axvspan(first - 0.5, last + 0.5, color="0.5", alpha=0.12 if i % 2 == 0 else 0.04, lw=0)
-        ax.text(
-            (first + last) / 2,
-            1.0,
-            name,
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-            color="0.3",
-        )
-
-
 class PlotError(UserError, ValueError):
     """A metrics file that is missing or holds nothing to plot."""
 
 
+def load(metrics_path: Path) -> dict[str, list[dict]]:
+    """The records to plot: training steps (an RTD run's with the prior's loss and accuracy,
+    which runs before those were recorded lack), the overall validation records (a mixture's
+    per-source ones have "source"), and the resume records."""
+    if not metrics_path.is_file():
+        raise PlotError(
+            f"{metrics_path}: no such metrics file (give RUN/metrics.jsonl of a training run)"
+        )
+    data = {
+        "train": read_metrics(metrics_path, "train"),
+        "validation": [r for r in read_metrics(metrics_path, "validation") if "source" not in r],
+        "resume": read_metrics(metrics_path, "resume"),
+    }
+    if not data["train"]:
+        raise PlotError(f"{metrics_path}: no training records")
+    for split, prefix in (("train", "rtd_"), ("validation", "val_rtd_")):
+        for r in data[split]:
+            share = r.get(f"{prefix}replaced_share")
+            if isinstance(share, (int, float)):
+                r.setdefault(f"{prefix}prior_loss", prior_loss(share))
+                r.setdefault(f"{prefix}prior_accuracy", 1.0 - share)
+    return data
+
+
 def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
-    """loss_vs_time.png: training and validation loss against elapsed seconds (none: [])."""
+    """loss_vs_time.png: training and validation loss (RTD: the generator's MLM loss) against
+    elapsed seconds (none: [])."""
     # Imports inside functions here: matplotlib (pyplot), only when a figure is drawn.
     import matplotlib.pyplot as plt
 
     elapsed = {r["step"]: r["elapsed_s"] for r in data["train"] if "elapsed_s" in r}
-    series = [
+    train_key = "mlm_loss" if is_rtd(data["train"]) else "loss"
+    series_ = [
         (split, key, *_time_series(data[split], key, elapsed))
-        for split, key in (("train", "loss"), ("validation", "val_loss"))
+        for split, key in (("train", train_key), ("validation", "val_loss"))
     ]
-    if not any(xs for *_, xs, _ in series):
+    if not any(xs for *_, xs, _ in series_):
         return []
-    span = max(max(xs) for *_, xs, _ in series if xs)
+    span = max(max(xs) for *_, xs, _ in series_ if xs)
     unit, div = ("h", 3600.0) if span > 3 * 3600 else ("min", 60.0) if span > 300 else ("s", 1.0)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for split, key, xs, ys in series:
+    for split, key, xs, ys in series_:
         if xs:
             style = "-" if split == "train" else "o-"
             ax.plot([x / div for x in xs], ys, style, label=f"{split} {key}", markersize=3)
-    ax.set_title("loss against wall-clock time")
+    resumed = [r["elapsed_s"] / div for r in data["resume"] if "elapsed_s" in r]
+    for x in resumed:
+        ax.axvline(x, color="C3", ls=":", lw=1.2, label="_resumed")
+    ax.set_title("loss against wall-clock time" + (" (dotted: a resume)" if resumed else ""))
     ax.set_xlabel(f"training time ({unit}, start-up included)")
+    ax.set_ylabel(MLM_LOSS if train_key == "mlm_loss" else "loss (nats)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -121,90 +114,59 @@ def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
     return [path]
 
 
-def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write one PNG per panel (and overview.png); returns the paths written."""
+def figures(data: dict[str, list[dict]]) -> dict[str, object]:
+    """The figures of a run's step panels by file stem (a panel without data has none), the
+    overview (every panel, the discriminator's of an RTD run too) and, for RTD, "rtd"."""
     # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics_path = Path(metrics_path)
-    if not metrics_path.is_file():
-        raise PlotError(
-            f"{metrics_path}: no such metrics file (give RUN/metrics.jsonl of a training run)"
-        )
-    # A mixture's per-source validation records have "source"; the overall one has none.
-    data = {
-        "train": read_metrics(metrics_path, "train"),
-        "validation": [r for r in read_metrics(metrics_path, "validation") if "source" not in r],
-    }
-    if not data["train"]:
-        raise PlotError(f"{metrics_path}: no training records")
-    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
-    out.mkdir(parents=True, exist_ok=True)
-    written, spans = [], phase_spans(data["train"])
-    fig_all, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for (stem, title, keys), ax_all in zip(PANELS, axes.flat):
+    marks = Marks(phase_spans(data["train"]), [r["step"] for r in data["resume"]])
+    panels, disc = step_panels(data["train"]), list(DISCRIMINATOR) if is_rtd(data["train"]) else []
+    out = {}
+    for panel in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
-        drawn = False
-        for split, key in keys:
-            xs, ys = _series(data[split], key)
-            if xs:
-                style = "-" if split == "train" else "o-"
-                for a in (ax, ax_all):
-                    a.plot(xs, ys, style, label=f"{split} {key}", markersize=3)
-                drawn = True
-        for a in (ax, ax_all):
-            a.set_title(title, pad=12 if spans else 6)
-            a.set_xlabel("step")
-            a.grid(alpha=0.3)
-            if drawn:
-                shade_phases(a, spans)
-                a.legend()
-        if stem in ("loss_scale",) and drawn:
-            ax.set_yscale("log")
-            ax_all.set_yscale("log")
-        if drawn:
-            path = out / f"{stem}.png"
+        if draw(ax, panel, data, marks):
             fig.tight_layout()
-            fig.savefig(path, dpi=100)
-            written.append(path)
-        plt.close(fig)
-    fig_all.tight_layout()
-    fig_all.savefig(out / "overview.png", dpi=80)
-    plt.close(fig_all)
-    written.append(out / "overview.png")
-    return written + plot_loss_vs_time(data, out) + plot_rtd(data, out)
+            out[panel.stem] = fig
+        else:
+            plt.close(fig)
+    if disc:
+        fig, axes = plt.subplots(1, len(disc), figsize=(6 * len(disc), 4))
+        for ax, panel in zip(axes, disc):
+            draw(ax, panel, data, marks)
+        fig.tight_layout()
+        out["rtd"] = fig
+    every = panels + disc
+    rows = math.ceil(len(every) / 3)
+    fig, axes = plt.subplots(rows, 3, figsize=(15, 4 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, every):
+        draw(ax, panel, data, marks)
+    for ax in list(axes.flat)[len(every) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    out["overview"] = fig
+    return out
 
 
-def plot_rtd(data: dict[str, list[dict]], out: Path) -> list[Path]:
-    """rtd.png for a replaced-token-detection run (``--objective rtd``): the discriminator's
-    loss, and its accuracy, precision, recall and the replaced share, against the step; [] for
-    another objective."""
-    if not data["train"] or "rtd_loss" not in data["train"][0]:
-        return []
+def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write one PNG per step panel, overview.png, loss_vs_time.png and, for RTD, rtd.png;
+    returns the paths written."""
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, keys in (
-        (left, [("train", "rtd_loss"), ("validation", "val_rtd_loss")]),
-        (right, [("train", k) for k in ("rtd_accuracy", "rtd_precision", "rtd_recall")]
-         + [("train", "rtd_replaced_share"), ("validation", "val_rtd_accuracy")]),
-    ):  # fmt: skip
-        for split, key in keys:
-            xs, ys = _series(data[split], key)
-            ax.plot(xs, ys, "-" if split == "train" else "o-", label=key, markersize=3)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    left.set_title("discriminator loss (replaced-token detection)")
-    right.set_title("discriminator: accuracy, precision and recall of replaced")
-    fig.tight_layout()
-    path = out / "rtd.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    metrics_path = Path(metrics_path)
+    data = load(metrics_path)
+    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, fig in figures(data).items():
+        path = out / f"{stem}.png"
+        fig.savefig(path, dpi=80 if stem == "overview" else 100)
+        plt.close(fig)
+        written.append(path)
+    return written + plot_loss_vs_time(data, out)
 
 
 def plot_downstream(
@@ -232,7 +194,8 @@ def plot_downstream(
         points.sort()
         ax.plot([s for s, _ in points], [v for _, v in points], "o-", label=name, markersize=3)
     ax.set_title("downstream evaluation (test split, one seed)")
-    ax.set_xlabel("step")
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel("score (each task's metric)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -261,7 +224,7 @@ def plot_sources(
         return []
     fig, (ax_val, ax_share) = plt.subplots(1, 2, figsize=(12, 4.5))
     for source in sorted({r["source"] for r in val}):
-        xs, ys = _series([r for r in val if r["source"] == source], "val_loss")
+        xs, ys = series([r for r in val if r["source"] == source], "val_loss")
         ax_val.plot(xs, ys, "o-", label=source, markersize=3)
     seen = {n: 0.0 for n in names}  # samples so far, weighted by each step's share
     for n in names:
@@ -275,12 +238,13 @@ def plot_sources(
                 shares.append(seen[n] / total)
         ax_share.plot(xs, shares, "-", label=n)
     spans = phase_spans(train)
-    for ax, title in (
-        (ax_val, "validation loss per source"),
-        (ax_share, "share of the training samples so far"),
+    for ax, title, ylabel in (
+        (ax_val, "validation loss per source", MLM_LOSS),
+        (ax_share, "share of the training samples so far", "fraction of the samples"),
     ):
         ax.set_title(title, pad=12 if spans else 6)
-        ax.set_xlabel("step")
+        ax.set_xlabel(STEP_LABEL)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         shade_phases(ax, spans)
         if ax.lines:
