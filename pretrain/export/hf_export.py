@@ -37,7 +37,7 @@ from typing import Any
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
-from bertforge.logs import get_logger, report
+from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
 from bertforge.pretrain.components.ema import load_ema
 from bertforge.pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
 from bertforge.pretrain.export.hf_extras import (
@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         help="model card: a dataset name for its header (repeat for several)",
     )
     args = p.parse_args(argv)
+    quiet_libraries()
+    quiet_transformers()
     try:
         res = export(
             args.run,
