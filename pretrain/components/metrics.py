@@ -308,7 +308,8 @@ def _truncate_after(path: Path, step: int) -> None:
 
 
 def read_metrics(path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:
-    """Records of ``split`` ("train" or "validation") from a metrics.jsonl."""
+    """Records of ``split`` ("train", "validation", "guard", "downstream" or "resume") from a
+    metrics.jsonl."""
     out = []
     with open(path, encoding="utf-8") as f:
         for line in f:
