@@ -6,6 +6,9 @@ with the rank after the package when a job has several (``[pretrain rank 3] ERRO
 Rank 0 speaks for the job: other ranks print errors only, unless a record is marked
 ``extra={"all_ranks": True}``. Info and warnings go to stdout (beside the progress lines they
 explain), errors to stderr. Progress bars and reports a user reads stay plain stdout output.
+Other libraries' routine chatter stays off a command's output, their warnings on:
+:func:`quiet_libraries` (DeepSpeed's note on a machine without a GPU) and
+:func:`quiet_transformers` (transformers' progress bars), called by the commands.
 """
 
 from __future__ import annotations
@@ -79,6 +82,43 @@ def get_logger(name: str) -> logging.Logger:
         root.setLevel(logging.INFO)
         root.propagate = False  # one line per record, whatever the root logger does
     return logging.getLogger(name)
+
+
+#: DeepSpeed's logger, and the note it gives at its import on a machine where torch sees no GPU
+DEEPSPEED_LOGGER = "DeepSpeed"
+DEEPSPEED_CPU_NOTE = "Setting accelerator to CPU."
+
+
+class _DropDeepSpeedCpuNote(logging.Filter):
+    """Drops DeepSpeed's "Setting accelerator to CPU. If you have GPU ..." and nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(DEEPSPEED_CPU_NOTE)
+
+
+def quiet_libraries() -> None:
+    """A command's first call: other libraries' routine chatter off its output, their warnings
+    kept. DeepSpeed's note on a machine without a GPU ("Setting accelerator to CPU. If you have
+    GPU or other accelerator, we were unable to detect it."), which every command that imports
+    DeepSpeed printed, is dropped by a filter on DeepSpeed's logger, set before DeepSpeed makes
+    it (``logging`` keeps a logger's filters when DeepSpeed configures it); every other record of
+    DeepSpeed's passes. (The doctor says which devices a launch gets: "no GPU (CPU, N cores)".)
+    Transformers' progress bars: :func:`quiet_transformers`, where a command uses
+    transformers."""
+    ds_logger = logging.getLogger(DEEPSPEED_LOGGER)
+    if not any(isinstance(f, _DropDeepSpeedCpuNote) for f in ds_logger.filters):
+        ds_logger.addFilter(_DropDeepSpeedCpuNote())
+
+
+def quiet_transformers() -> None:
+    """Turn transformers' progress bars off (one per model it loads or writes: "Loading
+    weights", "Writing model shards", a line of carriage returns in a log), its warnings kept;
+    for a command that loads or writes models with transformers (importing it takes seconds, so
+    only those call this)."""
+    # Lazy: transformers (seconds to import) only in the commands that use it anyway.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def report(lines: str | Iterable[str], stream=None) -> None:

@@ -94,6 +94,7 @@ def train_wordpiece(
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    warn_if_smaller(tok.get_vocab_size(with_added_tokens=True), vocab_size, min_frequency)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -116,6 +117,21 @@ def train_wordpiece(
             tokenize_chinese_chars=True,
         )
         _save_hf(hf, out_dir, max_length)
+
+
+def warn_if_smaller(trained: int, asked: int, min_frequency: int) -> None:
+    """Say so when the trained vocabulary is smaller than ``--vocab_size``: WordPiece adds a
+    merged piece only while some pair of adjacent pieces occurs ``min_frequency`` times or more,
+    so a corpus with few distinct words runs out of pieces before the size asked for."""
+    if trained >= asked:
+        return
+    log.warning(
+        f"the trained vocabulary has {trained} entries, fewer than --vocab_size {asked}: the "
+        "training documents have too few distinct words and word pieces (WordPiece adds a "
+        "piece only while a pair of adjacent pieces occurs at least --min_frequency "
+        f"{min_frequency} times, and no such pair was left). The build goes on with {trained} "
+        "entries; a larger corpus or a lower --min_frequency gives more."
+    )
 
 
 def import_tokenizer(

@@ -474,6 +474,8 @@ def build_training(
         attention=resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch),
     )
     metrics = open_metrics(cfg, place, start_step, model, run)
+    if run.point is not None:  # metrics.jsonl marks where this launch continued
+        metrics.resumed(start_step, str(run.point.path), elapsed)
     outputs = RunOutputs(
         metrics, ckpts, run_state(cfg, run.train_reader, run.setup, init_report, run.anneal)
     )

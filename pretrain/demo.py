@@ -37,7 +37,7 @@ from bertforge.data_prep.reader import ShardReader
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
-from bertforge.logs import get_logger, report
+from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
 from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
 
@@ -448,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.fill_mask:
+            quiet_libraries()
+            quiet_transformers()
             sentences = read_sentences(args.sentences) if args.sentences else SENTENCES
             fill_mask(args.fill_mask, args.fill_mask_out, tuple(sentences), args.top_k)
             return 0

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, quiet_libraries
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
 from bertforge.pretrain import build, dry_run
 from bertforge.pretrain.components import watchdog
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
     """Entry point for ``python pretrain/main.py`` and the launchers. ``keep_handler``: leave
     the stop-signal handler installed on return (the script: it exits right after, so a signal
     in between still does nothing); a caller in the same process gets its handlers back."""
+    quiet_libraries()
     cfg = parse_args(argv)
     if cfg.run.dry_run:
         try:

@@ -381,8 +381,9 @@ class Trainer:
         return None
 
     def evaluate(self, step: int) -> list[dict]:
-        """MLM loss, accuracy and perplexity on each source's validation split (all ranks take
-        part); with several sources, per-source records plus the overall one (no "source")."""
+        """MLM loss, accuracy and perplexity (RTD: the generator's, and the discriminator's
+        scores) on each source's validation split (all ranks take part); with several sources,
+        per-source records plus the overall one (no "source")."""
         sums = {name: self._validation_sums(reader, step) for name, reader in self.data.val_readers}
         records = []
         if len(sums) > 1:
@@ -397,8 +398,9 @@ class Trainer:
             self.metrics.eval(rec, self.engine.global_samples)
         return records
 
-    def _validation_sums(self, reader, step: int) -> tuple[float, float, float]:
-        """(summed token loss, correct, masked) over the first ``--eval_batches`` global batches
+    def _validation_sums(self, reader, step: int) -> tuple[float, ...]:
+        """(summed token loss, correct, masked; for RTD also the discriminator's summed loss and
+        :data:`RTD_COUNTS`) over the first ``--eval_batches`` global batches
         of ``reader`` (eval_batches x the global batch size of sequences, in index order), all
         ranks together: the same sequences and masks on any world size and at every evaluation.
         Each rank runs grad_accum micro-batches per global batch, as a training step does."""
@@ -431,7 +433,7 @@ class Trainer:
         keys = ("mlm_loss", "num_correct", "num_masked")
         normalizers = {"mlm_normalizer": 1.0}  # normaliser 1: sums
         if self.rtd_weight:
-            keys += ("rtd_loss", "rtd_correct", "rtd_tokens")
+            keys += ("rtd_loss", *RTD_COUNTS)
             normalizers["token_normalizer"] = 1.0
         totals = [0.0] * len(keys)
         self.engine.eval()

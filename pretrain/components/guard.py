@@ -58,6 +58,23 @@ def robust_z(value: float, window: list[float]) -> tuple[float, float]:
     return median, (value - median) / (MAD_TO_SIGMA * mad)
 
 
+def outcome(event: dict[str, Any]) -> str:
+    """What became of the step a guard ``event`` is about, in words for the console (its
+    ``action`` says the same to metrics.jsonl): "kept" (its update applied, and clipped where
+    the event says so), "skipped" (its update dropped), "rolled back" or "gave up"."""
+    action = event["action"]
+    if action == "ok":
+        clipped = event.get("clipped_at")
+        return f"kept (update clipped to norm {clipped:g})" if clipped else "kept"
+    if action == "skip":
+        return "skipped (update dropped)"
+    if action == "rollback":
+        return "rolled back"
+    if action == "give_up":
+        return "gave up"
+    raise ValueError(f"unknown guard action {action!r}")
+
+
 @dataclass
 class Verdict:
     """What the guard decided about a step, and the event to log (None for a plain "ok")."""

@@ -4,9 +4,11 @@ DeepSpeed's monitor (whichever of TensorBoard, CSV, Weights & Biases, Comet the 
 All values are computed by the caller; this module times the step, derives rates (tokens/s,
 TFLOPs, MFU), and writes. Only rank 0 writes anything. The console shows a tqdm bar when stderr
 is a terminal and one plain line per ``log_interval`` steps (or per ``progress_interval_s``
-seconds) otherwise (see :mod:`data_prep.progress`). The monitor gets ``Train/<key>`` (every
-numeric key of the step record, masking statistics ``mask_*`` included) by samples,
-``Validation/[<source>/]<metric>`` by samples and ``Downstream/<task>/<metric>`` by step.
+seconds) otherwise (see :mod:`data_prep.progress`); what those lines say of a record is
+:mod:`.console`'s. A resumed launch writes a ``"split": "resume"`` record. The monitor gets
+``Train/<key>`` (every numeric key of the step record, masking statistics ``mask_*`` included)
+by samples, ``Validation/[<source>/]<metric>`` by samples and ``Downstream/<task>/<metric>`` by
+step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 from bertforge.data_prep.progress import Progress
 from bertforge.files import write_text_atomic
 from bertforge.logs import format_line
+from bertforge.pretrain.components.console import progress_fields, validation_line
+from bertforge.pretrain.components.guard import outcome
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.
@@ -160,13 +164,7 @@ class MetricsWriter:
         self._file.flush()
         step = record["step"]
         if self._bar is not None:
-            self._bar.update(
-                1,
-                loss=record["loss"],
-                lr=record["lr"],
-                tok_s=round(record["tokens_per_s"]),
-                scale=record.get("loss_scale"),
-            )
+            self._bar.update(1, **progress_fields(record))
         if (
             self.monitor is not None
             and getattr(self.monitor, "enabled", False)
@@ -191,12 +189,7 @@ class MetricsWriter:
         self._file.write(json.dumps(_finite(record)) + "\n")
         self._file.flush()
         source = record.get("source")
-        where = f" [{source}]" if source else ""
-        self.print(
-            f"validation step {record['step']}{where}: loss {record['val_loss']:.4f} "
-            f"accuracy {record['val_accuracy']:.4f} "
-            f"perplexity {record['val_perplexity']:.2f}"
-        )
+        self.print(validation_line(record))
         if self.monitor is not None and getattr(self.monitor, "enabled", False):
             prefix = f"Validation/{source}" if source else "Validation"
             self.monitor.write_events(
@@ -206,6 +199,22 @@ class MetricsWriter:
                     if k.startswith("val_") and math.isfinite(float(v))
                 ]
             )
+
+    def resumed(self, step: int, checkpoint: str, elapsed_s: float) -> None:
+        """Write a ``"split": "resume"`` record: this launch continues from ``checkpoint``, saved
+        after ``step`` at ``elapsed_s`` of training time, on ``world_size`` ranks (the plots
+        mark the step)."""
+        if self.rank != 0:
+            return
+        record = {
+            "step": step,
+            "split": "resume",
+            "checkpoint": checkpoint,
+            "elapsed_s": elapsed_s,
+            "world_size": self.world_size,
+        }
+        self._file.write(json.dumps(_finite(record)) + "\n")
+        self._file.flush()
 
     def downstream(self, record: dict[str, Any]) -> None:
         """Write a ``"split": "downstream"`` record (task, metric, value at a checkpoint's step)
@@ -238,15 +247,15 @@ class MetricsWriter:
         self._file.flush()
         line = (
             f"guard step {record['step']}: {record['event']} {record['value']:.4g} "
-            f"(median {record['median']:.4g}, z {record['z']:.3g}) -> {record['action']}"
+            f"(median {record['median']:.4g}, z {record['z']:.3g}) -> {outcome(record)}"
         )
+        if record["action"] == "rollback":
+            line += f" to step {record['to_step']} (rollback {record['rollbacks']})"
         if "skipped_samples" in record:
             first, end = record["skipped_samples"]
             line += f", samples [{first}, {end}) skipped"
         if "reason" in record:
             line += f" ({record['reason']})"
-        if record["action"] == "rollback":
-            line += f", back to step {record['to_step']} (rollback {record['rollbacks']})"
         self.info(line)
 
     def print(self, msg: str) -> None:
@@ -299,7 +308,8 @@ def _truncate_after(path: Path, step: int) -> None:
 
 
 def read_metrics(path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:
-    """Records of ``split`` ("train" or "validation") from a metrics.jsonl."""
+    """Records of ``split`` ("train", "validation", "guard", "downstream" or "resume") from a
+    metrics.jsonl."""
     out = []
     with open(path, encoding="utf-8") as f:
         for line in f:

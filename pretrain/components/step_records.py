@@ -44,6 +44,34 @@ def engine_record(engine, consumed: int, timer: StepTimer, budget: TimeBudget) -
     }
 
 
+def prior_loss(share: float) -> float:
+    """The discriminator loss (binary cross-entropy, nats per token) of the prior: the constant
+    prediction ``share`` (the replaced share) for every token, H(p) = -p ln p - (1-p) ln(1-p).
+    A discriminator that learned nothing about the tokens sits there, its accuracy at
+    1 - share and its recall of replaced tokens at 0."""
+    if share <= 0.0 or share >= 1.0:
+        return 0.0
+    return -(share * math.log(share) + (1.0 - share) * math.log1p(-share))
+
+
+def rtd_scores(loss: float, *counts: float, prefix: str = "rtd_") -> dict[str, float]:
+    """The discriminator's scores from its ``loss`` (normalised already) and its summed
+    ``counts`` in :data:`RTD_COUNTS`' order (correct, real tokens, replaced, true positives,
+    predicted replaced): loss, the prior's loss, accuracy, precision and recall of replaced
+    tokens, and the replaced share; keys start with ``prefix``."""
+    correct, tokens, replaced, true_positive, predicted = counts
+    tokens = max(tokens, 1.0)
+    share = replaced / tokens
+    return {
+        f"{prefix}loss": loss,
+        f"{prefix}prior_loss": prior_loss(share),
+        f"{prefix}accuracy": correct / tokens,
+        f"{prefix}precision": true_positive / max(predicted, 1.0),
+        f"{prefix}recall": true_positive / max(replaced, 1.0),
+        f"{prefix}replaced_share": share,
+    }
+
+
 def loss_record(
     sums: dict[str, float], n_masked: float, world: int, rtd_weight: float = 0.0
 ) -> dict[str, Any]:
@@ -59,12 +87,7 @@ def loss_record(
         rec["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
         rec["loss"] += rec["nsp_loss"]
     if sums["rtd_tokens"] > 0:
-        tokens, replaced = sums["rtd_tokens"], sums["rtd_replaced"]
-        rec["rtd_loss"] = sums["rtd_loss"]
-        rec["rtd_accuracy"] = sums["rtd_correct"] / tokens
-        rec["rtd_precision"] = sums["rtd_true_positive"] / max(sums["rtd_predicted"], 1.0)
-        rec["rtd_recall"] = sums["rtd_true_positive"] / max(replaced, 1.0)
-        rec["rtd_replaced_share"] = replaced / tokens
+        rec.update(rtd_scores(sums["rtd_loss"], *(sums[k] for k in RTD_COUNTS)))
         rec["loss"] += rtd_weight * rec["rtd_loss"]
     return rec
 
@@ -73,7 +96,9 @@ def validation_record(
     step: int, loss_sum: float, correct: float, masked: float, *rtd: float
 ) -> dict:
     """A ``split: "validation"`` record from summed token loss, correct and masked counts (for
-    RTD, the generator's), and for RTD the discriminator's summed loss, correct and real tokens."""
+    RTD, the generator's), and for RTD the discriminator's summed loss and its
+    :data:`~pretrain.model.rtd.RTD_COUNTS` (correct, real tokens, replaced, true positives,
+    predicted replaced)."""
     if masked == 0:  # nothing was predicted (e.g. a source of [UNK]s): no score, not zero
         loss_sum = correct = float("nan")
     loss = loss_sum / max(masked, 1.0)
@@ -86,7 +111,7 @@ def validation_record(
         "val_masked_tokens": masked,
     }
     if rtd:
-        rtd_loss, rtd_correct, tokens = rtd
-        rec["val_rtd_loss"] = rtd_loss / max(tokens, 1.0)
-        rec["val_rtd_accuracy"] = rtd_correct / max(tokens, 1.0)
+        rtd_loss, *counts = rtd
+        tokens = counts[RTD_COUNTS.index("rtd_tokens")]
+        rec.update(rtd_scores(rtd_loss / max(tokens, 1.0), *counts, prefix="val_rtd_"))
     return rec

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, quiet_libraries
 from bertforge.pretrain.components import op_builds, shm_buffers
 from bertforge.pretrain.config.batching import BatchPlan, BatchSizeError
 from bertforge.pretrain.config.cli import config_from_args, trainer_parser
@@ -445,6 +445,7 @@ def build_ops_main(cfg: TrainConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the checks, print the table; 0 when nothing failed, 1 otherwise."""
+    quiet_libraries()
     parser, names = build_parser()
     opts = parser.parse_args(argv)
     cfg = config_from_args(opts, names, parser)

@@ -37,7 +37,7 @@ import torch
 
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, quiet_libraries, quiet_transformers
 from bertforge.pretrain.data.downstream_tasks import (
     TASK_TYPES,
     TaskError,
@@ -241,6 +241,8 @@ def _run_benchmark(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     args = _parser().parse_args(argv)
+    quiet_libraries()
+    quiet_transformers()
     out = Path(args.out)
     try:
         if args.seeds is not None and args.seeds < 1:

@@ -9,8 +9,10 @@ the vocabulary padding off, and writes ``model.safetensors`` + ``config.json`` +
 + a model card (README.md, see :mod:`pretrain.export.model_card`). With ``--average`` the weights
 are the element-wise mean of several checkpoints (:mod:`pretrain.export.average`), and the card
 lists their steps.
-Then it reloads the folder with transformers and runs a fill-mask pipeline: a folder that does
-not load with zero missing and unexpected keys is reported as an error, not written silently.
+Then it reloads the folder with transformers and shows what it predicts on a sentence (fill-mask;
+for RTD the discriminator's replaced-token detection, and fill-mask on the generator): a folder
+that does not load with zero missing and unexpected keys is reported as an error, not written
+silently (:mod:`pretrain.export.verify`).
 
 Another arch's run is exported as its model's ``hf_architecture`` (the tokenizer's special-token
 ids written into its config where the arch's adapter names them: ModernBERT's).
@@ -35,17 +37,22 @@ from typing import Any
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
-from bertforge.logs import get_logger, report
+from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
 from bertforge.pretrain.components.ema import load_ema
 from bertforge.pretrain.export.average import AverageError, average_checkpoints, select_checkpoints
 from bertforge.pretrain.export.hf_extras import (
-    POOLER_KEYS,
     POOLER_NOTE,
     adds_pooler,
     initialised_pooler,
     trained_length,
 )
 from bertforge.pretrain.export.model_card import benchmark_section, write_model_card
+from bertforge.pretrain.export.verify import (
+    GENERATOR_DIR,
+    check_lines,
+    verify_export,
+    verify_rtd_export,
+)
 from bertforge.pretrain.model.run_checkpoints import (
     MARKER,
     CheckpointError,
@@ -86,52 +93,6 @@ def find_checkpoint(run: Path, checkpoint: str | None = None) -> Path:
     if ckpt is None or not is_complete(ckpt):
         raise CheckpointError(f"{run}: no complete checkpoint to export")
     return ckpt
-
-
-def _load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The missing, unexpected and mismatched keys of loading ``out`` as ``auto`` (less the
-    ``allowed`` unexpected ones); transformers' own report of them is kept quiet."""
-    # Lazy: transformers takes seconds to import; only this path needs it.
-    import transformers
-
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        model, info = auto.from_pretrained(str(out), output_loading_info=True)
-    finally:
-        transformers.logging.set_verbosity(level)
-    info["unexpected_keys"] = {k for k in info["unexpected_keys"] if k not in allowed}
-    wanted = ("missing_keys", "unexpected_keys", "mismatched_keys")
-    return {k: v for k, v in info.items() if k in wanted and v} | {"model": model}
-
-
-def verify_export(
-    out: Path, nsp: bool, mask_token: str | None = None, pooler: bool = False
-) -> dict[str, Any]:
-    """Load ``out`` with transformers (strict key check; with ``pooler``, a masked-LM BERT's
-    added pooler is the only key its masked-LM class does not use, and ``AutoModel`` misses
-    nothing) and run fill-mask; returns the result."""
-    # Lazy: transformers takes seconds to import; only this path needs it.
-    import transformers
-
-    auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM
-    bad = _load_problems(auto, out, POOLER_KEYS if pooler else ())
-    model = bad.pop("model")
-    if pooler:
-        base = _load_problems(transformers.AutoModel, out)
-        base.pop("model")
-        bad.update({f"AutoModel {k}": v for k, v in base.items() if k == "missing_keys"})
-    if bad:
-        raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the pooler's report: checked above
-    try:
-        fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
-    finally:
-        transformers.logging.set_verbosity(level)
-    mask = mask_token or fill.tokenizer.mask_token
-    preds = fill(f"The function returns a {mask} of values.", top_k=3)
-    return {"architecture": type(model).__name__, "fill_mask": preds}
 
 
 def trained_rope_theta(state: dict[str, Any]) -> float | None:
@@ -233,10 +194,6 @@ def export(
     return result
 
 
-#: where an RTD export puts its generator (ElectraForMaskedLM), inside the export folder
-GENERATOR_DIR = "generator"
-
-
 def _save_generator(out: Path, conf, sd: dict[str, Any], tok) -> None:
     """The RTD generator as transformers' ElectraForMaskedLM (with the run's tokenizer)."""
     import transformers
@@ -250,19 +207,6 @@ def _save_generator(out: Path, conf, sd: dict[str, Any], tok) -> None:
     model.tie_weights()
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
-
-
-def verify_rtd_export(out: Path, architecture: str, generator: bool) -> dict[str, Any]:
-    """Load an RTD export with transformers (strict key check): the discriminator with its
-    class, the generator (if exported) with AutoModelForMaskedLM and its fill-mask."""
-    import transformers
-
-    bad = _load_problems(getattr(transformers, architecture), out)
-    model = bad.pop("model")
-    if bad:
-        raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
-    res = verify_export(out / GENERATOR_DIR, nsp=False) if generator else {}
-    return {"architecture": type(model).__name__, "fill_mask": res.get("fill_mask", [])}
 
 
 def _checkpoint_weights(
@@ -378,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         "--glue_model", default=None, help="its row in that file (default: the only one)"
     )
     args = p.parse_args(argv)
+    quiet_libraries()
+    quiet_transformers()
     try:
         res = export(
             args.run,
@@ -404,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  trained with --share_layers {res['share_layers']}: the shared weights are copied "
             "into every layer of the exported model"
         )
-    lines += [f"  fill-mask: {p['token_str']!r} {p['score']:.3f}" for p in res.get("fill_mask", [])]
+    lines += check_lines(res)
     report(lines)
     return 0
 

@@ -157,6 +157,7 @@ RTD = ObjectiveSpec(
         "mlm_loss",
         "mlm_accuracy",
         "rtd_loss",
+        "rtd_prior_loss",
         "rtd_accuracy",
         "rtd_precision",
         "rtd_recall",

@@ -105,6 +105,7 @@ def test_a_export_is_electra_for_pretraining_with_its_generator(rtd_runs, tmp_pa
     import transformers
 
     from bertforge.pretrain.export.hf_export import export, find_checkpoint
+    from bertforge.pretrain.export.verify import check_lines
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
     from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, read_state
@@ -113,6 +114,11 @@ def test_a_export_is_electra_for_pretraining_with_its_generator(rtd_runs, tmp_pa
     out = tmp_path / "hf"
     res = export(rtd_runs["run"], out)  # also reloads both folders, fill-mask on the generator
     assert res["architecture"] == "ElectraForPreTraining" and res["step"] == 6
+    # the discriminator's check is its detection; fill-mask is the generator's (issue 55)
+    assert len(res["detection"]["pieces"]) > 2 and res["fill_mask"][0]["predictions"]
+    lines = check_lines(res)
+    assert lines[0].startswith("  replaced-token detection on ")
+    assert lines[1].startswith(f"  fill-mask (the generator, {out / 'generator'}) on ")
     disc, info = transformers.ElectraForPreTraining.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info
     gen, info = transformers.ElectraForMaskedLM.from_pretrained(

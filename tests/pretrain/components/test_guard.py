@@ -149,6 +149,46 @@ def test_clipped_grad_norm_spikes_are_recorded_and_never_escalate():
     assert guard.check_grad_norm(12, math.nan).action == "rollback"  # non-finite: still caught
 
 
+def _console_line(tmp_path, capsys, event: dict) -> str:
+    """The line MetricsWriter.guard prints for ``event`` (rank 0, no progress bar)."""
+    from bertforge.pretrain.components.metrics import MetricsWriter
+
+    writer = MetricsWriter(
+        tmp_path, rank=0, max_steps=10, start_step=0, log_interval=1, flops_per_token=None,
+        peak_tflops=None, world_size=1, progress=False,
+    )  # fmt: skip
+    writer.guard(event)
+    writer.close()
+    return capsys.readouterr().out.strip()
+
+
+def test_the_console_line_says_whether_the_step_was_kept(tmp_path, capsys):
+    """Issue 55: "grad_norm_spike ... -> ok" did not say what became of the step."""
+    guard = _guard(guard_spikes=2)
+    guard.clipping = 1.0
+    _feed(guard, [7.0, 6.9, 7.1, 6.8, 7.0], norm=0.58)
+    guard.check_loss(6, 6.5)
+    clipped = guard.check_grad_norm(6, 14.0).event
+    line = _console_line(tmp_path, capsys, clipped)
+    assert line.startswith("[pretrain] guard step 6: grad_norm_spike 14")
+    assert line.endswith("-> kept (update clipped to norm 1)")
+    unclipped = _guard(guard_spikes=3)
+    _feed(unclipped, [7.0, 6.9, 7.1, 6.8, 7.0], norm=0.58)
+    unclipped.check_loss(6, 6.5)
+    line = _console_line(tmp_path, capsys, unclipped.check_grad_norm(6, 14.0).event)
+    assert line.endswith("-> kept")
+    skip = guard.check_loss(7, 70.0).event
+    guard.skipped(skip, 96, 112)
+    line = _console_line(tmp_path, capsys, skip)
+    assert "loss_spike 70 " in line
+    assert line.endswith("-> skipped (update dropped), samples [96, 112) skipped")
+    rollback = {**guard.check_loss(8, math.nan).event, "to_step": 4, "rollbacks": 1}
+    line = _console_line(tmp_path, capsys, rollback)
+    assert line.endswith("-> rolled back to step 4 (rollback 1)")
+    give_up = {**rollback, "action": "give_up"}
+    assert _console_line(tmp_path, capsys, give_up).endswith("-> gave up")
+
+
 def test_a_loss_that_climbs_rolls_back_a_falling_or_noisy_one_never():
     """A divergence whose every step is too small to be a spike (+2% a step, as an absurd lr
     gave: 8.5 -> 10.3 in 20 steps) is caught by the recent median against the run's best; a

@@ -1,0 +1,7 @@
+"""``python -m pretrain.plot``."""
+
+import sys
+
+from bertforge.pretrain.plot import main
+
+sys.exit(main())

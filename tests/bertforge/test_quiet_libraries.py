@@ -1,0 +1,63 @@
+"""The commands keep other libraries' routine chatter off their output, not their warnings
+(issue 55: every command printed DeepSpeed's "Setting accelerator to CPU" and transformers'
+loading bars)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from helpers.commands import run_cli
+
+from bertforge.logs import DEEPSPEED_CPU_NOTE, DEEPSPEED_LOGGER, quiet_libraries, quiet_transformers
+
+NOTE = (
+    "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+)
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_deepspeeds_cpu_note_is_dropped_and_its_warnings_kept():
+    assert NOTE.startswith(DEEPSPEED_CPU_NOTE)
+    logger = logging.getLogger(DEEPSPEED_LOGGER)
+    collect = _Collect()
+    logger.addHandler(collect)
+    try:
+        quiet_libraries()
+        quiet_libraries()  # a second command in the same process adds no second filter
+        assert len(logger.filters) == len({type(f) for f in logger.filters})
+        logger.warning(NOTE)
+        logger.warning("a real warning: the loss scale is at its minimum")
+    finally:
+        logger.removeHandler(collect)
+    assert collect.messages == ["a real warning: the loss scale is at its minimum"]
+
+
+def test_the_dry_run_no_longer_prints_deepspeeds_cpu_note(english_shards):
+    if not torch.cuda.is_available():  # where DeepSpeed says it: at its import, here
+        bare = run_cli("-c", "import deepspeed")
+        assert "Setting accelerator to CPU" in bare.stdout + bare.stderr
+    proc = run_cli("pretrain/main.py", "--data", str(english_shards), "--dry-run")
+    assert "== dry run: nothing is trained ==" in proc.stdout  # it ran, DeepSpeed imported
+    assert "Setting accelerator" not in proc.stdout + proc.stderr
+
+
+def test_transformers_bars_are_off_and_its_warnings_on():
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    try:
+        quiet_transformers()
+        assert not hf_logging.is_progress_bar_enabled()
+        assert hf_logging.get_verbosity() <= logging.WARNING
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
