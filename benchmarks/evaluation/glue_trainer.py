@@ -178,9 +178,15 @@ def run_trainer(
         metrics = trainer.train().metrics
         scores = {}
         for name, ds in evals.items():
-            pred = np.asarray(trainer.predict(ds).predictions)
+            # With group_by_length Trainer also predicts in a length-grouped, shuffled order
+            # (transformers 5.24's _get_eval_sampler): predictions are not in the rows' order,
+            # only paired with label_ids, which is what run_glue.py's compute_metrics scores.
+            out = trainer.predict(ds)
+            pred = np.asarray(out.predictions)
             pred = pred[:, 0] if regression else pred.argmax(-1)
-            scores[name] = task_scores(task.metrics, data.evals[name].labels, pred.tolist())
+            gold = np.asarray(out.label_ids)
+            assert sorted(gold.tolist()) == sorted(ds["labels"]), "predict lost or repeated rows"
+            scores[name] = task_scores(task.metrics, gold.tolist(), pred.tolist())
     return {
         "side": "trainer",
         "lr": lr,
