@@ -6,7 +6,10 @@ with length-grouped batches padded to their longest example). The sides alternat
 even repeats, the Trainer first in odd ones), each repeat with a new seed, so a slow spell of a
 shared machine falls on both. Measured: train examples per second over the training span only
 (first batch to last optimizer step: no model load, no evaluation). Printed: per side the median
-[min, max] over the repeats and the ratio of the medians; ``--out`` writes every run as JSON.
+[min, max] over the repeats and the ratio of the medians, the ratio within each repeat, and the
+padded tokens per second (each side draws its own length-grouped order, so a run's padding, and
+with it its examples/s, differs by chance; tokens/s is the speed at the work done); ``--out``
+writes every run as JSON.
 
     python -m benchmarks.evaluation.glue_throughput --task SST-2 --repeats 3
 """
@@ -64,6 +67,9 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     for side in SIDES:
         mine = [r for r in runs if r["side"] == side]
         out[side] = {"runs": len(mine), **_spread([r["train_examples_per_second"] for r in mine])}
+        out[side]["tokens_per_second"] = _spread(
+            [r["train_tokens"] / r["train_seconds"] for r in mine]
+        )
         if side == "trainer":
             out[side]["hf_own"] = _spread([r["hf_train_samples_per_second"] for r in mine])
     out["ratio"] = out["ours"]["median"] / out["trainer"]["median"]
@@ -80,8 +86,9 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
 def table(summary: dict, runs: list[dict]) -> str:
     """The Markdown table docs/benchmarks.md quotes."""
     lines = [
-        "| side | runs | train examples/s median [min, max] | vs Trainer | dev score (median) |",
-        "|---|---|---|---|---|",
+        "| side | runs | train examples/s median [min, max] | vs Trainer "
+        "| padded tokens/s median [min, max] | dev score (median) |",
+        "|---|---|---|---|---|---|",
     ]
     for side in SIDES:
         s = summary[side]
@@ -90,9 +97,11 @@ def table(summary: dict, runs: list[dict]) -> str:
         metric = next(iter(first[split]))
         score = statistics.median(r["scores"][split][metric] for r in runs if r["side"] == side)
         ratio = s["median"] / summary["trainer"]["median"]
+        tok = s["tokens_per_second"]
         lines.append(
             f"| {side} | {s['runs']} | {s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}] | "
-            f"{ratio:.2f}x | {metric} {score:.3f} |"
+            f"{ratio:.2f}x | {tok['median']:.0f} [{tok['min']:.0f}, {tok['max']:.0f}] | "
+            f"{metric} {score:.3f} |"
         )
     return "\n".join(lines)
 
@@ -132,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             run["repeat"] = r
             runs.append(run)
             print(
-                f"repeat {r} {side:7s} seed {seed}: {run['train_examples']} examples in "
-                f"{run['train_seconds']:.2f} s = {run['train_examples_per_second']:.2f}/s "
-                f"({run['steps']} steps); dev {run['scores']}",
+                f"repeat {r} {side:7s} seed {seed}: {run['train_examples']} examples "
+                f"({run['train_tokens']} tokens padded) in {run['train_seconds']:.2f} s = "
+                f"{run['train_examples_per_second']:.2f}/s ({run['steps']} steps); dev "
+                f"{run['scores']}",
                 flush=True,
             )
     summary = summarize(runs)

@@ -18,7 +18,8 @@ default (torch's fused AdamW on torch >= 2.8).
 Training time on both sides is the same span: from the first batch drawn to the last optimizer
 step (ours: ``finetune``'s ``train_seconds``; the Trainer: a callback's ``on_train_begin`` to
 ``on_train_end``), so model loading and evaluation are outside it; examples are the rows the
-training batches held (the Trainer's counted as its collator builds them).
+training batches held and tokens their padded size (the Trainer's counted as its collator builds
+them).
 """
 
 from __future__ import annotations
@@ -82,14 +83,17 @@ def _dataset(tokenizer, examples: Examples, max_length: int, regression: bool):
 
 
 class _CountingCollator:
-    """``DataCollatorWithPadding`` that counts the rows it pads (the Trainer's train examples)."""
+    """``DataCollatorWithPadding`` that counts the rows it pads (the Trainer's train examples)
+    and the tokens of its batches, padding included."""
 
     def __init__(self, inner):
-        self.inner, self.rows = inner, 0
+        self.inner, self.rows, self.tokens = inner, 0, 0
 
     def __call__(self, features):
+        batch = self.inner(features)
         self.rows += len(features)
-        return self.inner(features)
+        self.tokens += batch["input_ids"].numel()
+        return batch
 
 
 def run_trainer(
@@ -135,12 +139,12 @@ def run_trainer(
 
     class TrainClock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            collator.rows = 0
+            collator.rows = collator.tokens = 0
             clock["start"] = time.perf_counter()
 
         def on_train_end(self, args, state, control, **kwargs):
             clock["seconds"] = time.perf_counter() - clock["start"]
-            clock["rows"] = collator.rows
+            clock["rows"], clock["tokens"] = collator.rows, collator.tokens
 
     with tempfile.TemporaryDirectory(prefix="glue_trainer_") as out:
         args = TrainingArguments(
@@ -194,6 +198,7 @@ def run_trainer(
         "steps": trainer.state.global_step,
         "scores": scores,
         "train_examples": clock["rows"],
+        "train_tokens": clock["tokens"],
         "train_seconds": clock["seconds"],
         "train_examples_per_second": clock["rows"] / clock["seconds"],
         # Trainer's own figure: its clock starts before the sampler, optimizer and model set-up

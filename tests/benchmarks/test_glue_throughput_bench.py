@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.evaluation.glue_throughput import main, summarize, table
 
-HEADER = "| side | runs | train examples/s median [min, max] | vs Trainer | dev score (median) |"
+HEADER = "| side | runs | train examples/s median [min, max] | vs Trainer | padded tokens/s"
 
 
 def test_tiny_run_of_both_sides(tmp_path, capsys):
@@ -29,6 +29,7 @@ def test_tiny_run_of_both_sides(tmp_path, capsys):
     for r in record["runs"]:
         assert (r["steps"], r["train_examples"]) == (2, 16)
         assert r["train_seconds"] > 0 and set(r["scores"]["dev"]) == {"accuracy"}
+        assert 16 * 2 < r["train_tokens"] <= 16 * 32  # padded, at most max_length a row
     assert record["summary"]["ratio"] > 0
 
 
@@ -36,6 +37,7 @@ def _run(side: str, repeat: int, per_s: float) -> dict:
     extra = {"hf_train_samples_per_second": per_s} if side == "trainer" else {}
     scores = {"dev": {"accuracy": 0.5 + repeat / 10}}
     run = {"side": side, "repeat": repeat, "train_examples_per_second": per_s, "scores": scores}
+    run |= {"train_tokens": 100 * per_s, "train_seconds": 1.0}
     return run | extra
 
 
@@ -47,6 +49,8 @@ def test_summary_medians_and_per_repeat_ratios():
     assert (s["ours"]["median"], s["trainer"]["median"]) == (12.0, 15.0)
     assert s["ratio"] == pytest.approx(0.8)
     assert s["paired_ratio"] == {"median": 1.2, "min": 0.5, "max": 2.0}
-    text = table(s, runs)
-    assert "| ours | 3 | 12.00 [10.00, 30.00] | 0.80x | accuracy 0.600 |" in text
-    assert "| trainer | 3 | 15.00 [10.00, 20.00] | 1.00x | accuracy 0.600 |" in text
+    rows = table(s, runs).splitlines()[2:]
+    assert rows == [
+        "| ours | 3 | 12.00 [10.00, 30.00] | 0.80x | 1200 [1000, 3000] | accuracy 0.600 |",
+        "| trainer | 3 | 15.00 [10.00, 20.00] | 1.00x | 1500 [1000, 2000] | accuracy 0.600 |",
+    ]

@@ -133,7 +133,7 @@ def fine_tune(
     labels = torch.tensor(train_labels, dtype=dtype)
     lengths = [len(x) for x in train["input_ids"]]
     model.train()
-    examples = 0
+    examples = tokens = 0  # tokens: padding included, the work a batch costs
     # Training time: the first batch drawn to the last optimizer step (not the model's build,
     # not the scoring), the span the Trainer comparison in benchmarks/evaluation times too.
     train_start = time.perf_counter()
@@ -148,6 +148,7 @@ def fine_tune(
         sched.step()
         opt.zero_grad(set_to_none=True)
         examples += len(index)
+        tokens += batch["input_ids"].numel()
         if progress is not None:
             progress.update(1)
     train_seconds = time.perf_counter() - train_start
@@ -164,6 +165,7 @@ def fine_tune(
         "steps": total,
         "scores": scores,
         "train_examples": examples,
+        "train_tokens": tokens,
         "train_seconds": train_seconds,
         "train_examples_per_second": examples / train_seconds,
         "seconds": time.perf_counter() - start,
