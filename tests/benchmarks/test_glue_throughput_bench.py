@@ -18,7 +18,7 @@ def test_tiny_run_of_both_sides(tmp_path, capsys):
     benchmarks.evaluation.glue_throughput`` runs)."""
     out = tmp_path / "throughput.json"
     argv = ["--repeats", "1", "--max_train_examples", "16", "--batch_size", "8"]
-    argv += ["--max_dev_examples", "8", "--max_length", "32", "--out", str(out)]
+    argv += ["--max_dev_examples", "8", "--max_length", "32", "--warmup", "1", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert HEADER in printed
@@ -28,7 +28,8 @@ def test_tiny_run_of_both_sides(tmp_path, capsys):
     assert [r["side"] for r in record["runs"]] == ["ours", "trainer"]  # repeat 0: ours first
     for r in record["runs"]:
         assert (r["steps"], r["train_examples"]) == (2, 16)
-        assert r["train_seconds"] > 0 and set(r["scores"]["dev"]) == {"accuracy"}
+        assert r["train_seconds"] > 0 and r["train_cpu_seconds"] > 0
+        assert set(r["scores"]["dev"]) == {"accuracy"}
         assert 16 * 2 < r["train_tokens"] <= 16 * 32  # padded, at most max_length a row
     assert record["summary"]["ratio"] > 0
 
@@ -37,7 +38,8 @@ def _run(side: str, repeat: int, per_s: float) -> dict:
     extra = {"hf_train_samples_per_second": per_s} if side == "trainer" else {}
     scores = {"dev": {"accuracy": 0.5 + repeat / 10}}
     run = {"side": side, "repeat": repeat, "train_examples_per_second": per_s, "scores": scores}
-    run |= {"train_tokens": 100 * per_s, "train_seconds": 1.0}
+    run |= {"train_tokens": 100 * per_s, "train_seconds": 1.0, "train_examples": 2 * per_s}
+    run["train_cpu_seconds"] = 1.0 if side == "ours" else 2.0
     return run | extra
 
 
@@ -49,8 +51,11 @@ def test_summary_medians_and_per_repeat_ratios():
     assert (s["ours"]["median"], s["trainer"]["median"]) == (12.0, 15.0)
     assert s["ratio"] == pytest.approx(0.8)
     assert s["paired_ratio"] == {"median": 1.2, "min": 0.5, "max": 2.0}
+    assert s["paired_cpu_ratio"] == {"median": 2.0, "min": 2.0, "max": 2.0}
     rows = table(s, runs).splitlines()[2:]
     assert rows == [
-        "| ours | 3 | 12.00 [10.00, 30.00] | 0.80x | 1200 [1000, 3000] | accuracy 0.600 |",
-        "| trainer | 3 | 15.00 [10.00, 20.00] | 1.00x | 1500 [1000, 2000] | accuracy 0.600 |",
+        "| ours | 3 | 12.00 [10.00, 30.00] | 0.80x | 1200 [1000, 3000] | 24.00 [20.00, 60.00] "
+        "| accuracy 0.600 |",
+        "| trainer | 3 | 15.00 [10.00, 20.00] | 1.00x | 1500 [1000, 2000] | 15.00 [10.00, 20.00] "
+        "| accuracy 0.600 |",
     ]
