@@ -16,7 +16,6 @@ import dataclasses
 import os
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,25 +71,6 @@ from bertforge.pretrain.model.specs import check_resume_objective, resolve_objec
 from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
 
 log = get_logger(__name__)
-
-
-def launch_clock() -> float:
-    """``time.monotonic()`` of this launch's start. A wrapper that started the launcher may set
-    BERTFORGE_LAUNCHED_AT (its ``time.time()`` then) so that a --max_time_hours budget also
-    counts the launcher's and the imports' seconds (the learning benchmark does)."""
-    now = time.monotonic()
-    value = os.environ.get("BERTFORGE_LAUNCHED_AT")
-    if not value:
-        return now
-    try:
-        ago = time.time() - float(value)
-    except ValueError:
-        raise ConfigError(
-            f"BERTFORGE_LAUNCHED_AT={value!r}: expected a Unix time in seconds"
-        ) from None
-    if not 0.0 <= ago < 86400.0:
-        raise ConfigError(f"BERTFORGE_LAUNCHED_AT={value!r} is {ago:.0f} s ago: not this launch's")
-    return now - ago
 
 
 def take_run_lock(cfg: TrainConfig) -> FolderLock | None:
@@ -435,7 +415,7 @@ def build_training(
     cfg: TrainConfig, run: Resolved, launched: float, preempt: PreemptionHandler | None = None
 ) -> Training:
     """Join the ranks, build model, engine, resume position, loader and outputs into a Trainer.
-    ``launched``: :func:`launch_clock` of this launch (a time budget counts start-up too);
+    ``launched``: budget.launch_clock of this launch (a time budget counts start-up too);
     ``preempt``: main's stop-signal flag, installed before the rendezvous (the trainer acts on a
     signal that arrived during this start-up before its first step)."""
     place = join_ranks(cfg, run)

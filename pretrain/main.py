@@ -21,6 +21,7 @@ from bertforge.logs import get_logger, quiet_libraries
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
 from bertforge.pretrain import build, dry_run
 from bertforge.pretrain.components import watchdog
+from bertforge.pretrain.components.budget import launch_clock
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.model.run_checkpoints import find_latest
@@ -33,7 +34,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
     another job holds --output_dir. (DeepSpeed is imported only here, inside pretrain.build's
     functions: --help and --dry-run need no engine.) ``preempt``: the stop-signal flag main
     installed, carried into the trainer."""
-    launched = build.launch_clock()  # a time budget counts start-up too
+    launched = launch_clock()  # a time budget counts start-up too
     lock = build.take_run_lock(cfg)
     try:
         run = build.resolve_run(cfg)  # every user error fails here, before any rendezvous

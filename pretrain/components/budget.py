@@ -12,8 +12,10 @@ academic-budget-bert's time-based schedule does: no step arithmetic for a time-b
 
 from __future__ import annotations
 
+import os
 import time
 
+from bertforge.pretrain.config.ds_config import ConfigError
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET
 
 
@@ -67,3 +69,22 @@ class TimeClockLR:
         lr = self.peak_lr * self.multiplier()
         for group in optimizer.param_groups:
             group["lr"] = lr
+
+
+def launch_clock() -> float:
+    """``time.monotonic()`` of this launch's start. A wrapper that started the launcher may set
+    BERTFORGE_LAUNCHED_AT (its ``time.time()`` then) so that a --max_time_hours budget also
+    counts the launcher's and the imports' seconds (the learning benchmark does)."""
+    now = time.monotonic()
+    value = os.environ.get("BERTFORGE_LAUNCHED_AT")
+    if not value:
+        return now
+    try:
+        ago = time.time() - float(value)
+    except ValueError:
+        raise ConfigError(
+            f"BERTFORGE_LAUNCHED_AT={value!r}: expected a Unix time in seconds"
+        ) from None
+    if not 0.0 <= ago < 86400.0:
+        raise ConfigError(f"BERTFORGE_LAUNCHED_AT={value!r} is {ago:.0f} s ago: not this launch's")
+    return now - ago

@@ -197,6 +197,8 @@ class ModelSource:
         path = Path(path)
         config = transformers.AutoConfig.from_pretrained(str(path))
         # the MLM head's weights are unused here on purpose: keep transformers' load report quiet
+        # while loading (its other warnings stay on afterwards)
+        verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
         # the bare encoder; weights the folder lacks (e.g. the pooler of an MLM-only model) were
@@ -206,7 +208,10 @@ class ModelSource:
             auto, prefix = transformers.AutoModelForMaskedLM, ""
         else:
             auto, prefix = transformers.AutoModel, None
-        model, info = auto.from_pretrained(str(path), output_loading_info=True)
+        try:
+            model, info = auto.from_pretrained(str(path), output_loading_info=True)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
         absent = set(info.get("missing_keys", []))
         if prefix is None:
             prefix = getattr(model, "base_model_prefix", "bert") + "."

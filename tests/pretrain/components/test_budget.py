@@ -144,7 +144,7 @@ def test_launch_clock_counts_from_the_wrappers_launch_time(monkeypatch):
     """BERTFORGE_LAUNCHED_AT moves the budget's start back to when the launcher was started."""
     import time
 
-    from bertforge.pretrain.build import launch_clock
+    from bertforge.pretrain.components.budget import launch_clock
     from bertforge.pretrain.config.ds_config import ConfigError
 
     monkeypatch.delenv("BERTFORGE_LAUNCHED_AT", raising=False)
