@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup:
         warm = copy.copy(data)
         warm.train = data.train.head(args.warmup * args.batch_size)
-        warm.evals = {k: p.head(1) for k, p in data.evals.items()}
+        warm.evals = {k: p.head(4) for k, p in data.evals.items()}  # Pearson needs 2+
         one_epoch = dataclasses.replace(settings, epochs=1.0)
         run_ours(source, warm, one_epoch, args.lr, args.seed)
         run_trainer(hf_dir, warm, one_epoch, args.lr, args.seed)
