@@ -1,6 +1,6 @@
 """benchmarks.evaluation.glue_throughput: a tiny run of both sides on the real all-MiniLM-L6-v2
-and the SST-2 slice (one repeat, two steps a side) prints the table and writes the runs, so the
-command cannot rot; its summary arithmetic on recorded runs (no model)."""
+and the SST-2 and STS-B slices (one repeat, two steps a side) prints the table and writes the
+runs, so the command cannot rot; its summary arithmetic on recorded runs (no model)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import pytest
 
 from benchmarks.evaluation.glue_throughput import main, summarize, table
 
+PEARSON = {"pearson", "spearmanr"}
 HEADER = "| side | runs | train examples/s median [min, max] | vs Trainer | padded tokens/s"
 
 
-def test_tiny_run_of_both_sides(tmp_path, capsys):
+@pytest.mark.parametrize(("task", "metrics"), [("SST-2", {"accuracy"}), ("STS-B", PEARSON)])
+def test_tiny_run_of_both_sides(tmp_path, capsys, task, metrics):
     """The command in this process (``main``, what ``python -m
-    benchmarks.evaluation.glue_throughput`` runs)."""
+    benchmarks.evaluation.glue_throughput`` runs), on a classification task and the regression."""
     out = tmp_path / "throughput.json"
-    argv = ["--repeats", "1", "--max_train_examples", "16", "--batch_size", "8"]
+    argv = ["--task", task, "--repeats", "1", "--max_train_examples", "16", "--batch_size", "8"]
     argv += ["--max_dev_examples", "8", "--max_length", "32", "--warmup", "1", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -29,7 +31,7 @@ def test_tiny_run_of_both_sides(tmp_path, capsys):
     for r in record["runs"]:
         assert (r["steps"], r["train_examples"]) == (2, 16)
         assert r["train_seconds"] > 0 and r["train_cpu_seconds"] > 0
-        assert set(r["scores"]["dev"]) == {"accuracy"}
+        assert set(r["scores"]["dev"]) == metrics
         assert 16 * 2 < r["train_tokens"] <= 16 * 32  # padded, at most max_length a row
     assert record["summary"]["ratio"] > 0
 
