@@ -123,6 +123,15 @@ def _draw_task(ax, results: dict[str, Any], models: list[dict[str, Any]], task: 
             )
 
 
+def checkpoints_by_run(models: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The evaluated checkpoints grouped by their run folder (Hugging Face folders left out)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for m in models:
+        if m["run"] is not None:
+            runs.setdefault(m["run"], []).append(m)
+    return runs
+
+
 def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """One PNG per run with several checkpoints: primary test metric of each task against step."""
     # Lazy: matplotlib (pyplot) only when a figure is drawn.
@@ -131,10 +140,7 @@ def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for m in results["models"]:
-        if m["run"] is not None:
-            runs.setdefault(m["run"], []).append(m)
+    runs = checkpoints_by_run(results["models"])
     written = []
     for run, models in runs.items():
         if len(models) < 2:

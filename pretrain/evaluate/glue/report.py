@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_bytes_atomic, write_json_atomic
+from bertforge.pretrain.evaluate.report import checkpoints_by_run
 
 _SHORT = {
     "matthews_correlation": "mcc",
@@ -94,11 +95,7 @@ def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     bench, written = results["benchmark"], []
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for m in results["sources"]:
-        if m["run"] is not None:
-            runs.setdefault(m["run"], []).append(m)
-    for run, models in runs.items():
+    for run, models in checkpoints_by_run(results["sources"]).items():
         if len(models) < 2:
             continue
         models = sorted(models, key=lambda m: m["step"])
