@@ -8,7 +8,8 @@ Rank 0 speaks for the job: other ranks print errors only, unless a record is mar
 explain), errors to stderr. Progress bars and reports a user reads stay plain stdout output.
 Other libraries' routine chatter stays off a command's output, their warnings on:
 :func:`quiet_libraries` (DeepSpeed's note on a machine without a GPU) and
-:func:`quiet_transformers` (transformers' progress bars), called by the commands.
+:func:`quiet_transformers` (transformers' progress bars), called by the commands;
+:func:`transformers_errors_only` quiets one load whose report is expected.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 #: The top-level packages whose loggers get the project's handler.
 PACKAGES = ("bertforge", "benchmarks", "experiments", "pretrain", "data_prep")
@@ -119,6 +121,20 @@ def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+@contextmanager
+def transformers_errors_only() -> Iterator[None]:
+    """transformers' warnings off while a block runs (its load report of weights a caller drops
+    on purpose), its verbosity restored after, so that later warnings still show."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def report(lines: str | Iterable[str], stream=None) -> None:

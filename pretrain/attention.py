@@ -31,7 +31,7 @@ import numpy as np
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
-from bertforge.logs import get_logger
+from bertforge.logs import get_logger, transformers_errors_only
 
 log = get_logger(__name__)
 
@@ -115,9 +115,9 @@ def load_model(spec: str, workdir: Path):
     if len(refs) != 1:
         raise AttentionError(f"{spec}: name one model (RUN@STEP or RUN), not {len(refs)}")
     hf_dir = materialize(refs[0], workdir)
-    transformers.logging.set_verbosity_error()  # the MLM head is unused here
     transformers.logging.disable_progress_bar()
-    model = transformers.AutoModel.from_pretrained(str(hf_dir), attn_implementation="eager")
+    with transformers_errors_only():  # the MLM head is unused here
+        model = transformers.AutoModel.from_pretrained(str(hf_dir), attn_implementation="eager")
     tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     return model.eval(), tok, hf_dir
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.logs import transformers_errors_only
 from bertforge.pretrain.data.glue.readers import BenchmarkData, Examples, load_benchmark
 from bertforge.pretrain.data.glue.tasks import REGRESSION
 from bertforge.pretrain.evaluate.glue.finetune import encode, fine_tune
@@ -122,18 +123,18 @@ def run_trainer(
     task = data.task
     regression = task.kind == REGRESSION
     started = time.perf_counter()
-    transformers.logging.set_verbosity_error()
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     train = _dataset(tok, data.train, settings.max_length, regression)
     evals = {k: _dataset(tok, p, settings.max_length, regression) for k, p in data.evals.items()}
     transformers.set_seed(seed)  # before the model: its head's initialisation (run_glue.py)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(hf_dir),
-        num_labels=task.num_outputs,
-        problem_type="regression" if regression else "single_label_classification",
-        **({} if regression else {"id2label": dict(enumerate(task.labels))}),
-        **({} if regression else {"label2id": {n: i for i, n in enumerate(task.labels)}}),
-    )
+    with transformers_errors_only():  # the new head's report, expected
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(hf_dir),
+            num_labels=task.num_outputs,
+            problem_type="regression" if regression else "single_label_classification",
+            **({} if regression else {"id2label": dict(enumerate(task.labels))}),
+            **({} if regression else {"label2id": {n: i for i, n in enumerate(task.labels)}}),
+        )
     collator = _CountingCollator(DataCollatorWithPadding(tok))
     clock: dict[str, float] = {}
 

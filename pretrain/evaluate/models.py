@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
+from bertforge.logs import transformers_errors_only
 from bertforge.pretrain.model.run_checkpoints import list_complete
 
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
@@ -198,8 +199,6 @@ class ModelSource:
         config = transformers.AutoConfig.from_pretrained(str(path))
         # the MLM head's weights are unused here on purpose: keep transformers' load report quiet
         # while loading (its other warnings stay on afterwards)
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
         # the bare encoder; weights the folder lacks (e.g. the pooler of an MLM-only model) were
         # initialised at random here and are dropped, so the task model initialises them by seed
@@ -208,10 +207,8 @@ class ModelSource:
             auto, prefix = transformers.AutoModelForMaskedLM, ""
         else:
             auto, prefix = transformers.AutoModel, None
-        try:
+        with transformers_errors_only():
             model, info = auto.from_pretrained(str(path), output_loading_info=True)
-        finally:
-            transformers.logging.set_verbosity(verbosity)
         absent = set(info.get("missing_keys", []))
         if prefix is None:
             prefix = getattr(model, "base_model_prefix", "bert") + "."

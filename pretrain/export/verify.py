@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bertforge.logs import transformers_errors_only
 from bertforge.pretrain.export.hf_extras import POOLER_KEYS
 from bertforge.pretrain.model.run_checkpoints import CheckpointError
 
@@ -29,14 +30,9 @@ def load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, A
     """The missing, unexpected and mismatched keys of loading ``out`` as ``auto`` (less the
     ``allowed`` unexpected ones), and the model under "model"; transformers' own report of them
     is kept quiet."""
-    import transformers
 
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
+    with transformers_errors_only():
         model, info = auto.from_pretrained(str(out), output_loading_info=True)
-    finally:
-        transformers.logging.set_verbosity(level)
     info["unexpected_keys"] = {k for k in info["unexpected_keys"] if k not in allowed}
     wanted = ("missing_keys", "unexpected_keys", "mismatched_keys")
     return {k: v for k, v in info.items() if k in wanted and v} | {"model": model}
@@ -60,12 +56,8 @@ def verify_export(
         bad.update({f"AutoModel {k}": v for k, v in base.items() if k == "missing_keys"})
     if bad:
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the pooler's report: checked above
-    try:
+    with transformers_errors_only():  # the pooler's report: checked above
         fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
-    finally:
-        transformers.logging.set_verbosity(level)
     sentence = FILL_MASK_SENTENCE.format(mask=mask_token or fill.tokenizer.mask_token)
     fills = [{"sentence": sentence, "predictions": fill(sentence, top_k=3)}]
     return {"architecture": type(model).__name__, "fill_mask": fills}

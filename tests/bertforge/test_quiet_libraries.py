@@ -9,7 +9,13 @@ import logging
 import torch
 from helpers.commands import run_cli
 
-from bertforge.logs import DEEPSPEED_CPU_NOTE, DEEPSPEED_LOGGER, quiet_libraries, quiet_transformers
+from bertforge.logs import (
+    DEEPSPEED_CPU_NOTE,
+    DEEPSPEED_LOGGER,
+    quiet_libraries,
+    quiet_transformers,
+    transformers_errors_only,
+)
 
 NOTE = (
     "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
@@ -53,11 +59,33 @@ def test_the_dry_run_no_longer_prints_deepspeeds_cpu_note(english_shards):
 def test_transformers_bars_are_off_and_its_warnings_on():
     from transformers.utils import logging as hf_logging
 
-    was = hf_logging.is_progress_bar_enabled()
+    was, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # a fresh process's level, whatever ran before here
     try:
         quiet_transformers()
         assert not hf_logging.is_progress_bar_enabled()
-        assert hf_logging.get_verbosity() <= logging.WARNING
+        assert hf_logging.get_verbosity() == logging.WARNING
     finally:
+        hf_logging.set_verbosity(level)
         if was:
             hf_logging.enable_progress_bar()
+
+
+def test_a_quieted_load_gives_transformers_warnings_back_even_when_it_fails():
+    # CI failed once on a load that set ERROR for good: every later warning was hidden
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    try:
+        with transformers_errors_only():
+            assert hf_logging.get_verbosity() == logging.ERROR
+        assert hf_logging.get_verbosity() == logging.WARNING
+        try:
+            with transformers_errors_only():
+                raise OSError("no such model folder")
+        except OSError:
+            pass
+        assert hf_logging.get_verbosity() == logging.WARNING
+    finally:
+        hf_logging.set_verbosity(level)
