@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -89,6 +90,8 @@ def get_logger(name: str) -> logging.Logger:
 #: DeepSpeed's logger, and the note it gives at its import on a machine where torch sees no GPU
 DEEPSPEED_LOGGER = "DeepSpeed"
 DEEPSPEED_CPU_NOTE = "Setting accelerator to CPU."
+#: torch's warning (a regular expression) when DeepSpeed's ZeRO gathers with a deprecated call
+TORCH_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"
 
 
 class _DropDeepSpeedCpuNote(logging.Filter):
@@ -104,12 +107,16 @@ def quiet_libraries() -> None:
     GPU or other accelerator, we were unable to detect it."), which every command that imports
     DeepSpeed printed, is dropped by a filter on DeepSpeed's logger, set before DeepSpeed makes
     it (``logging`` keeps a logger's filters when DeepSpeed configures it); every other record of
-    DeepSpeed's passes. (The doctor says which devices a launch gets: "no GPU (CPU, N cores)".)
-    Transformers' progress bars: :func:`quiet_transformers`, where a command uses
-    transformers."""
+    DeepSpeed's passes. So does every warning but torch's deprecation of the gather DeepSpeed's
+    ZeRO calls (each rank printed it at the first step). (The doctor says which devices a launch
+    gets: "no GPU (CPU, N cores)".) Transformers' progress bars: :func:`quiet_transformers`,
+    where a command uses transformers."""
     ds_logger = logging.getLogger(DEEPSPEED_LOGGER)
     if not any(isinstance(f, _DropDeepSpeedCpuNote) for f in ds_logger.filters):
         ds_logger.addFilter(_DropDeepSpeedCpuNote())
+    # DeepSpeed's ZeRO calls a collective that torch has deprecated: every rank printed torch's
+    # FutureWarning about DeepSpeed's code, which a user can do nothing about
+    warnings.filterwarnings("ignore", message=TORCH_GATHER_DEPRECATION, category=FutureWarning)
 
 
 def quiet_transformers() -> None:

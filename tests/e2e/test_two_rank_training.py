@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 def zero2_run(english_shards, tmp_path_factory) -> Path:
     """2 ranks, ZeRO-2, 8 steps, checkpoints at 4 and 8, validation at 4 and at the end."""
     run = tmp_path_factory.mktemp("zero2") / "run"
-    launch(
+    proc = launch(
         [
             "--ds_config",
             str(REPO / "ds_configs" / "cpu.json"),
@@ -51,7 +51,13 @@ def zero2_run(english_shards, tmp_path_factory) -> Path:
         ]
         + COMMON
     )
+    (run.parent / "launch_output.txt").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return run
+
+
+def test_no_rank_prints_torchs_warning_about_deepspeeds_gather(zero2_run):
+    out = (zero2_run.parent / "launch_output.txt").read_text(encoding="utf-8")
+    assert "all_gather_into_tensor" not in out  # a user can do nothing about DeepSpeed's call
 
 
 def test_zero2_trains_and_writes_run_folder(zero2_run):
