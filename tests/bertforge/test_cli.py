@@ -208,6 +208,8 @@ def test_trainer_help_says_where_each_default_comes_from_once():
     parser, _ = trainer_parser()
     text = " ".join(parser.format_help().split())
     assert "DeepSpeed config's (default: None)" not in text
+    assert "None" not in text  # Python's word for unset: "(default: unset)" and "unset: ..."
+    assert "schedule; unset, mask_prob stays constant (default: unset)" in text
     assert "sequences per forward pass per rank (default: the DeepSpeed JSON's, else 32)" in text
     assert "peak learning rate (default: the DeepSpeed JSON's, else 0.0001)" in text
     for action in parser._actions:  # every flag has its field's help, not only a default
