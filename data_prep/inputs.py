@@ -64,7 +64,7 @@ MAX_BAD_EXAMPLES = 20  # bad records kept (with file and line) in the manifest
 class InputConfig:
     """How documents are cut out of the input files."""
 
-    text_field: str = opt("text", "jsonl key / parquet column")  # or datasets column
+    text_field: str = opt("text", "jsonl key, or the column of a parquet, CSV/TSV or saved dataset")
     one_doc_per_line: bool = opt(
         False, "text files: one document per line (default: blank-line-separated blocks)"
     )

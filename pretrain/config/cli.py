@@ -39,6 +39,7 @@ from bertforge.pretrain.data.glue.readers import GlueDataError
 from bertforge.pretrain.data.glue.spec import is_benchmark_spec, load_spec
 from bertforge.pretrain.model.document_attention import AttentionError
 from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset, resolve_attention
+from bertforge.pretrain.model.run_checkpoints import list_complete
 from bertforge.pretrain.model.sharing import (
     layer_groups,  # (a --config_json depth: again at build)
 )
@@ -413,3 +414,11 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")
+    done = list_complete(Path(cfg.run.output_dir) / "checkpoints") if r == "none" else []
+    if done and not cfg.run.dry_run:
+        # a fresh run there replaced the old one's metrics.jsonl and mixed their checkpoints
+        parser.error(
+            f"--output_dir {cfg.run.output_dir} already holds a run (complete checkpoints up to "
+            f"step {done[-1][0]}): continue it with --resume auto, or give another --output_dir "
+            "(to start over there, remove the folder first)"
+        )
