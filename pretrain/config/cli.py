@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
+from bertforge.data_prep.layout import WORK_DIR
 from bertforge.data_prep.progress import normalize_mode
 from bertforge.data_prep.sources import MixtureError, parse_mixture
 from bertforge.preemption import parse_signals
@@ -378,6 +379,34 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--guard_climb must be above 1.0 (or 0: off), got {g.guard_climb}")
 
 
+def _not_shards(path: Path) -> str:
+    """What --data names when it is no shard folder, and the build that makes one: a newcomer
+    gives the text itself (before, the advice was to build *into* their text file)."""
+    if (path / WORK_DIR).is_dir():
+        return (
+            f"--data {path}: an unfinished build (its {WORK_DIR} folder is there, no "
+            "manifest.json yet); run the same `python -m data_prep build` command again to "
+            "finish it"
+        )
+    if path.is_file() or (path.is_dir() and not any(path.glob("*/manifest.json"))):
+        what = "a file" if path.is_file() else "a folder without a manifest.json"
+        return (
+            f"--data {path}: {what}, not a shard folder; --data takes the output of "
+            f"`python -m data_prep build --input {path} --output SHARDS` (build it first, then "
+            "--data SHARDS)"
+        )
+    if path.is_dir():  # a folder of builds: name them
+        builds = sorted(str(m.parent) for m in path.glob("*/manifest.json"))
+        return (
+            f"--data {path}: no manifest.json there; it holds the shard folders {builds}: give "
+            "one of them"
+        )
+    return (
+        f"--data {path}: no such folder (or an incomplete build); run `python -m data_prep "
+        f"build --input TEXT --output {path}` first"
+    )
+
+
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
     if not cfg.run.data_sources:
@@ -388,11 +417,7 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(str(e))
     for s in sources:
         if not Path(s.path, "manifest.json").is_file():
-            parser.error(
-                f"--data {s.path}: no manifest.json there (missing folder or an "
-                "incomplete build); run `python -m data_prep build --output "
-                f"{s.path} ...` first"
-            )
+            parser.error(_not_shards(Path(s.path)))
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     downstream = cfg.log.downstream_eval
