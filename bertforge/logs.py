@@ -14,12 +14,14 @@ Other libraries' routine chatter stays off a command's output, their warnings on
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 
 #: The top-level packages whose loggers get the project's handler.
 PACKAGES = ("bertforge", "benchmarks", "experiments", "pretrain", "data_prep")
@@ -142,6 +144,27 @@ def transformers_errors_only() -> Iterator[None]:
         yield
     finally:
         hf_logging.set_verbosity(level)
+
+
+#: the line DeepSpeed prints (``print``, no logger) on every CPU rank at every launch, when its
+#: shared-memory op loads from the cache as when it is built: a regular expression
+DEEPSPEED_OP_LOADED = r"^DeepSpeed \S+ built successfully$"
+
+
+@contextmanager
+def without_printed(pattern: str) -> Iterator[None]:
+    """The block's ``print`` output (stdout) minus the lines that match ``pattern``: for a
+    library that prints routine chatter where it has no logger; every other line is written
+    after the block, in order (also when the block raises)."""
+    caught = io.StringIO()
+    try:
+        with redirect_stdout(caught):
+            yield
+    finally:
+        kept = [ln for ln in caught.getvalue().splitlines() if not re.match(pattern, ln)]
+        if kept:
+            sys.stdout.write("\n".join(kept) + "\n")
+            sys.stdout.flush()
 
 
 def report(lines: str | Iterable[str], stream=None) -> None:

@@ -105,3 +105,19 @@ def test_a_quieted_load_gives_transformers_warnings_back_even_when_it_fails():
         assert hf_logging.get_verbosity() == logging.WARNING
     finally:
         hf_logging.set_verbosity(level)
+
+
+def test_deepspeeds_op_line_is_dropped_and_every_other_printed_line_kept(capsys):
+    from bertforge.logs import DEEPSPEED_OP_LOADED, without_printed
+
+    with without_printed(DEEPSPEED_OP_LOADED):
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        print("a line DeepSpeed prints that a user needs")
+    assert capsys.readouterr().out == "a line DeepSpeed prints that a user needs\n"
+    try:
+        with without_printed(DEEPSPEED_OP_LOADED):
+            print("said before a failure")
+            raise RuntimeError("the op did not load")
+    except RuntimeError:
+        pass
+    assert capsys.readouterr().out == "said before a failure\n"
