@@ -32,6 +32,22 @@ TRITON_INTERPRETING = enable_interpreter_without_cuda()
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.fixture(autouse=True)
+def launcher_variables_stay_put():
+    """A one-process run in a test's own process sets MASTER_PORT (and the rest) in os.environ
+    while its store stays up for the session: every later launch from this worker inherited
+    that port and failed with EADDRINUSE. Each test leaves the variables as it found them."""
+    from bertforge.pretrain.components.distributed import LAUNCHER_VARS
+
+    before = {key: os.environ.get(key) for key in LAUNCHER_VARS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     """Where kernel tests put their tensors: "cuda" on a GPU node, "cpu" (interpreter) elsewhere."""

@@ -240,7 +240,6 @@ def resolve(
     continues the plan its checkpoint records."""
     if not cfg.run.anneal_from:
         return None
-    out = Path(cfg.run.output_dir) / "checkpoints"
     resumed = None
     if point is not None:
         resumed = point.state.get("anneal_from")
@@ -249,11 +248,6 @@ def resolve(
                 f"--anneal_from: {cfg.run.output_dir} holds checkpoints of another run "
                 f"({point.path}); give the anneal a new --output_dir"
             )
-    elif list_complete(out):
-        raise AnnealError(
-            f"--anneal_from: {cfg.run.output_dir} holds checkpoints already; continue that "
-            "anneal with --resume auto, or give a new --output_dir"
-        )
     plan = plan_anneal(cfg, reader, described, global_batch, resumed)
     params = ds_config["optimizer"]["params"]
     if cfg.optim.lr is not None and not math.isclose(cfg.optim.lr, plan.peak_lr, rel_tol=1e-9):

@@ -126,9 +126,10 @@ def test_an_anneal_continues_the_source_exactly_then_decays_to_the_floor(
     )
     with pytest.raises(CheckpointError, match="tokenizer fingerprint"):
         resolve_run(other)
-    used = parse_args(["--data", str(english_shards), "--output_dir", str(anneal)] + flags)
-    with pytest.raises(AnnealError, match="holds checkpoints already"):
-        resolve_run(used)
+    # a fresh anneal into the anneal's own folder is refused before anything is written
+    with pytest.raises(SystemExit):
+        parse_args(["--data", str(english_shards), "--output_dir", str(anneal)] + flags)
+    assert "continue it with --resume auto" in capsys.readouterr().err
 
 
 def test_the_anneal_schedule_starts_at_its_ratio_and_reaches_the_floor():

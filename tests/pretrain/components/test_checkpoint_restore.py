@@ -124,7 +124,7 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
     assert point is not None and point.path.name == "step_00000002"
 
     # A longer run continues from it: new max_steps, hence a new schedule object.
-    cfg10 = _config(english_shards, tmp_path / "run", "--max_steps", "10")
+    cfg10 = _config(english_shards, tmp_path / "run", "--max_steps", "10", "--resume", "auto")
     engine, schedule, _, _ = _engine(cfg10, seed=999)  # other initial weights
     assert any(
         not torch.equal(a, b) for a, b in zip(_weights(engine).values(), _weights(saved).values())
