@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval_every", type=int, default=10, help="validation every N steps")
     p.add_argument("--eval_batches", type=int, default=4, help="held-out global batches")
     p.add_argument("--glue_lr", type=float, default=5e-4)
-    p.add_argument("--glue_epochs", type=float, default=5)
+    p.add_argument("--glue_epochs", type=int, default=5)
     p.add_argument("--stages", nargs="+", default=["long", "levers"], choices=["levers", "long"])
     p.add_argument("--no_glue", action="store_true", help="held-out loss only")
     p.add_argument("--results", type=Path, default=None, help="copy of summary.json")
