@@ -73,7 +73,9 @@ def test_quick_trains_both_arms_scores_glue_and_writes_portable_json(tmp_path, c
     long = summary["stages"]["long"]
     assert long["seeds"] == [1, 2]
     std, bud = long["arms"][STANDARD], long["arms"][BUDGET]
-    assert std["time_fraction"] and all(0 < f <= 1.0 for f in std["time_fraction"])
+    # the standard reaches its own final loss at its final validation, a moment after its last
+    # step (the fraction's denominator)
+    assert std["time_fraction"] and all(0 < f <= 1.05 for f in std["time_fraction"])
     assert len(bud["time_fraction"]) == 2 and bud["tokens"]["median"] > 0
     assert set(bud["loss_vs_standard"]) >= {"mean", "low", "high"}
     for task in ("SST-2", "STS-B"):
