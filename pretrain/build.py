@@ -29,7 +29,7 @@ from bertforge.files import publish_dir, write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger, process_rank
 from bertforge.preemption import PreemptionHandler
 from bertforge.pretrain.components import anneal, watchdog
-from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
+from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, TimeClockLR
 from bertforge.pretrain.components.checkpoint import CheckpointManager
 from bertforge.pretrain.components.distributed import init_distributed, sum_across_ranks
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
@@ -419,6 +419,7 @@ def build_training(
     ``launched``: budget.launch_clock of this launch (a time budget counts start-up too);
     ``preempt``: main's stop-signal flag, installed before the rendezvous (the trainer acts on a
     signal that arrived during this start-up before its first step)."""
+    BatchRamp.for_run(cfg, run.setup.batch)  # a ramp that cannot run fails before the rendezvous
     place = join_ranks(cfg, run)
     if run.setup.precision_note:
         log.warning(run.setup.precision_note)

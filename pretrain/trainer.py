@@ -12,6 +12,7 @@ metrics.jsonl and TensorBoard), the stability guard's step and rollback
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.preemption import PreemptionHandler
-from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
+from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, TimeClockLR
 from bertforge.pretrain.components.checkpoint import CheckpointManager, CheckpointSaveError
 from bertforge.pretrain.components.distributed import sum_across_ranks
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
@@ -149,6 +150,8 @@ class Trainer:
         self.eval_plan = (
             place.plan.with_global(schedule.global_batch) if self.phased else place.plan
         )
+        # --batch_ramp_start: each step's global batch on the run's clock (not with a phase plan)
+        self.ramp = None if self.phased else BatchRamp.for_run(cfg, place.plan)
         # Shorthands the step and the loop use on every line.
         self.engine, self.plan, self.device = place.engine, place.plan, place.device
         self.rank, self.world = place.rank, place.world
@@ -175,6 +178,11 @@ class Trainer:
                 timer.restart()
                 if self.phased:
                     batches = self._enter_phase_step(step, consumed, batches)
+                elif self.ramp is not None:
+                    self.plan = set_batch(
+                        self.engine, self.plan, self.ramp.batch(step, max_steps, self.budget)
+                    )
+                    self.place.plan = self.plan
                 try:
                     rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale
@@ -187,6 +195,8 @@ class Trainer:
                     self.ckpts.ema.after_step(self.engine, verdict)
                 step, consumed = step + 1, consumed + self.plan.global_batch
                 rec.update(engine_record(self.engine, consumed, timer, self.budget))
+                if self.ramp is not None:
+                    rec["global_batch"] = self.plan.global_batch
                 if self.phased:
                     rec["phase"] = self.schedule.phase_at(step - 1).name
                 self.metrics.step(rec, timer.elapsed(), self.engine.global_samples)
@@ -398,6 +408,13 @@ class Trainer:
             self.metrics.eval(rec, self.engine.global_samples)
         return records
 
+    def _eval_masking(self):
+        """The run's masking, or at --eval_mask_prob (constant) when that is set."""
+        rate = self.cfg.log.eval_mask_prob
+        if not rate:
+            return self.cfg.masking
+        return dataclasses.replace(self.cfg.masking, mask_prob=rate, mask_prob_end=None)
+
     def _validation_sums(self, reader, step: int) -> tuple[float, ...]:
         """(summed token loss, correct, masked; for RTD also the discriminator's summed loss and
         :data:`RTD_COUNTS`) over the first ``--eval_batches`` global batches
@@ -409,7 +426,7 @@ class Trainer:
             return build_loader(
                 reader,
                 self.cfg.data_cfg,
-                self.cfg.masking,
+                self._eval_masking(),
                 rank=rank,
                 world_size=world,
                 micro_batch_size=self.eval_plan.micro_batch,

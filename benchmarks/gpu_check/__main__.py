@@ -28,6 +28,10 @@ runs out of time leaves the others' numbers; the whole run stays inside --budget
                  batch 32, 128 tokens, on a synthetic RTE-like task in GLUE's layout; and the
                  resume run's checkpoint scored by the --downstream_eval glue: job, beside its
                  tokens and GPU-hours
+  budget         (not in the default parts: two 10-minute runs; --parts data,budget --budget_s
+                 1500) the standard BERT recipe vs recipes/budget.yaml, BERT-base shape, 128
+                 tokens, bf16, each ended by the same 10-minute --max_time_hours: tokens, steps,
+                 held-out loss at 15% masking, tokens/s and MFU
 Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per part, and the targets), OUT/logs/
 (one log per part) and each part's own files. Exit status 1 when a part failed or timed out.
 --dry-run runs every part on the CPU with a tiny model, tiny shapes and a few steps (CI runs it).
@@ -42,8 +46,10 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.gpu_check.budget import part_budget
 from benchmarks.gpu_check.common import (
     DRY_PLAN,
+    GPU_DEFAULT_PARTS,
     GPU_PLAN,
     PARTS,
     PartResult,
@@ -78,6 +84,7 @@ PART_FUNCS = {
     "resume": part_resume,
     "phases": part_phases,
     "glue": part_glue,
+    "budget": part_budget,
 }
 
 
@@ -166,8 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--parts",
-        default=",".join(PARTS),
-        help=f"comma-separated subset, run in this order (default: {','.join(PARTS)})",
+        default=None,
+        help="comma-separated subset, run in this order (default: every part but budget on a "
+        f"GPU, every part in the dry run; all: {','.join(PARTS)})",
     )
     p.add_argument(
         "--budget_s",
@@ -188,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     if args.part:
         return run_part(args.part, plan, out, args.part_deadline)
-    parts = [s.strip() for s in args.parts.split(",") if s.strip()]
+    chosen = args.parts or ",".join(PARTS if args.dry_run else GPU_DEFAULT_PARTS)
+    parts = [s.strip() for s in chosen.split(",") if s.strip()]
     unknown = [s for s in parts if s not in PARTS]
     if unknown:
         p.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")

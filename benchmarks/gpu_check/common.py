@@ -26,7 +26,11 @@ PARTS = (
     "resume",
     "phases",
     "glue",
+    "budget",
 )
+# `make gpu-check` on a GPU: every part but the budget part, whose two 10-minute runs would not
+# fit the check's 9 minutes (run it with --parts data,budget --budget_s 1500)
+GPU_DEFAULT_PARTS = tuple(p for p in PARTS if p != "budget")
 
 
 VOCAB = 30522  # BERT's WordPiece vocabulary: the decoder size every throughput number assumes
@@ -57,6 +61,7 @@ class Plan:
     glue_examples: int  # train examples of each synthetic GLUE-layout task
     glue_dev: int  # dev examples of each
     glue_max_examples: int  # the glue job's --max_examples on the train part's checkpoint
+    budget_arm_s: float  # the budget part: wall-clock budget of each of its two runs
 
 
 GPU_PLAN = Plan(
@@ -87,6 +92,7 @@ GPU_PLAN = Plan(
         "resume": (45, 30),
         "phases": (60, 30),
         "glue": (90, 30),
+        "budget": (2 * 600 + 180, 60),
     },
     kernel_test_args=(
         "tests/kernels/test_masked_lm_loss.py",
@@ -101,6 +107,7 @@ GPU_PLAN = Plan(
     glue_examples=2048,  # 3 epochs at batch 32: 192 steps, the model's build amortised
     glue_dev=256,
     glue_max_examples=512,
+    budget_arm_s=600.0,  # the 10 minutes
 )
 
 
@@ -134,6 +141,7 @@ DRY_PLAN = Plan(
         "resume": (60, 20),
         "phases": (60, 20),
         "glue": (90, 30),
+        "budget": (90, 30),
     },
     kernel_test_args=("tests/kernels/test_masked_lm_loss.py", "-k", "one_valid_row or auto_picks"),
     bench_args=(
@@ -160,6 +168,7 @@ DRY_PLAN = Plan(
     glue_examples=32,  # one batch of 32 an epoch: 3 steps
     glue_dev=8,
     glue_max_examples=16,
+    budget_arm_s=12.0,  # start-up (~8 s) and a few steps
 )
 
 

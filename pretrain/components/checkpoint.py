@@ -333,9 +333,13 @@ class CheckpointManager:
         main = self.rank == 0
         time_due = main and self.due(step, 0, self.cfg.save_interval_minutes) is not None
         spent = main and budget is not None and budget.exhausted()
-        signal_any, time_rank0, spent_rank0 = sum_across_ranks(
-            [float(preempt.signal is not None), float(time_due), float(spent)], self.device
+        fraction = budget.fraction() if main and budget is not None else 0.0
+        signal_any, time_rank0, spent_rank0, fraction_rank0 = sum_across_ranks(
+            [float(preempt.signal is not None), float(time_due), float(spent), fraction],
+            self.device,
         )
+        if budget is not None:  # the batch ramp's clock, the same on every rank
+            budget.agreed = fraction_rank0
         if signal_any > 0:
             return "signal"
         if spent_rank0 > 0:

@@ -227,6 +227,10 @@ def set_batch(engine, current: BatchPlan, global_batch: int) -> BatchPlan:
         engine.set_train_batch_size(new.global_batch)
         if hasattr(engine.optimizer, "gradient_accumulation_steps"):  # ZeRO's offload reads it
             engine.optimizer.gradient_accumulation_steps = new.grad_accum
+    # DeepSpeed finds the window's last micro-batch by (micro_steps + 1) % accumulation: after
+    # the accumulation changed, its counter must restart at a multiple of the new one, or the
+    # update lands mid-window (seen: a ramp 8 -> 12 stepped after 2 of 3 micro-batches)
+    engine.micro_steps -= engine.micro_steps % new.grad_accum
     return new
 
 

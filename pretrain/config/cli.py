@@ -309,6 +309,23 @@ def _check_values(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         )
     if cfg.run.max_time_hours < 0:
         parser.error(f"--max_time_hours must be >= 0, got {cfg.run.max_time_hours}")
+    if cfg.batch.batch_ramp_start < 0:
+        parser.error(
+            f"--batch_ramp_start must be >= 0 (0 = no ramp), got {cfg.batch.batch_ramp_start}"
+        )
+    if cfg.batch.batch_ramp_start and not 0.0 < cfg.batch.batch_ramp_fraction <= 1.0:
+        parser.error(
+            f"--batch_ramp_fraction must be in (0, 1], got {cfg.batch.batch_ramp_fraction}"
+        )
+    if cfg.batch.batch_ramp_start and cfg.run.phases:
+        parser.error(
+            "--batch_ramp_start and --phases both set the batch of each step: give the ramp in "
+            "the phase file (a phase's batch: {start, increment, ramp_tokens}) or drop --phases"
+        )
+    if not 0.0 <= cfg.log.eval_mask_prob <= 1.0:
+        parser.error(
+            f"--eval_mask_prob must be in [0, 1] (0 = the run's), got {cfg.log.eval_mask_prob}"
+        )
     if cfg.run.heartbeat_timeout_s < 0:
         parser.error(
             f"--heartbeat_timeout_s must be >= 0 (0 = off), got {cfg.run.heartbeat_timeout_s}"

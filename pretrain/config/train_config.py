@@ -138,6 +138,15 @@ class BatchConfig:
         "micro-batches per rank per optimizer step",
         default_text=_from_ds("derived, or 1"),
     )
+    batch_ramp_start: int = opt(
+        0,
+        "ramp the global batch from this many sequences up to --global_batch_size over the "
+        "first --batch_ramp_fraction of the run (of --max_time_hours with --schedule_clock time, "
+        "else of --max_steps), in whole micro-batches of every rank; 0 = no ramp (Cramming)",
+    )
+    batch_ramp_fraction: float = opt(
+        0.6, "with --batch_ramp_start: the share of the run the ramp takes (Cramming: 0.6)"
+    )
 
 
 @dataclass(frozen=True)
@@ -298,6 +307,11 @@ class LogConfig:
 
     log_interval: int = opt(1, "console/TensorBoard every N steps (metrics.jsonl gets every step)")
     eval_interval: int = opt(0, "validate every N steps (0 = only at the end)")
+    eval_mask_prob: float = opt(
+        0.0,
+        "validation masks at this rate instead of the run's (0 = the run's own): runs of "
+        "different mask rates compared on one held-out measure",
+    )
     eval_batches: int = opt(
         50,
         "max validation global batches per evaluation: the first N x --global_batch_size "

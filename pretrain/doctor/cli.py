@@ -42,6 +42,7 @@ from bertforge.pretrain.config.ds_config import (
 from bertforge.pretrain.config.one_home import TwoHomesError, check_one_home
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.doctor import probe as doctor_probe
+from bertforge.pretrain.doctor.budget_rows import budget_rows
 from bertforge.pretrain.doctor.checks import (
     FAIL,
     LOCAL,
@@ -388,6 +389,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
             else (cfg.batch.micro_batch_size or ds.get("train_micro_batch_size_per_gpu") or 1)
         )
         rows += memory_and_disk_rows(probes, hosts, ds, int(micro), shape, cfg.checkpoint.keep_last)
+        rows += budget_rows(cfg, plan, shape, probes, hosts, ds)  # --max_time_hours: the plan
     return rows
 
 

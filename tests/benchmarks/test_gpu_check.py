@@ -23,7 +23,7 @@ from benchmarks.gpu_check import __main__ as gpu_check
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
     proc = run_cli(
-        "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), check=False, timeout=300
+        "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), check=False, timeout=450
     )
     return out, proc
 
@@ -88,6 +88,16 @@ def test_dry_run_runs_every_part(dry_run):
     assert scored["run tokens"] > 0 and scored["run GPU-hours"] > 0
     assert scored["run GLUE score"].startswith("none: the synthetic folder holds 2")
     assert (out / "glue" / "run_scores" / "glue_vs_tokens.png").is_file()
+    # the budget part: the standard recipe and recipes/budget.yaml, each ended by one budget
+    budget = parts["budget"]
+    assert [r["arm"] for r in budget["rows"]] == ["standard", "budget"]
+    for row in budget["rows"]:
+        assert row["budget s"] == gpu_check.DRY_PLAN.budget_arm_s
+        assert row["steps"] >= 1 and row["tokens"] > 0 and row["held-out loss @15%"] > 0
+        assert row["tokens/s (steps)"] >= row["tokens/s (budget)"] > 0
+    assert budget["rows"][1]["last global batch"] <= 4 * gpu_check.DRY_PLAN.micro_batch[64]
+    assert "budget - standard held-out loss" in budget["details"]
+    assert "budget recipe: lower held-out loss" in " ".join(targets)
     md = (out / "gpu_check.md").read_text()
     for name in gpu_check.PARTS:
         assert f"## {name}: ok" in md
@@ -179,6 +189,15 @@ def test_without_a_gpu_the_full_check_says_to_use_dry_run(tmp_path, capsys):
     assert "--dry-run" in capsys.readouterr().err
 
 
+def test_the_budget_part_runs_only_when_asked_on_a_gpu():
+    """Its two 10-minute runs do not fit the check's 9 minutes: `make gpu-check` leaves it out,
+    --parts data,budget runs it; the dry run runs every part."""
+    assert "budget" in gpu_check.PARTS and "budget" not in gpu_check.GPU_DEFAULT_PARTS
+    assert gpu_check.GPU_PLAN.budget_arm_s == 600.0
+    box, _ = gpu_check.GPU_PLAN.boxes["budget"]
+    assert box >= 2 * gpu_check.GPU_PLAN.budget_arm_s
+
+
 def test_unknown_part_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--parts", "train,warp", "--out", str(tmp_path)])
@@ -210,7 +229,9 @@ def test_documented_commands_parse():
     assert len(argvs) >= 3 and any("--dry-run" in a for a in argvs)
     for argv in argvs:
         args = gpu_check.build_parser().parse_args(argv)
-        assert set(args.parts.split(",")) <= set(gpu_check.PARTS), argv
+        assert set((args.parts or ",".join(gpu_check.PARTS)).split(",")) <= set(gpu_check.PARTS), (
+            argv
+        )
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

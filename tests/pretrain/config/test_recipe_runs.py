@@ -36,7 +36,13 @@ def _dry_run(capsys, *argv: str) -> dict:
 def test_the_runs_recipe_yaml_reproduces_its_losses_exactly(trained, tmp_path):
     recipe = yaml.safe_load((trained / "recipe.yaml").read_text())
     assert recipe["optim"]["lr"] == 2e-3 and recipe["optim"]["warmup_steps"] == 1
-    assert recipe["batch"] == {"global_batch_size": 8, "micro_batch_size": 8, "grad_accum": 1}
+    assert recipe["batch"] == {
+        "global_batch_size": 8,
+        "micro_batch_size": 8,
+        "grad_accum": 1,
+        "batch_ramp_start": 0,
+        "batch_ramp_fraction": 0.6,
+    }
     assert "output_dir" not in recipe["run"] and "resume" not in recipe["run"]
     again = tmp_path / "b"
     train_cli(again, "--recipe", str(trained / "recipe.yaml"))
