@@ -21,7 +21,7 @@ from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.build import resolve_run
-from bertforge.pretrain.components.budget_plan import budget_plan, format_plan
+from bertforge.pretrain.components.budget_plan import budget_planner, format_plan, step_rate
 from bertforge.pretrain.components.schedule_override import guard_factor
 from bertforge.pretrain.config.one_home import SHARED_KNOBS
 from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
@@ -147,14 +147,12 @@ def run_dry_run(
     """Build reader, model and loader; draw `num_batches` training batches; print and return
     the report. extra_config: further resolved settings (e.g. the trainer's) merged under "config".
     Output goes to `stream` (default stdout): JSON when as_json, else a human-readable report.
-    show_masks: also decode that many training sequences with each masked position marked
-    (:mod:`pretrain.data.show_masks`; under "show_masks" in the report).
+    show_masks: that many training sequences decoded, masks marked (pretrain.data.show_masks).
     reader: the training reader of ``data`` when the caller opened it already.
     lr_schedule: the phases of :func:`lr_phases` (under "lr_schedule").
     recipe: :func:`recipe_lines` (under "recipe": each non-default value and its source).
     objective_cfg: ``--objective`` and its knobs (default: the shards decide).
-    budget: with --max_time_hours, ``budget(tokens_per_s, source)`` -> the budget's plan
-    (:func:`pretrain.components.budget_plan.budget_plan`) from a training step timed here.
+    budget: with --max_time_hours, ``budget(tokens_per_s, source)`` -> the plan (budget_plan).
     """
     stream = stream or sys.stdout
     if reader is None:
@@ -190,50 +188,6 @@ def run_dry_run(
         stream.write(format_report(report))
     stream.flush()
     return report
-
-
-def step_rate(model, loader, micro_batch_size: int, timed: int = 2) -> tuple[float, str]:
-    """Tokens per second of one rank's forward and backward pass (no optimizer, no collective),
-    timed here after a warm-up step: on a GPU at the run's micro-batch in bf16 autocast, on a
-    CPU with at most 4 sequences (a BERT-base micro-batch would take minutes). The plan
-    multiplies it by the ranks; an upper bound of the run's rate."""
-    import time
-
-    import torch
-
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    model = model.to(device).train()
-    batch = next(iter(loader))
-    rows = batch["input_ids"].shape[0] if cuda else min(4, batch["input_ids"].shape[0])
-    inputs = {
-        k: v[:rows].to(device)
-        for k, v in batch.items()
-        if isinstance(v, torch.Tensor) and k not in ("source",)
-    }
-    tokens = (
-        int(inputs["attention_mask"].sum())
-        if "attention_mask" in inputs
-        else inputs["input_ids"].numel()
-    )
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else None
-    seconds = []
-    for i in range(1 + timed):
-        start = time.perf_counter()
-        if autocast is not None:
-            with autocast:
-                out = model(**inputs)
-        else:
-            out = model(**inputs)
-        out["mlm_loss"].backward()
-        model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        if i:
-            seconds.append(time.perf_counter() - start)
-    where = torch.cuda.get_device_name() if cuda else "this CPU"
-    rate = tokens / min(seconds)
-    return rate, f"a forward+backward of {rows} sequences timed on {where}, x ranks"
 
 
 def _model_and_loader(
@@ -514,21 +468,6 @@ def recipe_lines(parsed, run, resolved: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "value": v, "source": w} for k, v, w in table]
 
 
-def _budget_planner(cfg, run):
-    """With --max_time_hours: the budget's plan from a rate of one rank timed here (x ranks)."""
-    if cfg.run.max_time_hours <= 0:
-        return None
-    b = run.setup.batch
-    seq_len = run.train_reader.max_seq_len
-
-    def plan(rate: float, source: str):
-        return budget_plan(
-            cfg, b.global_batch, b.micro_batch * b.world_size, seq_len, rate * b.world_size, source
-        )
-
-    return plan
-
-
 def main(cfg) -> int:
     """Dry run for the trainer's parsed TrainConfig (`pretrain/main.py --dry-run [--json]`)."""
     _import_deepspeed_quietly()
@@ -552,7 +491,7 @@ def main(cfg) -> int:
             reader=run.train_reader,
             lr_schedule=_schedule_report(cfg, run),
             objective_cfg=cfg.objective_cfg,
-            budget=_budget_planner(cfg, run),
+            budget=budget_planner(cfg, run),
         )
     # A shard found corrupt while drawing batches is the loader's ValueError.
     except (UserError, ValueError) as e:

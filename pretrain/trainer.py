@@ -4,15 +4,13 @@
 global batch and a validation pass). Everything else decides for itself when it is due: the
 :class:`~pretrain.components.checkpoint.CheckpointManager` (interval, minutes, signals, agreed
 across ranks), the :class:`~pretrain.components.metrics.MetricsWriter` (what goes to the console,
-metrics.jsonl and TensorBoard), the stability guard's step and rollback
-(:class:`~pretrain.components.guarded_step.GuardedStep`). Built by
-:func:`pretrain.build.build_training` from a few grouped parts: :class:`StepSetup`,
-:class:`TrainData`, :class:`RunOutputs` and :class:`RunClock`.
+metrics.jsonl and TensorBoard), the guard (:class:`~pretrain.components.guarded_step.GuardedStep`).
+Built by :func:`pretrain.build.build_training` from :class:`StepSetup`, :class:`TrainData`,
+:class:`RunOutputs` and :class:`RunClock`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -42,7 +40,7 @@ from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
-from bertforge.pretrain.data.masking import merge_stats
+from bertforge.pretrain.data.masking import at_mask_prob, merge_stats
 from bertforge.pretrain.model import compiled
 from bertforge.pretrain.model.registry import resolve_attention
 from bertforge.pretrain.model.rtd import RTD_COUNTS
@@ -178,11 +176,9 @@ class Trainer:
                 timer.restart()
                 if self.phased:
                     batches = self._enter_phase_step(step, consumed, batches)
-                elif self.ramp is not None:
-                    self.plan = set_batch(
-                        self.engine, self.plan, self.ramp.batch(step, max_steps, self.budget)
-                    )
-                    self.place.plan = self.plan
+                elif self.ramp is not None:  # the ramp's batch for this step
+                    batch = self.ramp.batch(step, max_steps, self.budget)
+                    self.plan = self.place.plan = set_batch(self.engine, self.plan, batch)
                 try:
                     rec, verdict = self.train_step(batches, timer)
                 except Exception as e:  # DeepSpeed raises a bare Exception at the minimum scale
@@ -408,13 +404,6 @@ class Trainer:
             self.metrics.eval(rec, self.engine.global_samples)
         return records
 
-    def _eval_masking(self):
-        """The run's masking, or at --eval_mask_prob (constant) when that is set."""
-        rate = self.cfg.log.eval_mask_prob
-        if not rate:
-            return self.cfg.masking
-        return dataclasses.replace(self.cfg.masking, mask_prob=rate, mask_prob_end=None)
-
     def _validation_sums(self, reader, step: int) -> tuple[float, ...]:
         """(summed token loss, correct, masked; for RTD also the discriminator's summed loss and
         :data:`RTD_COUNTS`) over the first ``--eval_batches`` global batches
@@ -426,7 +415,7 @@ class Trainer:
             return build_loader(
                 reader,
                 self.cfg.data_cfg,
-                self._eval_masking(),
+                at_mask_prob(self.cfg.masking, self.cfg.log.eval_mask_prob),
                 rank=rank,
                 world_size=world,
                 micro_batch_size=self.eval_plan.micro_batch,

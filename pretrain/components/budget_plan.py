@@ -158,3 +158,62 @@ def format_plan(plan: dict[str, Any]) -> list[str]:
     if plan.get("note"):
         lines.append(f"        {plan['note']}")
     return lines
+
+
+def step_rate(model, loader, micro_batch_size: int, timed: int = 2) -> tuple[float, str]:
+    """Tokens per second of one rank's forward and backward pass (no optimizer, no collective),
+    timed here after a warm-up step: on a GPU at the run's micro-batch in bf16 autocast, on a
+    CPU with at most 4 sequences (a BERT-base micro-batch would take minutes). The plan
+    multiplies it by the ranks; an upper bound of the run's rate."""
+    import time
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    model = model.to(device).train()
+    batch = next(iter(loader))
+    rows = batch["input_ids"].shape[0] if cuda else min(4, batch["input_ids"].shape[0])
+    inputs = {
+        k: v[:rows].to(device)
+        for k, v in batch.items()
+        if isinstance(v, torch.Tensor) and k not in ("source",)
+    }
+    tokens = (
+        int(inputs["attention_mask"].sum())
+        if "attention_mask" in inputs
+        else inputs["input_ids"].numel()
+    )
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else None
+    seconds = []
+    for i in range(1 + timed):
+        start = time.perf_counter()
+        if autocast is not None:
+            with autocast:
+                out = model(**inputs)
+        else:
+            out = model(**inputs)
+        out["mlm_loss"].backward()
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        if i:
+            seconds.append(time.perf_counter() - start)
+    where = torch.cuda.get_device_name() if cuda else "this CPU"
+    rate = tokens / min(seconds)
+    return rate, f"a forward+backward of {rows} sequences timed on {where}, x ranks"
+
+
+def budget_planner(cfg, run):
+    """With --max_time_hours: the budget's plan from a rate of one rank timed here (x ranks)."""
+    if cfg.run.max_time_hours <= 0:
+        return None
+    b = run.setup.batch
+    seq_len = run.train_reader.max_seq_len
+
+    def plan(rate: float, source: str):
+        return budget_plan(
+            cfg, b.global_batch, b.micro_batch * b.world_size, seq_len, rate * b.world_size, source
+        )
+
+    return plan

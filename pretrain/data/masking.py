@@ -19,6 +19,7 @@ a Chinese word, a protected term), and a unit is selected or left as a whole.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +90,14 @@ class MaskingConfig:
             raise ValueError(
                 f"MaskingConfig.max_predictions={self.max_predictions}: must be >= 1 or None"
             )
+
+
+def at_mask_prob(masking: MaskingConfig, rate: float | None) -> MaskingConfig:
+    """``masking`` at the constant ``rate`` (``--eval_mask_prob``: validation at one rate, whatever
+    the run trains at), or unchanged when ``rate`` is unset or 0."""
+    if not rate:
+        return masking
+    return dataclasses.replace(masking, mask_prob=rate, mask_prob_end=None)
 
 
 def mask_prob_at(cfg: MaskingConfig, consumed_samples: int | np.ndarray) -> float | np.ndarray:
