@@ -15,6 +15,7 @@ from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, ramp_bat
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.ds_config import ConfigError
+from bertforge.pretrain.model.run_checkpoints import find_latest, tag_for
 
 
 def test_ramp_rises_in_whole_micro_batches_to_the_target_at_its_fraction():
@@ -135,7 +136,10 @@ def test_time_clock_ramp_reaches_the_target_and_a_resume_starts_where_it_stopped
     batches = [r["global_batch"] for r in recs]
     assert batches == sorted(batches) and batches[-1] == 16  # the target by 70% of the budget
     assert batches[0] < 16 and all(b % 4 == 0 for b in batches)
-    state = json.loads(next((run / "checkpoints").glob("step_*/trainer_state.json")).read_text())
+    # the last checkpoint (a periodic save may sit beside it), which --resume auto takes below
+    last = find_latest(run / "checkpoints")
+    assert last.name == tag_for(recs[-1]["step"])
+    state = json.loads((last / "trainer_state.json").read_text())
     assert state["consumed_samples"] == sum(batches)
 
     # A resume with a longer budget: its first step takes the batch of the checkpoint's fraction
