@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
+from bertforge.data_prep.object_store import is_url
 from bertforge.data_prep.progress import normalize_mode
+from bertforge.data_prep.remote_folder import parse_size
 from bertforge.data_prep.sources import MixtureError, parse_mixture
+from bertforge.errors import UserError
 from bertforge.preemption import parse_signals
 from bertforge.pretrain.config.flag_checks import (
     AnnealError,
@@ -383,9 +386,12 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")
     try:
         sources = parse_mixture(cfg.run.data_sources)
-    except MixtureError as e:
+        parse_size(cfg.data_cfg.cache_limit)
+    except (MixtureError, UserError) as e:
         parser.error(str(e))
     for s in sources:
+        if is_url(s.path):  # object storage: its manifest is read when the shards open
+            continue
         if not Path(s.path, "manifest.json").is_file():
             parser.error(
                 f"--data {s.path}: no manifest.json there (missing folder or an "
