@@ -126,8 +126,8 @@ def _filesystem(url: str):
     """(fsspec filesystem, path inside it) of ``url``; a missing client is named with its fix."""
     import fsspec  # lazy: a run over local shards never needs it
 
-    try:
-        return fsspec.core.url_to_fs(url)
+    try:  # an instance of its own: its endpoint and credentials as the environment says now
+        return fsspec.core.url_to_fs(url, skip_instance_cache=True)
     except ImportError as e:
         scheme = url.partition("://")[0]
         extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(scheme)
@@ -243,9 +243,10 @@ class Store:
                     digest = state["hash"].hexdigest()
                     if digest != want:
                         raise ChecksumMismatch(
-                            f"sha256 {digest[:16]}... of the {size} bytes read, the manifest "
-                            f"says {want[:16]}...: the object differs from the one the manifest "
-                            "was written for (re-upload the shard folder) or was damaged on the way"
+                            f"wrong checksum: sha256 {digest[:16]}... of the {size} bytes "
+                            f"read, the manifest says {want[:16]}...: the object is not the one "
+                            "the manifest was written for (re-upload the shard folder) or was "
+                            "damaged on the way"
                         )
 
                 self._retrying(rel, "fetching", attempt)
@@ -261,7 +262,15 @@ class Store:
         while state["got"] < size:
             start = state["got"]
             end = min(start + CHUNK_BYTES, size)
-            data = self.fs.cat_file(full, start=start, end=end)
+            try:
+                data = self.fs.cat_file(full, start=start, end=end)
+            except OSError as e:  # S3's 416 InvalidRange: a resumed read past the object's end
+                if start == 0 or "range" not in str(e).lower():
+                    raise
+                raise ShortRead(
+                    f"short read: the object ends before byte {start} of the manifest's {size} "
+                    "(it is truncated)"
+                ) from e
             if data:
                 out.write(data)
                 state["hash"].update(data)

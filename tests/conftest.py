@@ -110,6 +110,16 @@ def english_second_source(tmp_path_factory, english_shards) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def english_many_shards(tmp_path_factory, english_corpus, english_shards) -> Path:
+    """The pydoc corpus in 16 small training shards (5 documents each) with english_shards'
+    tokenizer: a folder larger than a small shard cache, for object storage and window orders."""
+    out = tmp_path_factory.mktemp("shards_en_many") / "shards"
+    return build_shards(
+        english_corpus, out, tokenizer=str(english_shards / "tokenizer"), shard_docs=5
+    )
+
+
 # The slowest files (per-file totals of `--durations` in a full run, 3 workers on 2 cores,
 # 2026-12-06) are handed out first: under --dist loadfile a file stays on one worker, and a long
 # file handed out last leaves the others idle at the end (longest first keeps them busy; order
