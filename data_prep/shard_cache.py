@@ -408,6 +408,14 @@ def process_cache() -> ShardCache:
     return _CACHE
 
 
+def close() -> None:
+    """Close this process's cache, if it made one (its stats written, its lock released)."""
+    global _CACHE
+    if _CACHE is not None:
+        _CACHE.close()
+        _CACHE = None
+
+
 def describe_url(url: str) -> str:
     """The URL as messages and checkpoints show it."""
     return redact(url)

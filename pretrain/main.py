@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from bertforge.data_prep import shard_cache
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, quiet_libraries
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
@@ -44,6 +45,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
         finally:
             training.trainer.outputs.metrics.close()
     finally:
+        shard_cache.close()  # object storage: stop fetching, write its stats
         if lock is not None:
             lock.release()
 
