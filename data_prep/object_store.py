@@ -297,6 +297,22 @@ class Store:
 
         self._retrying(rel, "uploading", attempt)
 
+    def put_tree(self, local: Path, last: str = "", keep_local=lambda p: False) -> int:
+        """Upload every file under ``local`` that is not in the store at its size yet, ``last``
+        (a file name: a manifest) after all others; ``keep_local(path)``: files to leave out.
+        Returns how many were uploaded."""
+        local = Path(local)
+        have = self.files_under("") if self.exists("") else {}
+        files = sorted(p for p in local.rglob("*") if p.is_file() and not keep_local(p))
+        files.sort(key=lambda p: p.name == last)
+        sent = 0
+        for path in files:
+            rel = path.relative_to(local).as_posix()
+            if have.get(rel) != path.stat().st_size:
+                self.put_file(path, rel)
+                sent += 1
+        return sent
+
     def put_bytes(self, data: bytes, rel: str) -> None:
         """Write ``data`` as object ``rel``."""
         self._retrying(rel, "writing", lambda: self.fs.pipe_file(self._full(rel), data))

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser
+from bertforge.data_prep.object_store import Store, is_url
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
 from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
@@ -289,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run", help="run folder (its newest complete checkpoint is exported)")
-    p.add_argument("--output", required=True, help="HF folder to write")
+    p.add_argument(
+        "--output",
+        required=True,
+        help="HF folder to write, or a URL in object storage (s3://..., written here, uploaded)",
+    )
     p.add_argument("--checkpoint", default=None, help="a specific checkpoint folder instead")
     p.add_argument(
         "--average",
@@ -324,10 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     quiet_libraries()
     quiet_transformers()
+    staging = None
     try:
+        store, target = None, args.output
+        if is_url(args.output):  # object storage: written here, then uploaded
+            store = Store(args.output, flag="--output")
+            staging = tempfile.mkdtemp(prefix="bertforge-export-")
+            target = os.path.join(staging, "model")
         res = export(
             args.run,
-            args.output,
+            target,
             args.checkpoint,
             verify=not args.no_verify,
             language=args.language,
@@ -337,9 +350,15 @@ def main(argv: list[str] | None = None) -> int:
             glue_results=args.glue_results,
             glue_model=args.glue_model,
         )
+        if store is not None:
+            store.put_tree(Path(target), last="config.json")
+            res["output"] = store.url_of()
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     what = f"{res['checkpoint']} (step {res['step']})"
     if res["averaged_steps"]:
         steps = ", ".join(str(s) for s in res["averaged_steps"])

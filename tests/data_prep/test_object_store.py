@@ -17,6 +17,7 @@ from bertforge.data_prep import shard_cache
 from bertforge.data_prep.object_store import Retry, Store, StoreError, check_url, is_url
 from bertforge.data_prep.reader import ShardReader
 from bertforge.data_prep.remote_folder import parse_size
+from bertforge.data_prep.shard_cache import CacheTooSmall
 from bertforge.pretrain.data.loader import DataConfig, GlobalSampler, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig
 
@@ -142,5 +143,55 @@ def test_a_shard_that_stays_corrupt_stops_the_loader_at_its_batch(
         with pytest.raises(StoreError, match=f"s3://shards/en/train/{name}.tokens.*checksum"):
             next(it)
         assert not list(shard_cache.process_cache().folder.glob(f"*/train/{name}.*"))
+    finally:
+        shard_cache.configure()
+
+
+def _train_bytes(reader) -> int:
+    return sum(int(f["bytes"]) for s in reader._shards for f in s["files"].values())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_from_s3_in_a_quarter_of_the_data_matches_the_local_folder(
+    server, proxy, english_many_shards, remote_shards, tmp_path, workers
+):
+    """Two epochs of the window order through a cache a quarter of the data's size, with and
+    without DataLoader workers: the local folder's batches, bit for bit; the cache never held
+    more than its limit, and fetched the data about once an epoch."""
+    local = ShardReader(english_many_shards)
+    limit = _train_bytes(local) // 4
+    shard_cache.configure(tmp_path / "cache", limit)
+    try:
+        cfg = DataConfig(
+            num_workers=workers, prefetch_factor=1, data_order="window", window_shards=1
+        )
+        it = iter(
+            build_loader(ShardReader(remote_shards), cfg, MaskingConfig(), micro_batch_size=8)
+        )
+        ref = iter(build_loader(local, cfg, MaskingConfig(), micro_batch_size=8))
+        batches = 2 * len(local) // 8
+        for _ in range(batches):
+            got, want = next(it), next(ref)
+            assert all(np.array_equal(got[k], want[k]) for k in ("input_ids", "labels"))
+        stats = shard_cache.process_cache().stats()
+        assert stats["peak_bytes"] <= limit
+        assert _train_bytes(local) <= stats["fetched_bytes"] <= 3.5 * _train_bytes(local)
+    finally:
+        shard_cache.configure()
+
+
+def test_a_cache_smaller_than_one_batch_stops_with_the_fix(
+    server, proxy, english_many_shards, remote_shards, tmp_path
+):
+    """The global order reads a dozen shards in one batch: a cache of three says so."""
+    local = ShardReader(english_many_shards)
+    shard_cache.configure(tmp_path / "cache", 3 * _train_bytes(local) // len(local._shards))
+    try:
+        cfg = DataConfig(num_workers=0)
+        it = iter(
+            build_loader(ShardReader(remote_shards), cfg, MaskingConfig(), micro_batch_size=32)
+        )
+        with pytest.raises(CacheTooSmall, match="Raise --cache_limit, or use --data_order window"):
+            next(it)
     finally:
         shard_cache.configure()

@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO
+from helpers.commands import REPO, run_cli
 from helpers.launch import COMMON, launch
-from helpers.s3 import MotoServer, upload_folder
+from helpers.s3 import MotoServer, s3fs_for, upload_folder
 
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.model.run_checkpoints import read_state, tag_for
@@ -143,3 +143,16 @@ def test_another_order_on_resume_is_refused(s3, s3_run, tmp_path):
     proc = launch([*cmd, "--resume", "auto"], nproc=1, env=s3.env(), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--window_shards 2" in proc.stderr and "trained with --window_shards 1" in proc.stderr
+
+
+def test_export_to_s3(s3, s3_run, tmp_path):
+    """pretrain.export --output s3://...: the Hugging Face folder written here, then uploaded."""
+    run, _, _ = s3_run
+    upload_folder(s3.endpoint, tmp_path, "s3://models/x")  # the bucket
+    proc = run_cli(
+        "-m", "bertforge.pretrain.export", str(run), "--output", "s3://models/tiny",
+        "--no_verify", env=s3.env(),
+    )  # fmt: skip
+    assert "to s3://models/tiny" in proc.stdout
+    names = set(s3fs_for(s3.endpoint).ls("models/tiny"))
+    assert {"models/tiny/config.json", "models/tiny/model.safetensors"} <= names
