@@ -156,3 +156,18 @@ def test_export_to_s3(s3, s3_run, tmp_path):
     assert "to s3://models/tiny" in proc.stdout
     names = set(s3fs_for(s3.endpoint).ls("models/tiny"))
     assert {"models/tiny/config.json", "models/tiny/model.safetensors"} <= names
+
+
+def test_the_doctor_reads_the_store_with_each_nodes_credentials(s3, tmp_path):
+    def doctor(data: str, env: dict) -> dict:
+        proc = run_cli(
+            "-m", "bertforge.pretrain.doctor", "--json", "--slots", "1",
+            "--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", data,
+            "--output_dir", str(tmp_path / "run"), env=env, check=False,
+        )  # fmt: skip
+        return {r["check"]: r for r in json.loads(proc.stdout) if r["check"] == "data"}
+
+    assert doctor(URL, s3.env())["data"]["status"] == "ok"
+    row = doctor("s3://corpus/absent", s3.env())["data"]
+    assert row["status"] == "FAIL" and "s3://corpus/absent" in row["detail"]
+    assert "credentials" in row["fix"]
