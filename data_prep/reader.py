@@ -99,8 +99,8 @@ class ShardReader:
     fetched into this process's shard cache (:mod:`data_prep.shard_cache`) and a shard when it is
     first needed (a training loader fetches ahead); ``root`` is then the local mirror and
     ``location`` the URL. verify "size" and "full" compare the objects' sizes with the manifest
-    (one listing per split); every shard's sha256 is checked as it arrives. Mappings of fetched
-    shards are dropped after each batch, so that an evicted file frees its space.
+    (one listing per split); every shard's sha256 is checked as it arrives. After each batch only
+    its own shards stay mapped, so that an evicted file frees its space.
     """
 
     def __init__(
@@ -287,8 +287,10 @@ class ShardReader:
         try:
             return self._get_batch(idx, pad_to_multiple_of, word_start, dtype)
         finally:
-            if self._has_remote:  # an evicted shard's space is freed once nothing maps it
-                self._open.clear()
+            if self._has_remote:  # only this batch's shards stay mapped: an evicted shard's
+                used = set(self.shard_ids(idx).tolist())  # space is freed once unmapped
+                for k in [k for k in self._open if k not in used]:
+                    del self._open[k]
 
     def _get_batch(self, idx: np.ndarray, pad_to_multiple_of: int, word_start: bool, dtype):
         B = len(idx)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import math
 import os
 import queue
 import tempfile
@@ -50,7 +51,7 @@ log = get_logger(__name__)
 
 #: how many batches the planner may run ahead of the consumer (room permitting): enough to reach
 #: the next window of a window order early, few enough that planning costs nothing
-MAX_AHEAD_BATCHES = 50_000
+MAX_AHEAD_BATCHES = 20_000
 
 
 class CacheTooSmall(UserError, RuntimeError):
@@ -102,6 +103,9 @@ class ShardCache:
         self._need: dict[Unit, int] = {}  # the last planned batch that reads the unit
         self._stream: _Stream | None = None
         self._wanted: list[Unit] | None = None  # what the consumer waits for
+        # the planner waits until the consumer has delivered this batch (inf: not for a
+        # delivery): a release wakes it only then, not at every batch
+        self._wake_at: float = math.inf
         self._arrivals = 0
         self.fetched_bytes = 0  # bytes that came over the network (for reports and tests)
         self.fetches = 0
@@ -159,10 +163,11 @@ class ShardCache:
             self._lock_file.release()
 
     # -- room ------------------------------------------------------------------------------
+    def _released(self) -> int:
+        return self._stream.released if self._stream is not None else -1
+
     def _evictable(self, unit: Unit) -> bool:
-        stream = self._stream
-        released = stream.released if stream is not None else -1
-        return unit not in self._kept and self._need.get(unit, -1) <= released
+        return unit not in self._kept and self._need.get(unit, -1) <= self._released()
 
     def _make_room(self, nbytes: int) -> bool:
         """Evict read shards (leftovers first, then the least recently needed) until ``nbytes``
@@ -304,14 +309,17 @@ class ShardCache:
         with self._cv:
             if self._stream is not None and batch > self._stream.released:
                 self._stream.released = batch
-                self._cv.notify_all()
+                if batch >= self._wake_at:  # waking the planner at every batch costs
+                    self._cv.notify_all()  # thread switches on a busy machine
 
     def _plan(self, stream: _Stream) -> None:
         try:
             for first, units, last in stream.chunks:
                 with self._cv:
                     while not stream.stopped and first - stream.released > MAX_AHEAD_BATCHES:
-                        self._cv.wait(timeout=1.0)  # far enough ahead: wait for the consumer
+                        self._wake_at = first - MAX_AHEAD_BATCHES  # far enough ahead
+                        self._cv.wait(timeout=1.0)
+                    self._wake_at = math.inf
                     if stream.stopped:
                         return
                     for unit, batch in zip(units, last):
@@ -354,7 +362,11 @@ class ShardCache:
                         "or use --data_order window with fewer --window_shards (and fewer "
                         "--num_workers x --prefetch_factor batches in flight)."
                     )
+                # a delivery frees room once it passes the last batch of a held shard
+                needs = [self._need.get(u, -1) for u in self._resident if u not in self._kept]
+                self._wake_at = min((n for n in needs if n > self._released()), default=math.inf)
                 self._cv.wait(timeout=1.0)
+                self._wake_at = math.inf
 
 
 _CACHE: ShardCache | None = None

@@ -27,6 +27,7 @@ from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
 from bertforge.pretrain.config.recipe import defaults, resolved_flags, value_sources
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
 from bertforge.pretrain.config.train_config import CONCERNS, OptimConfig, foreign_concerns
+from bertforge.pretrain.data.cached_plans import CachedPlans
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
 from bertforge.pretrain.data.mixture import open_training
@@ -214,6 +215,8 @@ def _model_and_loader(
         train=True,
         attention=resolved.attention,
     )
+    if isinstance(loader.batch_sampler, CachedPlans):  # object storage: only what is drawn
+        loader.batch_sampler.ahead = False
     return resolved, model, loader
 
 

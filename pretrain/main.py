@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
         except UserError as e:
             log.error(str(e))
             return USER_ERROR_EXIT
+        finally:
+            shard_cache.close()  # the script skips atexit: release the cache's lock here
     # The stop signals set a flag from here on, through the rendezvous, the engine build and the
     # checkpoint load, to the process's exit: none ends the run by its default action
     # (bertforge.preemption says what each moment does with it).

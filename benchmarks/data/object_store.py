@@ -53,7 +53,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_moto(log: Path) -> tuple[subprocess.Popen, str]:
+def niced(nice: int):
+    """A subprocess's preexec_fn that changes its priority by ``nice`` (None for 0)."""
+    return (lambda: os.nice(nice)) if nice else None
+
+
+def start_moto(log: Path, nice: int = 0) -> tuple[subprocess.Popen, str]:
     """moto's S3 server on a free port of 127.0.0.1: (its process, its endpoint)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
@@ -65,6 +70,7 @@ def start_moto(log: Path) -> tuple[subprocess.Popen, str]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=niced(nice),
         )
     for _ in range(300):
         try:
@@ -129,7 +135,7 @@ def train_bytes(shards: Path) -> int:
     return sum(f["bytes"] for s in m["splits"]["train"]["shards"] for f in s["files"].values())
 
 
-def run(data: str, folder: Path, steps: int, env: dict, extra: dict) -> Path:
+def run(data: str, folder: Path, steps: int, env: dict, extra: dict, nice: int = 0) -> Path:
     """One 2-rank training run into ``folder``; returns it."""
     cmd = command_line.trainer(
         ranks=2,
@@ -151,7 +157,9 @@ def run(data: str, folder: Path, steps: int, env: dict, extra: dict) -> Path:
         window_shards=1,
         **extra,
     )
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=niced(nice)
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{data}: training failed\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return folder
@@ -189,12 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=10, help="steps left out of each run's rate")
     p.add_argument("--copies", type=int, default=8, help="copies of the re-cut pydoc corpus")
     p.add_argument("--shard_docs", type=int, default=64, help="documents per shard")
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="priority change of the runs and the server (-10 on a machine other jobs share: "
+        "needs root; both sides alike)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "object_store")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     shards = uniform_shards(args.out, args.copies, args.shard_docs)
     limit = train_bytes(shards) // 4
-    server, endpoint = start_moto(args.out / "moto.log")
+    server, endpoint = start_moto(args.out / "moto.log", args.nice)
     try:
         upload(endpoint, shards)
         s3_env = one_thread_env(**CREDENTIALS, AWS_ENDPOINT_URL=endpoint, PYTHONPATH=str(REPO))
@@ -206,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             for side in ("local", "s3") if rnd % 2 == 0 else ("s3", "local"):
                 folder = work / f"{side}-{rnd}"
                 if side == "local":
-                    run(str(shards), folder, args.steps, local_env, {})
+                    run(str(shards), folder, args.steps, local_env, {}, args.nice)
                 else:
                     cache = work / f"cache-{rnd}"
-                    run(URL, folder, args.steps, s3_env, {"cache_dir": cache, "cache_limit": limit})
+                    extra = {"cache_dir": cache, "cache_limit": limit}
+                    run(URL, folder, args.steps, s3_env, extra, args.nice)
                 got[side] = {**throughput(folder, args.skip), "load_avg_1min": os.getloadavg()[0]}
                 if side == "s3":
                     got["cache"] = [
@@ -230,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache_limit_bytes": limit,
         "steps": args.steps,
         "skip": args.skip,
+        "nice": args.nice,
         "rounds": results,
         **summary(results),
     }

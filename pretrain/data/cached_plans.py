@@ -5,8 +5,9 @@ GlobalSampler or the mixture's). In the rank's main process, before it hands bat
 the DataLoader (and so to a worker), it waits until this rank's shard cache
 (:mod:`data_prep.shard_cache`) holds the shards the plan reads. For training it first starts the
 cache's stream: a copy of the sampler, from the same data position, walked ahead by the cache's
-planner thread in chunks of :data:`CHUNK` batches, each summarised as the shards in the order the
-batches first read them and the last batch that reads each. :class:`Delivered` wraps the
+planner thread in chunks of :data:`CHUNK` batches (their indices in one vectorised
+``sampler.plan`` call), each summarised as the shards in the order the batches first read them
+and the last batch that reads each. :class:`Delivered` wraps the
 loader's iterator and tells the cache when batch j has come out, so that its shards count as
 read. The shards of validation are fetched before training starts
 (:func:`keep_validation_shards`) and stay; a validation pass (train=False) fetches anything else
@@ -15,7 +16,6 @@ it reads as it goes.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -46,15 +46,21 @@ class CachedPlans:
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def _chunks(self, plans: Iterator) -> Iterator[tuple[int, list, list[int]]]:
+    def _chunk_indices(self, sampler, first: int, n: int) -> np.ndarray:
+        """[n, micro] dataset indices of this rank's training batches first .. first + n - 1,
+        in one vectorised ``sampler.plan`` call (a batch's positions: its block's start, then
+        the rank's micro-batch slot, as GlobalSampler.__iter__ cuts them)."""
+        m, world = sampler.micro_batch_size, sampler.world_size
+        starts = sampler.consumed_samples + (first + np.arange(n, dtype=np.int64)) * m * world
+        pos = starts[:, None] + sampler.rank * m + np.arange(m, dtype=np.int64)[None, :]
+        return sampler.plan(pos.reshape(-1)).indices.reshape(n, m)
+
+    def _chunks(self, sampler) -> Iterator[tuple[int, list, list[int]]]:
         first = 0
         while True:
-            got = list(itertools.islice(plans, CHUNK))
-            if not got:
-                return
-            ids = [self.shards.shard_ids(p.indices) for p in got]
-            shard = np.concatenate(ids)
-            batch = np.repeat(np.arange(first, first + len(got)), [len(k) for k in ids])
+            idx = self._chunk_indices(sampler, first, CHUNK)
+            shard = self.shards.shard_ids(idx.reshape(-1))
+            batch = np.repeat(np.arange(first, first + CHUNK), idx.shape[1])
             uniq, first_seen = np.unique(shard, return_index=True)
             last = np.full(len(uniq), -1, dtype=np.int64)
             np.maximum.at(last, np.searchsorted(uniq, shard), batch)
@@ -66,11 +72,11 @@ class CachedPlans:
                     units.append(unit)
                     lasts.append(b)
             yield first, units, lasts
-            first += len(got)
+            first += CHUNK
 
     def __iter__(self):
         if self.ahead:
-            self.cache.start_stream(self._chunks(iter(self.sampler.clone())))
+            self.cache.start_stream(self._chunks(self.sampler.clone()))
         for plan in self.sampler:
             units = self.shards.units_of(self.shards.shard_ids(plan.indices))
             if self.ahead:

@@ -116,7 +116,9 @@ def test_a_loader_over_remote_shards_plans_from_the_resume_point(english_many_sh
     plans = CachedPlans.__new__(CachedPlans)
     plans.shards = reader
     resumed = GlobalSampler(len(reader), 4, consumed_samples=resume, window=1, shard_counts=counts)
-    first, units, last = next(plans._chunks(iter(resumed.clone())))
+    for j, plan in enumerate(itertools.islice(resumed.clone(), 40)):  # the vectorised plans
+        assert np.array_equal(plans._chunk_indices(resumed, j, 1)[0], plan.indices)
+    first, units, last = next(plans._chunks(resumed.clone()))
     assert first == 0
     assert units[0] == f"unit-{reader.shard_ids(order[resume : resume + 1])[0]}"
     assert f"unit-{reader.shard_ids(order[:1])[0]}" not in units  # the first window: read
