@@ -14,7 +14,10 @@ steps (the first shards' arrival and the engine's warm-up left out; the cache re
 window, so the rest is the steady state of a cache smaller than the data). Prints and writes
 (``DIR/object_store.json``) each round's pair, the medians, the spread (min-max) and the ratio
 S3/local of the medians, the data wait per step, the bytes each rank fetched against the data's
-size, its cache's peak against its limit, and the machine's load. Target: a ratio of 0.95 or more.
+size, its cache's peak against its limit, and the machine's load. Then the loader alone, in this
+process, local and S3 taking turns (``--loader_batches``): batches per wall and per CPU second,
+the second steadier than any wall clock on a machine other jobs share. Target: a ratio of 0.95 or
+more.
 """
 
 from __future__ import annotations
@@ -176,6 +179,38 @@ def throughput(folder: Path, skip: int) -> dict[str, float]:
     }
 
 
+def loader_rates(shards: Path, limit: int, cache: Path, batches: int, rounds: int) -> dict:
+    """The loader alone, in this process (no workers, window order, batches of 8): batches per
+    wall second and per CPU second of the process (its fetch threads included; the server's
+    CPU is not), local and S3 (the cache a quarter of the data) taking turns."""
+    from bertforge.data_prep import shard_cache
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import MaskingConfig
+
+    shard_cache.configure(cache, limit)
+    cfg = DataConfig(num_workers=0, data_order="window", window_shards=1)
+    out: dict[str, list] = {"local": [], "s3": []}
+    for rnd in range(rounds):
+        for side in ("local", "s3") if rnd % 2 == 0 else ("s3", "local"):
+            reader = ShardReader(str(shards) if side == "local" else URL)
+            it = iter(build_loader(reader, cfg, MaskingConfig(), micro_batch_size=8))
+            next(it)  # the first shards' arrival left out
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(batches):
+                next(it)
+            out[side].append(
+                {
+                    "batches_per_s": batches / (time.perf_counter() - wall),
+                    "batches_per_cpu_s": batches / (time.process_time() - cpu),
+                }
+            )
+    stats = shard_cache.process_cache().stats()
+    shard_cache.close()
+    cpu = {k: statistics.median(r["batches_per_cpu_s"] for r in v) for k, v in out.items()}
+    return {**out, "cache": stats, "cpu_ratio": cpu["s3"] / cpu["local"], "cpu_median": cpu}
+
+
 def summary(results: list[dict]) -> dict:
     local = [r["local"]["tokens_per_s"] for r in results]
     s3 = [r["s3"]["tokens_per_s"] for r in results]
@@ -197,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=10, help="steps left out of each run's rate")
     p.add_argument("--copies", type=int, default=8, help="copies of the re-cut pydoc corpus")
     p.add_argument("--shard_docs", type=int, default=64, help="documents per shard")
+    p.add_argument(
+        "--loader_batches", type=int, default=2000, help="batches per loader-only round (0: none)"
+    )
     p.add_argument(
         "--nice",
         type=int,
@@ -238,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"(ratio {got['s3']['tokens_per_s'] / got['local']['tokens_per_s']:.3f})",
                 flush=True,
             )
+        loader = None
+        if args.loader_batches:
+            os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
+            loader = loader_rates(shards, limit, work / "cache-loader", args.loader_batches, 4)
+            print(f"loader alone, batches per CPU second: {loader['cpu_median']}", flush=True)
         shutil.rmtree(work, ignore_errors=True)
     finally:
         stop(server)
@@ -249,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "nice": args.nice,
         "rounds": results,
         **summary(results),
+        "loader_alone": loader,
     }
     write_json_atomic(args.out / "object_store.json", report, indent=1)
     s = report
@@ -257,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{s['local_spread'][1]:,.0f}); s3 {s['s3_median']:,.0f} tokens/s (spread "
         f"{s['s3_spread'][0]:,.0f}-{s['s3_spread'][1]:,.0f}); ratio {s['ratio']:.3f}; "
         f"cache limit {limit:,} B = a quarter of {report['train_bytes']:,} B"
+        + (f"; loader alone, S3/local per CPU second {loader['cpu_ratio']:.3f}" if loader else "")
     )
     return 0
 

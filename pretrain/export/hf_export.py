@@ -284,6 +284,36 @@ def _pooler_line(arch: str, nsp: bool) -> str | None:
     return "trained (next-sentence prediction)" if nsp else POOLER_NOTE
 
 
+def _export_to(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`export` with the command's arguments; an ``--output`` URL in object storage is
+    written into a temporary folder here, then uploaded (config.json last)."""
+    store, target, staging = None, args.output, None
+    if is_url(args.output):
+        store = Store(args.output, flag="--output")
+        staging = tempfile.mkdtemp(prefix="bertforge-export-")
+        target = os.path.join(staging, "model")
+    try:
+        res = export(
+            args.run,
+            target,
+            args.checkpoint,
+            verify=not args.no_verify,
+            language=args.language,
+            datasets=args.dataset,
+            average=args.average,
+            ema=args.ema,
+            glue_results=args.glue_results,
+            glue_model=args.glue_model,
+        )
+        if store is not None:
+            store.put_tree(Path(target), last="config.json")
+            res["output"] = store.url_of()
+        return res
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
@@ -331,34 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     quiet_libraries()
     quiet_transformers()
-    staging = None
     try:
-        store, target = None, args.output
-        if is_url(args.output):  # object storage: written here, then uploaded
-            store = Store(args.output, flag="--output")
-            staging = tempfile.mkdtemp(prefix="bertforge-export-")
-            target = os.path.join(staging, "model")
-        res = export(
-            args.run,
-            target,
-            args.checkpoint,
-            verify=not args.no_verify,
-            language=args.language,
-            datasets=args.dataset,
-            average=args.average,
-            ema=args.ema,
-            glue_results=args.glue_results,
-            glue_model=args.glue_model,
-        )
-        if store is not None:
-            store.put_tree(Path(target), last="config.json")
-            res["output"] = store.url_of()
+        res = _export_to(args)
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     what = f"{res['checkpoint']} (step {res['step']})"
     if res["averaged_steps"]:
         steps = ", ".join(str(s) for s in res["averaged_steps"])
