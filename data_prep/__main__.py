@@ -13,7 +13,7 @@ from bertforge.cli import ArgumentParser, add_fields, from_args
 from bertforge.data_prep import extend_tokenizer, remote_build
 from bertforge.data_prep.build import build, merge, prepare
 from bertforge.data_prep.build_config import BuildConfig
-from bertforge.data_prep.object_store import Store
+from bertforge.data_prep.object_store import Store, is_url
 from bertforge.data_prep.overlap import overlap_lines, overlap_report
 from bertforge.data_prep.report import bad_records, bad_records_line, summary, summary_lines, verify
 from bertforge.errors import USER_ERROR_EXIT, UserError
@@ -28,6 +28,11 @@ INTERRUPTED_EXIT = 130  # the shell's status for a command ended by Ctrl-C
 # tokenizer and index once for every part, so it has no partition flags either.
 _NOT_FLAGS = ("max_doc_bytes",)
 _BUILD_ONLY = ("num_partitions", "partition")
+
+
+def _folder(text: str) -> Path | str:
+    """A folder argument: a Path, or a URL as it is (a Path would fold its ``//``)."""
+    return text if is_url(text) else Path(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     v = sub.add_parser("verify", help="recheck every checksum; non-zero exit on the first bad file")
-    v.add_argument("root", type=Path)
+    v.add_argument("root", type=_folder, help="the build's folder, or its URL (s3://...)")
     return p
 
 
@@ -151,7 +156,8 @@ def _run(args: argparse.Namespace, argv: list[str], url: str | None) -> None:
         )
         report(json.dumps(s, indent=1, ensure_ascii=False) if args.json else summary_lines(s))
     else:
-        files = verify(args.root)
+        check = remote_build.verify_remote if is_url(args.root) else verify
+        files = check(args.root)
         report(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,29 @@ def merge_remote(store: Store, staging: Path) -> dict[str, Any]:
     store.remove(WORK_DIR, recursive=True)
     log.info(f"wrote {store.url_of(MANIFEST)}")
     return manifest
+
+
+def verify_remote(url: str) -> list[str]:
+    """``data_prep verify URL``: every shard file of every split fetched through a shard cache
+    (each sha256 checked on arrival; the cache evicts as it goes), the tokenizer checked against
+    the manifest's fingerprint when the folder opens. Returns the files checked; raises
+    StoreError naming the first object that fails."""
+    from bertforge.data_prep import shard_cache  # lazy: the cache and fsspec
+    from bertforge.data_prep.reader import ShardReader
+
+    fresh = Path(tempfile.mkdtemp(prefix="bertforge-verify-"))  # nothing taken from a cache
+    shard_cache.configure(fresh, "2GB")
+    checked = []
+    try:
+        for split in SPLITS:
+            try:
+                reader = ShardReader(url, split)
+            except ValueError:  # no such split in this build
+                continue
+            for unit in reader.units_of(range(len(reader._units))):
+                shard_cache.process_cache().ensure([unit])
+                checked += [f"{split}/{name}" for name in unit.files]
+    finally:
+        shard_cache.close()
+        shutil.rmtree(fresh, ignore_errors=True)
+    return checked

@@ -94,3 +94,22 @@ def test_a_run_folder_in_object_storage_is_refused_with_the_reason(english_shard
     )  # fmt: skip
     assert proc.returncode == 2
     assert "--output_dir s3://runs/x" in proc.stderr and "torch.save" in proc.stderr
+
+
+def test_verify_a_folder_in_the_store(server, english_shards, tmp_path):
+    """data_prep verify URL fetches every shard file (sha256 checked on arrival): ok for the
+    upload, exit 2 naming the object once one is replaced by other bytes of its size."""
+    url = upload_folder(server.endpoint, english_shards, "s3://built/copy")
+    env = {**server.env(), "TMPDIR": str(tmp_path)}
+    proc = run_cli("-m", "bertforge.data_prep", "verify", url, env=env)
+    assert "ok:" in proc.stdout and f"{url}/manifest.json" in proc.stdout
+    fs = s3fs_for(server.endpoint)
+    name = "built/copy/train/shard-00000.tokens"
+    data = fs.cat_file(name)
+    fs.pipe_file(name, bytes([data[0] ^ 1]) + data[1:])
+    bad = run_cli(
+        "-m", "bertforge.data_prep", "verify", url, env={**env, "AWS_MAX_ATTEMPTS": "1"},
+        check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and f"{url}/train/shard-00000.tokens" in bad.stderr
+    assert "checksum" in bad.stderr
