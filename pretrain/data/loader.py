@@ -83,7 +83,7 @@ class DataConfig:
     cache_dir: str = opt(
         "",
         "local folder for shards read from object storage (--data s3://...), a sub-folder per "
-        "rank (default: one per run folder under the system's temporary folder)",
+        "rank; empty: one per run folder under the system's temporary folder",
     )
     cache_limit: str = opt(
         "20GB",
