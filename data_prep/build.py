@@ -42,13 +42,8 @@ from bertforge.data_prep.build_config import (
 )
 from bertforge.data_prep.cleanup import part_owns, staging_path, undo_on_user_error
 from bertforge.data_prep.decontam import NearDuplicateIndex, Signer
-from bertforge.data_prep.input_checks import no_validation_hint
-from bertforge.data_prep.inputs import (
-    DropCounter,
-    InputError,
-    expand_inputs,
-    iter_documents,
-)
+from bertforge.data_prep.input_checks import InputError, no_validation_hint
+from bertforge.data_prep.inputs import DropCounter, expand_inputs, iter_documents
 from bertforge.data_prep.layout import (
     MANIFEST,
     SPLITS,

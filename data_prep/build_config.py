@@ -31,8 +31,8 @@ class BuildConfig:
     fields by data_prep.__main__; each field's help is its flag's)."""
 
     inputs: tuple[str, ...] = opt(
-        help="text/.jsonl/.parquet files (optionally .gz/.zst), folders, globs, or a "
-        "dataset saved with datasets' save_to_disk",
+        help="text/.jsonl/.parquet/.csv/.tsv files (optionally .gz/.zst), folders, globs, or "
+        "a dataset saved with datasets' save_to_disk",
         flags=("--input",),
         metavar="PATH",
     )

@@ -27,6 +27,10 @@ MIN_LINES_FOR_ONE_DOC_HINT = 50  # a file of fewer lines may well be one documen
 LINES_PER_DOC_HINT = 1000
 
 
+class InputError(UserError, ValueError):
+    """An input that cannot be used at all; the message names the file and what to do."""
+
+
 class EncodingError(UserError, ValueError):
     """A text file with more lines that are not UTF-8 than --max_invalid_utf8_share allows."""
 

@@ -1,4 +1,5 @@
-"""Streaming documents out of the input files: text, jsonl, parquet, HF datasets, gzip/zstd.
+"""Streaming documents out of the input files: text, jsonl, gzip/zstd, and the table-shaped
+inputs of :mod:`data_prep.tables` (parquet, CSV/TSV, saved HF datasets).
 
 Everything is read in order and in bounded memory (one line, one record batch or one document at
 a time). Input must be UTF-8; lines end in LF, CRLF or a lone CR (as Python's universal newlines)
@@ -12,8 +13,9 @@ record (decided per input class, tested by tests/data_prep/test_build_fuzz.py):
   cannot be opened;
 - a line (text, jsonl): NUL bytes, invalid UTF-8, longer than `max_line_bytes`;
 - a jsonl record: not JSON, not an object, no text field, a text that is not a string, holds a
-  lone surrogate escape (an invalid \\uD800-\\uDFFF) or is blank; a parquet/dataset value that is
-  null, not a string or blank;
+  lone surrogate escape (an invalid \\uD800-\\uDFFF) or is blank; a parquet/CSV/dataset value
+  that is null, not a string or blank; a CSV/TSV row with another number of fields than its
+  header;
 - a damaged compressed stream (a .gz/.zst cut short or corrupt) or an unreadable parquet row
   group: everything read before the damage is kept, the damage is one bad record (file and line,
   or row), and the rest of the file, from the record in progress on (in blank-line text, the
@@ -21,10 +23,11 @@ record (decided per input class, tested by tests/data_prep/test_build_fuzz.py):
   for one bad download, and the count in the manifest says what was lost.
 
 The build fails instead (InputError, naming the file and what to do) on argument mistakes: a
-path that does not exist, a jsonl file none of whose objects has `--text_field`, a parquet or
-dataset without that column; and (EncodingError) on a text or jsonl file of which more than
-`--max_invalid_utf8_share` of the lines are not UTF-8. What is said about a file as a whole (its
-share of such lines, a text file that makes one document) is :mod:`data_prep.input_checks`.
+path that does not exist, a jsonl file none of whose objects has `--text_field`, a parquet,
+CSV/TSV or dataset without that column; and (EncodingError) on a text or jsonl file of which
+more than `--max_invalid_utf8_share` of the lines are not UTF-8. What is said about a file as a
+whole (its share of such lines, a text file that makes one document) is
+:mod:`data_prep.input_checks`.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from pathlib import Path
 
 from bertforge.cli import opt
 from bertforge.data_prep.compressed import COMPRESSED, STREAM_DAMAGE, open_binary
-from bertforge.data_prep.input_checks import check_encoding, one_document_hint
-from bertforge.errors import UserError
+from bertforge.data_prep.input_checks import InputError, check_encoding, one_document_hint
+from bertforge.data_prep.tables import TABLE_KINDS, hf_documents, table_documents
 from bertforge.logs import get_logger
 
 log = get_logger(__name__)
@@ -57,15 +60,11 @@ _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an invalid byte as surrogateesc
 MAX_BAD_EXAMPLES = 20  # bad records kept (with file and line) in the manifest
 
 
-class InputError(UserError, ValueError):
-    """An input that cannot be used at all; the message names the file and what to do."""
-
-
 @dataclass(frozen=True)
 class InputConfig:
     """How documents are cut out of the input files."""
 
-    text_field: str = opt("text", "jsonl key / parquet column")  # or datasets column
+    text_field: str = opt("text", "jsonl key, or the column of a parquet, CSV/TSV or saved dataset")
     one_doc_per_line: bool = opt(
         False, "text files: one document per line (default: blank-line-separated blocks)"
     )
@@ -127,14 +126,15 @@ class DropCounter:
 
 
 def _kind(path: Path) -> tuple[str, str | None]:
-    """(kind, compression) of a file from its suffixes: kind is text, jsonl or parquet."""
+    """(kind, compression) of a file from its suffixes: kind is text, jsonl, or a table kind
+    (parquet, csv, tsv)."""
     suffixes = [s.lower() for s in path.suffixes]
     compression = COMPRESSED.get(suffixes[-1]) if suffixes else None
     if compression:
         suffixes = suffixes[:-1]
     last = suffixes[-1] if suffixes else ""
-    if last == ".parquet":
-        return "parquet", compression
+    if last in TABLE_KINDS:
+        return TABLE_KINDS[last], compression
     return ("jsonl" if last in _JSONL else "text"), compression
 
 
@@ -156,7 +156,7 @@ def _walk(folder: Path) -> list[Path]:
             suffixes = [s.lower() for s in child.suffixes]
             if suffixes and suffixes[-1] in COMPRESSED:
                 suffixes = suffixes[:-1]
-            if suffixes and suffixes[-1] in (_TEXT | _JSONL | {".parquet"}):
+            if suffixes and suffixes[-1] in (_TEXT | _JSONL | set(TABLE_KINDS)):
                 found.append(child)
             else:
                 log.warning(
@@ -397,81 +397,6 @@ def _jsonl_documents(
         )
 
 
-def _column_documents(
-    batches: Iterator[list], where: str, drops: DropCounter
-) -> Iterator[tuple[str, str]]:
-    row = 0
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except Exception as e:  # pyarrow raises several types for a damaged row group
-            drops.drop(
-                "corrupt_file",
-                f"{where} row {row + 1}",
-                f"unreadable from here ({type(e).__name__}: {e}); the {row} rows before are "
-                "kept, the rest of the file is lost. Re-create or re-download it to keep it",
-            )
-            return
-        for text in batch:
-            row += 1
-            if text is None:
-                drops.drop("null_text", f"{where} row {row}", "value is null")
-            elif not isinstance(text, str):
-                drops.drop("column_not_text", f"{where} row {row}", f"{type(text).__name__} value")
-            elif not text.strip():
-                drops.drop("empty_document", f"{where} row {row}", "empty text")
-            else:
-                yield text.strip(), f"{where} row {row}"
-
-
-def _parquet_documents(
-    path: Path, cfg: InputConfig, drops: DropCounter
-) -> Iterator[tuple[str, str]]:
-    # Lazy: pyarrow only for parquet inputs.
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several types for a bad file
-        drops.drop(
-            "corrupt_file",
-            str(path),
-            f"not a readable parquet file ({type(e).__name__}: {e}); re-create or re-download it",
-        )
-        return
-    names = pf.schema_arrow.names
-    if cfg.text_field not in names:
-        raise InputError(
-            f"{path}: no column {cfg.text_field!r} (columns: {names}); pass --text_field COLUMN."
-        )
-    batches = (
-        b.column(0).to_pylist() for b in pf.iter_batches(batch_size=1024, columns=[cfg.text_field])
-    )
-    yield from _column_documents(batches, str(path), drops)
-
-
-def _hf_documents(path: Path, cfg: InputConfig, drops: DropCounter) -> Iterator[tuple[str, str]]:
-    # Lazy: datasets takes seconds to import; only saved Hugging Face datasets need it.
-    import datasets
-
-    loaded = datasets.load_from_disk(str(path))
-    parts = (
-        [(name, loaded[name]) for name in sorted(loaded)]
-        if isinstance(loaded, datasets.DatasetDict)
-        else [("", loaded)]
-    )
-    for name, ds in parts:
-        if cfg.text_field not in ds.column_names:
-            raise InputError(
-                f"{path}{'/' + name if name else ''}: no column {cfg.text_field!r} "
-                f"(columns: {ds.column_names}); pass --text_field COLUMN."
-            )
-        batches = (b[cfg.text_field] for b in ds.select_columns([cfg.text_field]).iter(1024))
-        yield from _column_documents(batches, f"{path}{'/' + name if name else ''}", drops)
-
-
 def iter_located_documents(
     files: list[Path], cfg: InputConfig, drops: DropCounter
 ) -> Iterator[tuple[str, str]]:
@@ -479,13 +404,13 @@ def iter_located_documents(
     never empty; where is "FILE:LINE" (text: the document's first line) or "FILE row N"."""
     for path in files:
         if _is_hf_dataset(path):
-            yield from _hf_documents(path, cfg, drops)
+            yield from hf_documents(path, cfg.text_field, drops)
             continue
         if path.is_dir():
             raise InputError(f"{path} is a folder, not a saved HF dataset; pass its files.")
         kind, compression = _kind(path)
-        if kind == "parquet":
-            yield from _parquet_documents(path, cfg, drops)
+        if kind in TABLE_KINDS.values():
+            yield from table_documents(path, kind, compression, cfg.text_field, drops)
         elif kind == "jsonl":
             yield from _jsonl_documents(path, compression, cfg, drops)
         else:

@@ -367,6 +367,7 @@ def open_metrics(cfg: TrainConfig, place: StepSetup, start_step: int, model, run
         monitor=place.engine.monitor if place.rank == 0 else None,
         progress=cfg.log.progress,
         progress_interval_s=cfg.log.progress_interval_s,
+        loss_scaling=run.setup.precision == "fp16",
     )
 
 

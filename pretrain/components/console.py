@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def progress_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """The fields of the training progress line (a tqdm bar's postfix, or a plain line)."""
+def progress_fields(record: dict[str, Any], loss_scaling: bool = False) -> dict[str, Any]:
+    """The fields of the training progress line (a tqdm bar's postfix, or a plain line); the loss
+    scale only for a run that scales its loss (fp16): elsewhere it is always 1 and says nothing."""
     if "rtd_loss" in record:
         fields = {
             "gen_mlm_loss": record["mlm_loss"],
@@ -27,12 +28,10 @@ def progress_fields(record: dict[str, Any]) -> dict[str, Any]:
         }
     else:
         fields = {"loss": record["loss"]}
-    return {
-        **fields,
-        "lr": record["lr"],
-        "tok_s": round(record["tokens_per_s"]),
-        "scale": record.get("loss_scale"),
-    }
+    fields |= {"lr": record["lr"], "tok_s": round(record["tokens_per_s"])}
+    if loss_scaling:
+        fields["scale"] = record.get("loss_scale")
+    return fields
 
 
 def validation_line(record: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from bertforge import preemption
-from bertforge.logs import get_logger
+from bertforge.logs import DEEPSPEED_OP_LOADED, get_logger, without_printed
 from bertforge.pretrain.components import op_builds, shm_buffers, watchdog
 
 log = get_logger(__name__)
@@ -252,7 +252,8 @@ def init_distributed(
     backend = accel.communication_backend_name()
     timeout = timedelta(seconds=timeout_s)
     if dist.is_initialized():  # a second call in one process (tests, notebooks): reuse the group
-        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+        with without_printed(DEEPSPEED_OP_LOADED):
+            deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
         return DistInfo(
             dist.get_rank(),
             dist.get_world_size(),
@@ -297,8 +298,10 @@ def init_distributed(
         timeout=timeout,
         **kwargs,
     )
-    # DeepSpeed adopts the initialised torch group (and picks the same backend name).
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    # DeepSpeed adopts the initialised torch group (and picks the same backend name); on a CPU it
+    # prints that its shared-memory op "built successfully" at every launch, on every rank
+    with without_printed(DEEPSPEED_OP_LOADED):
+        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     if accel.device_name() == "cpu":  # its shared-memory all-reduce: nothing left in /dev/shm
         shm_buffers.release_after_init(info.rank, info.world_size)
     return info

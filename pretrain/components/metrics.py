@@ -114,6 +114,7 @@ class MetricsWriter:
         monitor: Any = None,
         progress: str | bool = "auto",
         progress_interval_s: float = 0.0,
+        loss_scaling: bool = False,
     ) -> None:
         self.rank = rank
         self.log_interval = max(1, log_interval)
@@ -121,6 +122,7 @@ class MetricsWriter:
         self.peak_tflops = peak_tflops
         self.world_size = world_size
         self.monitor = monitor
+        self.loss_scaling = loss_scaling
         self._file = None
         self._bar = None
         if rank != 0:
@@ -164,7 +166,7 @@ class MetricsWriter:
         self._file.flush()
         step = record["step"]
         if self._bar is not None:
-            self._bar.update(1, **progress_fields(record))
+            self._bar.update(1, **progress_fields(record, self.loss_scaling))
         if (
             self.monitor is not None
             and getattr(self.monitor, "enabled", False)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
+from bertforge.data_prep.layout import WORK_DIR
 from bertforge.data_prep.object_store import is_url
 from bertforge.data_prep.progress import normalize_mode
 from bertforge.data_prep.remote_folder import parse_size
@@ -42,6 +43,7 @@ from bertforge.pretrain.data.glue.readers import GlueDataError
 from bertforge.pretrain.data.glue.spec import is_benchmark_spec, load_spec
 from bertforge.pretrain.model.document_attention import AttentionError
 from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset, resolve_attention
+from bertforge.pretrain.model.run_checkpoints import list_complete
 from bertforge.pretrain.model.sharing import (
     layer_groups,  # (a --config_json depth: again at build)
 )
@@ -402,6 +404,34 @@ def _refuse_run_urls(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             )
 
 
+def _not_shards(path: Path) -> str:
+    """What --data names when it is no shard folder, and the build that makes one: a newcomer
+    gives the text itself (before, the advice was to build *into* their text file)."""
+    if (path / WORK_DIR).is_dir():
+        return (
+            f"--data {path}: an unfinished build (its {WORK_DIR} folder is there, no "
+            "manifest.json yet); run the same `python -m data_prep build` command again to "
+            "finish it"
+        )
+    if path.is_file() or (path.is_dir() and not any(path.glob("*/manifest.json"))):
+        what = "a file" if path.is_file() else "a folder without a manifest.json"
+        return (
+            f"--data {path}: {what}, not a shard folder; --data takes the output of "
+            f"`python -m data_prep build --input {path} --output SHARDS` (build it first, then "
+            "--data SHARDS)"
+        )
+    if path.is_dir():  # a folder of builds: name them
+        builds = sorted(str(m.parent) for m in path.glob("*/manifest.json"))
+        return (
+            f"--data {path}: no manifest.json there; it holds the shard folders {builds}: give "
+            "one of them"
+        )
+    return (
+        f"--data {path}: no such folder (or an incomplete build); run `python -m data_prep "
+        f"build --input TEXT --output {path}` first"
+    )
+
+
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
     if not cfg.run.data_sources:
@@ -416,11 +446,7 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
         if is_url(s.path):  # object storage: its manifest is read when the shards open
             continue
         if not Path(s.path, "manifest.json").is_file():
-            parser.error(
-                f"--data {s.path}: no manifest.json there (missing folder or an "
-                "incomplete build); run `python -m data_prep build --output "
-                f"{s.path} ...` first"
-            )
+            parser.error(_not_shards(Path(s.path)))
     if not Path(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     downstream = cfg.log.downstream_eval
@@ -442,3 +468,11 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")
+    done = list_complete(Path(cfg.run.output_dir) / "checkpoints") if r == "none" else []
+    if done and not cfg.run.dry_run:
+        # a fresh run there replaced the old one's metrics.jsonl and mixed their checkpoints
+        parser.error(
+            f"--output_dir {cfg.run.output_dir} already holds a run (complete checkpoints up to "
+            f"step {done[-1][0]}): continue it with --resume auto, or give another --output_dir "
+            "(to start over there, remove the folder first)"
+        )

@@ -232,6 +232,11 @@ def load_phase_file(path: str | Path) -> list[Phase]:
 
 
 def _check_divisible(value: int, block: int, where: str) -> None:
+    if value < block:
+        raise PhasePlanError(
+            f"{where}: {value} is smaller than micro batch x world size = {block}; every "
+            f"global batch of the plan must be a multiple of {block} (the micro-batch stays fixed)"
+        )
     if value % block:
         raise PhasePlanError(
             f"{where}: {value} is not divisible by micro batch x world size = {block}; every "

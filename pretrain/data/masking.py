@@ -43,7 +43,7 @@ class MaskingConfig:
         0.15, "fraction of maskable tokens selected (the start value of a schedule)"
     )
     mask_prob_end: float | None = opt(
-        None, "end value of a linear schedule; None keeps mask_prob constant"
+        None, "end value of a linear schedule; unset, mask_prob stays constant"
     )
     schedule_samples: int = opt(
         0, "global samples over which mask_prob goes linearly to mask_prob_end"
@@ -52,7 +52,7 @@ class MaskingConfig:
     random_token_frac: float = opt(
         0.1, "fraction of the selected tokens replaced by a random token"
     )
-    max_predictions: int | None = opt(None, "cap on selected tokens per sequence (None: no cap)")
+    max_predictions: int | None = opt(None, "cap on selected tokens per sequence (unset: no cap)")
     whole_word: bool = opt(False, "select whole words / protected terms (word-start bits) as units")
     seed: int = opt(1234, "masking seed: with (epoch, sample index) it fixes every mask")
     static_masking: bool = opt(

@@ -290,6 +290,10 @@ def probe_rows(
         local = host == LOCAL or here
         return run_probe(None if local else host, command, ssh_args, opts.ssh_timeout)
 
+    # the probe imports torch and DeepSpeed: seconds in which nothing else would be printed
+    where = "this machine" if here or list(hosts) == [LOCAL] else f"{len(hosts)} host(s)"
+    if not cfg.run.json:  # --json: stdout is the JSON alone
+        log.info(f"probing {where} (versions, devices, data, memory, disk) ...")
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         results = dict(zip(hosts, pool.map(probe, hosts)))
     probes, rows = {}, []

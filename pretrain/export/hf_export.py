@@ -50,6 +50,7 @@ from bertforge.pretrain.export.hf_extras import (
     trained_length,
 )
 from bertforge.pretrain.export.model_card import benchmark_section, write_model_card
+from bertforge.pretrain.export.probe import ProbeText, held_out_text
 from bertforge.pretrain.export.verify import (
     GENERATOR_DIR,
     check_lines,
@@ -136,12 +137,14 @@ def export(
     ema: bool = False,
     glue_results: str | None = None,
     glue_model: str | None = None,
+    probe_text: str | None = None,
 ) -> dict[str, Any]:
     """Write the HF folder for the newest complete checkpoint of ``run`` (or ``checkpoint``, or
     the mean of the checkpoints ``average`` names: ``last:K`` or steps ``100,200``), with a model
     card (README.md; ``language`` and ``datasets`` go into its YAML header). ``ema``: the
     checkpoint's EMA weights (``--ema`` of the trainer) instead of its weights. ``glue_results``:
-    a glue.json (or clue.json) of ``pretrain.evaluate`` whose row ``glue_model`` joins the card."""
+    a glue.json (or clue.json) of ``pretrain.evaluate`` whose row ``glue_model`` joins the card.
+    ``probe_text``: the check's text (default: held-out text of the run's data)."""
     import torch
 
     # a bad results file fails before any weight is read
@@ -190,10 +193,16 @@ def export(
         if generator is not None:
             result["generator"] = str(output / GENERATOR_DIR)
             _save_generator(tmp / GENERATOR_DIR, *generator, tok)
+        if verify:
+            probe = ProbeText(probe_text, "--probe_text") if probe_text else None
+            probe = probe or held_out_text(state, tok)
+            result["probe_source"] = probe.source
         if verify and rtd:
-            result.update(verify_rtd_export(tmp, model.hf_architecture, generator is not None))
+            result.update(
+                verify_rtd_export(tmp, model.hf_architecture, generator is not None, probe.text)
+            )
         elif verify:
-            result.update(verify_export(tmp, nsp, pooler=pooler))
+            result.update(verify_export(tmp, nsp, pooler=pooler, probe=probe.text))
     return result
 
 
@@ -304,6 +313,7 @@ def _export_to(args: argparse.Namespace) -> dict[str, Any]:
             ema=args.ema,
             glue_results=args.glue_results,
             glue_model=args.glue_model,
+            probe_text=args.probe_text,
         )
         if store is not None:
             store.put_tree(Path(target), last="config.json")
@@ -341,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         help="export the checkpoint's EMA weights (a run trained with --ema DECAY)",
     )
     p.add_argument("--no_verify", action="store_true", help="skip the transformers reload check")
+    p.add_argument(
+        "--probe_text",
+        default=None,
+        metavar="TEXT",
+        help="the check's text: one word of it is masked for fill-mask (RTD: one token replaced); "
+        "default: a passage of the run's held-out data, in its language and domain",
+    )
     p.add_argument("--language", nargs="+", default=[], help="model card: language codes (en zh)")
     p.add_argument(
         "--dataset",

@@ -1,11 +1,13 @@
 """The export's own check: reload the written folder with transformers (every key accounted
 for) and show what it predicts, each prediction with the sentence it was made on.
 
-- A masked LM (and BERT's NSP model): fill-mask on :data:`FILL_MASK_SENTENCE`.
+The text is the probe (:mod:`pretrain.export.probe`: held-out text of the run by default).
+
+- A masked LM (and BERT's NSP model): fill-mask on the probe with one word masked, and the word.
 - A replaced-token-detection export: the discriminator is no masked LM, so its check is the
-  detection itself: one token of :data:`DETECTION_SENTENCE` replaced by another token of the
-  sentence, and the probability of "replaced" it gives each token. Fill-mask runs on the
-  generator (``GENERATOR_DIR``) where the arch's generator is exported, and says so.
+  detection itself: one token of the probe replaced by another token of it, and the probability
+  of "replaced" it gives each token. Fill-mask runs on the generator (``GENERATOR_DIR``) where
+  the arch's generator is exported, and says so.
 
 Imports inside functions here: transformers takes seconds to import; only writing and checking a
 folder needs it, not ``--help``.
@@ -18,12 +20,11 @@ from typing import Any
 
 from bertforge.logs import transformers_errors_only
 from bertforge.pretrain.export.hf_extras import POOLER_KEYS
+from bertforge.pretrain.export.probe import FALLBACK_TEXT, mask_one_word
 from bertforge.pretrain.model.run_checkpoints import CheckpointError
 
 #: where an RTD export puts its generator (ElectraForMaskedLM), inside the export folder
 GENERATOR_DIR = "generator"
-FILL_MASK_SENTENCE = "The function returns a {mask} of values."
-DETECTION_SENTENCE = "The function returns a list of values."
 
 
 def load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -39,12 +40,12 @@ def load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, A
 
 
 def verify_export(
-    out: Path, nsp: bool, mask_token: str | None = None, pooler: bool = False
+    out: Path, nsp: bool, pooler: bool = False, probe: str = FALLBACK_TEXT
 ) -> dict[str, Any]:
     """Load ``out`` with transformers (strict key check; with ``pooler``, a masked-LM BERT's
     added pooler is the only key its masked-LM class does not use, and ``AutoModel`` misses
-    nothing) and run fill-mask; returns the architecture and ``fill_mask``: a list of
-    ``{"sentence", "predictions"}`` (the top 3)."""
+    nothing) and run fill-mask on ``probe`` with one word masked; returns the architecture and
+    ``fill_mask``: a list of ``{"sentence", "answer", "predictions"}`` (the top 3)."""
     import transformers
 
     auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM
@@ -58,12 +59,14 @@ def verify_export(
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
     with transformers_errors_only():  # the pooler's report: checked above
         fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")
-    sentence = FILL_MASK_SENTENCE.format(mask=mask_token or fill.tokenizer.mask_token)
-    fills = [{"sentence": sentence, "predictions": fill(sentence, top_k=3)}]
+    sentence, answer = mask_one_word(fill.tokenizer, probe)
+    fills = [{"sentence": sentence, "answer": answer, "predictions": fill(sentence, top_k=3)}]
     return {"architecture": type(model).__name__, "fill_mask": fills}
 
 
-def verify_rtd_export(out: Path, architecture: str, generator: bool) -> dict[str, Any]:
+def verify_rtd_export(
+    out: Path, architecture: str, generator: bool, probe: str = FALLBACK_TEXT
+) -> dict[str, Any]:
     """Load an RTD export with transformers (strict key check): the discriminator with its class
     and its replaced-token detection (:func:`detect_replaced`), the generator (if exported) with
     AutoModelForMaskedLM and its fill-mask."""
@@ -74,10 +77,10 @@ def verify_rtd_export(out: Path, architecture: str, generator: bool) -> dict[str
     if bad:
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
-    res = verify_export(out / GENERATOR_DIR, nsp=False) if generator else {}
+    res = verify_export(out / GENERATOR_DIR, nsp=False, probe=probe) if generator else {}
     return {
         "architecture": type(model).__name__,
-        "detection": detect_replaced(model, tokenizer, DETECTION_SENTENCE),
+        "detection": detect_replaced(model, tokenizer, probe),
         "fill_mask": res.get("fill_mask", []),
     }
 
@@ -116,6 +119,8 @@ def check_lines(res: dict[str, Any]) -> list[str]:
     """What the export's check found (``res``: the export's result, whose "generator" is where
     an RTD export's generator went), one line per sentence, for the command's report."""
     lines = []
+    if res.get("probe_source"):
+        lines.append(f"  probe: {res['probe_source']} (--probe_text TEXT for another)")
     if "detection" in res:
         det = res["detection"]
         swap = det["replaced"]
@@ -137,5 +142,7 @@ def check_lines(res: dict[str, Any]) -> list[str]:
     where = f" (the generator, {res['generator']})" if generator else ""
     for fill in res.get("fill_mask", []):
         preds = ", ".join(f"{p['token_str']!r} {p['score']:.3f}" for p in fill["predictions"])
-        lines.append(f"  fill-mask{where} on {fill['sentence']!r}: {preds}")
+        lines.append(
+            f"  fill-mask{where} on {fill['sentence']!r} (the word: {fill['answer']!r}): {preds}"
+        )
     return lines

@@ -18,11 +18,14 @@ against this run's data and model, are :mod:`pretrain.components.resume`; saving
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import UserError
@@ -190,9 +193,23 @@ def consolidated_state_dict(ckpt: Path) -> dict[str, Any]:
     """fp32 weights of a ZeRO-2/3 checkpoint folder (all ranks' shards merged)."""
     # Lazy: deepspeed takes seconds to import; the commands that import this module without running
     # a job (--help, the doctor) do without it.
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils import zero_to_fp32
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    # DeepSpeed's script prints its bookkeeping ("Processing zero checkpoint", the parameter
+    # counts) and draws a progress bar per file: a script's output, not a command's, so both
+    # are kept off ours (its errors are exceptions and still reach the caller)
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        mock.patch.object(zero_to_fp32, "tqdm", _no_bar),
+    ):
+        return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+            str(ckpt.parent), tag=ckpt.name
+        )
+
+
+def _no_bar(iterable, *args, **kwargs):
+    """tqdm's call, without the bar."""
+    return iterable
 
 
 def run_tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:

@@ -208,6 +208,8 @@ def test_trainer_help_says_where_each_default_comes_from_once():
     parser, _ = trainer_parser()
     text = " ".join(parser.format_help().split())
     assert "DeepSpeed config's (default: None)" not in text
+    assert "None" not in text  # Python's word for unset: "(default: unset)" and "unset: ..."
+    assert "schedule; unset, mask_prob stays constant (default: unset)" in text
     assert "sequences per forward pass per rank (default: the DeepSpeed JSON's, else 32)" in text
     assert "peak learning rate (default: the DeepSpeed JSON's, else 0.0001)" in text
     for action in parser._actions:  # every flag has its field's help, not only a default
@@ -243,3 +245,30 @@ def test_every_entry_point_gives_the_short_error(module, capsys):
     assert len(err) == 2 and "usage:" not in "".join(err), err
     assert err[0].endswith("error: unrecognized argument --no_such_flag_here"), err
     assert err[1].startswith("see `") and err[1].endswith(" --help`"), err
+
+
+def test_data_that_is_no_shard_folder_is_named_with_the_build_that_makes_one(
+    english_shards, tmp_path, capsys
+):
+    # a newcomer's first try: --data pointed at the text (before, the advice was to build
+    # *into* the text file: `data_prep build --output corpus.txt`)
+    from bertforge.pretrain.config.cli import parse_args
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("one paragraph\n\nanother\n", encoding="utf-8")
+    unfinished = tmp_path / "half"
+    (unfinished / ".work").mkdir(parents=True)
+    expect = {
+        text: f"a file, not a shard folder; --data takes the output of `python -m data_prep "
+        f"build --input {text} --output SHARDS`",
+        tmp_path: f"a folder without a manifest.json, not a shard folder; --data takes the "
+        f"output of `python -m data_prep build --input {tmp_path} --output SHARDS`",
+        english_shards.parent: f"it holds the shard folders ['{english_shards}']: give one",
+        unfinished: "an unfinished build (its .work folder is there, no manifest.json yet)",
+        tmp_path / "nope": "no such folder (or an incomplete build); run `python -m data_prep "
+        f"build --input TEXT --output {tmp_path / 'nope'}` first",
+    }
+    for data, message in expect.items():
+        err = _exit_2(parse_args, ["--data", str(data), "--dry-run"], capsys)
+        assert err[0].startswith(f"pretrain/main.py: error: --data {data}: "), err
+        assert message in err[0], err

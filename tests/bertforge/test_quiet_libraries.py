@@ -47,6 +47,22 @@ def test_deepspeeds_cpu_note_is_dropped_and_its_warnings_kept():
     assert collect.messages == ["a real warning: the loss scale is at its minimum"]
 
 
+def test_torchs_deprecation_of_deepspeeds_gather_is_dropped_and_other_warnings_kept():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_libraries()
+        warnings.warn(
+            "`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
+            "`torch.distributed.all_gather_single` instead.",
+            FutureWarning,
+            stacklevel=1,
+        )
+        warnings.warn("`torch.distributed.scatter` is deprecated.", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["`torch.distributed.scatter` is deprecated."]
+
+
 def test_the_dry_run_no_longer_prints_deepspeeds_cpu_note(english_shards):
     if not torch.cuda.is_available():  # where DeepSpeed says it: at its import, here
         bare = run_cli("-c", "import deepspeed")
@@ -89,3 +105,19 @@ def test_a_quieted_load_gives_transformers_warnings_back_even_when_it_fails():
         assert hf_logging.get_verbosity() == logging.WARNING
     finally:
         hf_logging.set_verbosity(level)
+
+
+def test_deepspeeds_op_line_is_dropped_and_every_other_printed_line_kept(capsys):
+    from bertforge.logs import DEEPSPEED_OP_LOADED, without_printed
+
+    with without_printed(DEEPSPEED_OP_LOADED):
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        print("a line DeepSpeed prints that a user needs")
+    assert capsys.readouterr().out == "a line DeepSpeed prints that a user needs\n"
+    try:
+        with without_printed(DEEPSPEED_OP_LOADED):
+            print("said before a failure")
+            raise RuntimeError("the op did not load")
+    except RuntimeError:
+        pass
+    assert capsys.readouterr().out == "said before a failure\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import os
@@ -82,6 +83,14 @@ def test_every_input_format_gives_the_same_shards(tmp_path, capsys, tok, docs):
     )
     pq.write_table(pa.table({"text": docs, "n": list(range(len(docs)))}), tmp_path / "e.parquet")
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "f_dataset"))
+    # CSV as spreadsheets and csv writers make it: a header, quoted fields holding newlines and
+    # commas (and TSV, gzipped)
+    for name, sep in (("i.csv", ","), ("j.tsv", "\t")):
+        with open(tmp_path / name, "w", newline="", encoding="utf-8") as f:
+            rows = csv.writer(f, delimiter=sep)
+            rows.writerow(["id", "text"])
+            rows.writerows(enumerate(docs))
+    (tmp_path / "j.tsv.gz").write_bytes(gzip.compress((tmp_path / "j.tsv").read_bytes()))
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "1.txt").write_text("".join(d + "\n\n" for d in docs[:8]))
     (tmp_path / "g" / "2.txt.gz").write_bytes(
@@ -103,6 +112,8 @@ def test_every_input_format_gives_the_same_shards(tmp_path, capsys, tok, docs):
         "zstd": [tmp_path / "d.txt.zst"],
         "parquet": [tmp_path / "e.parquet"],
         "hf_dataset": [tmp_path / "f_dataset"],
+        "csv": [tmp_path / "i.csv"],
+        "tsv_gz": [tmp_path / "j.tsv.gz"],
         "folder": [tmp_path / "g"],
         "glob": [str(tmp_path / "h" / "*.jsonl")],
     }.items():
@@ -219,6 +230,22 @@ def test_unusable_inputs_fail_clearly_and_leave_no_manifest(tmp_path, capsys, to
     pq.write_table(pa.table({"content": ["a b c"]}), tmp_path / "p.parquet")
     rc, err = build(capsys, [tmp_path / "p.parquet"], tmp_path / "o3", tokenizer=tok)
     assert rc == 2 and "p.parquet" in err and "content" in err
+
+    # a CSV is a table, not text: its header names the column, a row of the wrong width is one
+    # counted bad record (before: read as text, header and quotes into the shards)
+    (tmp_path / "t.csv").write_text('id,body\n1,"a b, c"\n2,x,y\n3,"d\ne f"\n')
+    rc, err = build(capsys, [tmp_path / "t.csv"], tmp_path / "o5", tokenizer=tok)
+    assert rc == 2 and "t.csv" in err and "no column 'text'" in err and "'body'" in err
+    rc, err = build(
+        capsys, [tmp_path / "t.csv"], tmp_path / "o5", "--text_field", "body", tokenizer=tok
+    )
+    assert rc == 0, err
+    bad = manifest(tmp_path / "o5")["bad_records"]
+    assert bad["by_reason"] == {"csv_bad_row": 1} and "2,x,y" in bad["examples"][0]["detail"]
+    reader = ShardReader(tmp_path / "o5")
+    splits = manifest(tmp_path / "o5")["splits"]
+    assert splits["train"]["documents"] + splits["validation"]["documents"] == 2
+    assert all(reader[i].input_ids.size for i in range(len(reader)))
 
     (tmp_path / "empty.txt").write_text("")
     rc, err = build(capsys, [tmp_path / "empty.txt"], tmp_path / "o4", tokenizer=tok)

@@ -117,8 +117,9 @@ def test_a_export_is_electra_for_pretraining_with_its_generator(rtd_runs, tmp_pa
     # the discriminator's check is its detection; fill-mask is the generator's (issue 55)
     assert len(res["detection"]["pieces"]) > 2 and res["fill_mask"][0]["predictions"]
     lines = check_lines(res)
-    assert lines[0].startswith("  replaced-token detection on ")
-    assert lines[1].startswith(f"  fill-mask (the generator, {out / 'generator'}) on ")
+    assert lines[0].startswith("  probe: validation text of ")  # the run's own held-out text
+    assert lines[1].startswith("  replaced-token detection on ")
+    assert lines[2].startswith(f"  fill-mask (the generator, {out / 'generator'}) on ")
     disc, info = transformers.ElectraForPreTraining.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info
     gen, info = transformers.ElectraForMaskedLM.from_pretrained(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.commands import REPO
+from helpers.commands import REPO, run_cli
 from helpers.launch import COMMON, assert_loss_falls, ds_config, launch, launch_cmd, losses
 from helpers.shm import left_in_shm, port_of
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 def zero2_run(english_shards, tmp_path_factory) -> Path:
     """2 ranks, ZeRO-2, 8 steps, checkpoints at 4 and 8, validation at 4 and at the end."""
     run = tmp_path_factory.mktemp("zero2") / "run"
-    launch(
+    proc = launch(
         [
             "--ds_config",
             str(REPO / "ds_configs" / "cpu.json"),
@@ -51,7 +51,30 @@ def zero2_run(english_shards, tmp_path_factory) -> Path:
         ]
         + COMMON
     )
+    (run.parent / "launch_output.txt").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return run
+
+
+def test_no_rank_prints_deepspeeds_routine_chatter(zero2_run):
+    out = (zero2_run.parent / "launch_output.txt").read_text(encoding="utf-8")
+    assert "all_gather_into_tensor" not in out  # a user can do nothing about DeepSpeed's call
+    assert "built successfully" not in out  # DeepSpeed's shm op line, each launch, each rank
+
+
+def test_a_fresh_run_into_a_folder_that_holds_a_run_is_refused(zero2_run, english_shards):
+    # before: it trained, replaced the run's metrics.jsonl and mixed its checkpoints with the
+    # old run's, under the default --resume none (issue 55's second newcomer pass)
+    before = {p: p.read_bytes() for p in (zero2_run / "metrics.jsonl", zero2_run / "config.json")}
+    data = ["--data", str(english_shards), "--output_dir", str(zero2_run)]
+    proc = run_cli("pretrain/main.py", *data, *COMMON, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (
+        f"--output_dir {zero2_run} already holds a run (complete checkpoints up to step 8): "
+        "continue it with --resume auto, or give another --output_dir"
+    ) in proc.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    assert [s for s, _ in list_complete(zero2_run / "checkpoints")] == [4, 8]
+    assert run_cli("pretrain/main.py", *data, "--dry-run").returncode == 0  # it writes nothing
 
 
 def test_zero2_trains_and_writes_run_folder(zero2_run):

@@ -16,8 +16,11 @@ DATA = REPO / "tests" / "data"
 def run_cli(
     *args: str, check: bool = True, env: dict | None = None, timeout: int = 600, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
-    """Run `python -m ...` the way a user would; returns the completed process (text output)."""
-    full_env = {**os.environ, **(env or {})}
+    """Run `python -m ...` the way a user would; returns the completed process (text output).
+    The repository leads PYTHONPATH (as in :func:`helpers.launch.launch`): a checkout's tests run
+    that checkout's code, not whichever checkout the editable install points at."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     proc = subprocess.run(
         [sys.executable, *args],
         cwd=cwd,

@@ -75,7 +75,8 @@ def test_the_console_shows_an_rtd_runs_networks_apart():
     assert fields["disc_rec"] == pytest.approx(2 / 141) and fields["tok_s"] == 900
     mlm = _step(loss_record(dict.fromkeys(STEP_SUMS, 0.0) | {"mlm_loss": 7.2}, 150.0, 1))
     mlm["tokens_per_s"] = 900.0
-    assert list(progress_fields(mlm)) == ["loss", "lr", "tok_s", "scale"]
+    assert list(progress_fields(mlm)) == ["loss", "lr", "tok_s"]  # no loss scale but in fp16
+    assert list(progress_fields(mlm, loss_scaling=True)) == ["loss", "lr", "tok_s", "scale"]
     val = validation_record(4, 700.0, 10.0, 100.0, 400.0, 858.0, 1000.0, 141.0, 2.0, 3.0)
     assert validation_line(val) == (
         "validation step 4: generator MLM loss 7.0000 accuracy 0.1000 perplexity 1096.63; "

@@ -154,7 +154,10 @@ def test_duplicate_names_refused(tmp_path):
 
 
 def test_ramp_not_divisible_by_micro_times_world_names_the_key(tmp_path):
-    with pytest.raises(PhasePlanError, match=r"key 'batch.start'.*micro batch x world size = 16"):
+    # a ramp's start below one micro batch per rank is "smaller than", not "not divisible"
+    with pytest.raises(
+        PhasePlanError, match=r"key 'batch.start'.*smaller than micro batch x world size = 16"
+    ):
         resolved(tmp_path, world=4, micro=4, glob=32)
 
 
