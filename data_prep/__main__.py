@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from bertforge.cli import ArgumentParser, add_fields, from_args
-from bertforge.data_prep import extend_tokenizer
+from bertforge.data_prep import extend_tokenizer, remote_build
 from bertforge.data_prep.build import build, merge, prepare
 from bertforge.data_prep.build_config import BuildConfig
+from bertforge.data_prep.object_store import Store, is_url
 from bertforge.data_prep.overlap import overlap_lines, overlap_report
 from bertforge.data_prep.report import bad_records, bad_records_line, summary, summary_lines, verify
 from bertforge.errors import USER_ERROR_EXIT, UserError
@@ -27,6 +28,11 @@ INTERRUPTED_EXIT = 130  # the shell's status for a command ended by Ctrl-C
 # tokenizer and index once for every part, so it has no partition flags either.
 _NOT_FLAGS = ("max_doc_bytes",)
 _BUILD_ONLY = ("num_partitions", "partition")
+
+
+def _folder(text: str) -> Path | str:
+    """A folder argument: a Path, or a URL as it is (a Path would fold its ``//``)."""
+    return text if is_url(text) else Path(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     v = sub.add_parser("verify", help="recheck every checksum; non-zero exit on the first bad file")
-    v.add_argument("root", type=Path)
+    v.add_argument("root", type=_folder, help="the build's folder, or its URL (s3://...)")
     return p
 
 
@@ -94,33 +100,46 @@ def _report_built(m: dict, out: Path) -> None:
             f"{d['train_documents_checked']:,} training documents dropped as near-duplicates "
             f"of {d['validation_documents_indexed']:,} validation documents"
         )
-    report([*lines, f"wrote {out / 'manifest.json'}"])
+    report([*lines, f"wrote {out}/manifest.json"])
 
 
-def _build_or_prepare(args: argparse.Namespace, argv: list[str] | None) -> None:
+def _build_or_prepare(args: argparse.Namespace, argv: list[str], url: str | None) -> None:
     cfg = from_args(BuildConfig, args)
+    store = None
+    if url:  # object storage: built in a staging folder, then uploaded (data_prep.remote_build)
+        partitioned = cfg.num_partitions > 1
+        store = remote_build.before(args.command, url, cfg.output, cfg.overwrite, partitioned)
     if args.command == "prepare":
         out = prepare(cfg)
+        if store is not None:
+            remote_build.after("prepare", store, cfg.output, None)
+            out = url
         log.info(
             f"prepared {out} (tokenizer{' and decontamination index' * bool(cfg.decontaminate)})"
             f"; now run each part: python -m data_prep build <the same arguments> "
             "--num_partitions N --partition K"
         )
         return
-    m = build(cfg, argv=["python", "-m", "data_prep", *(argv or sys.argv[1:])])
+    m = build(cfg, argv=["python", "-m", "data_prep", *argv])
+    if store is not None:
+        remote_build.after("build", store, cfg.output, m)
+        if m is None:
+            return
     if m is None:
         log.info(
             f"part {cfg.partition} of {cfg.num_partitions} done; the manifest is written when "
             f"the last part finishes (or: python -m data_prep merge {cfg.output})"
         )
     else:
-        _report_built(m, cfg.output)
+        _report_built(m, url or cfg.output)
 
 
-def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
+def _run(args: argparse.Namespace, argv: list[str], url: str | None) -> None:
     """Run one parsed command other than extend-tokenizer (a UserError is the user's to fix)."""
     if args.command in ("build", "prepare"):
-        _build_or_prepare(args, argv)
+        _build_or_prepare(args, argv, url)
+    elif args.command == "merge" and url:
+        _report_built(remote_build.merge_remote(Store(url, flag="merge"), args.root), url)
     elif args.command == "merge":
         _report_built(merge(args.root), args.root)
     elif args.command == "check-overlap":
@@ -137,18 +156,21 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
         )
         report(json.dumps(s, indent=1, ensure_ascii=False) if args.json else summary_lines(s))
     else:
-        files = verify(args.root)
+        check = remote_build.verify_remote if is_url(args.root) else verify
+        files = check(args.root)
         report(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input or a bad shard folder, 130 for an
     interrupted build)."""
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    local, url = remote_build.output_url(given)  # --output s3://...: a staging folder here
+    args = _parser().parse_args(local)
     try:
         if args.command == "extend-tokenizer":
             return extend_tokenizer.run_command(args)
-        _run(args, argv)
+        _run(args, given, url)
     except UserError as e:  # bad input, bad folder, bad terms file: the message says what to do
         log.error(str(e))
         return USER_ERROR_EXIT

@@ -6,15 +6,14 @@ word-start bits of just that sequence are unpacked. `get_batch(indices)` reads m
 once into padded [B, T] arrays with a few numpy gathers per shard instead of a Python call per
 sequence (what the training loader uses). Memory maps are opened lazily and kept in an LRU cache
 sized to the file-descriptor limit, so a reader over thousands of shards stays within it and
-pickles cheaply into DataLoader workers.
+pickles cheaply into DataLoader workers. The manifest's and files' checks are
+:mod:`data_prep.shard_files`'.
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
-import json
-import mmap
 import resource
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -25,26 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.data_prep.layout import (
-    FORMAT_VERSION,
-    MANIFEST,
-    NSP_DTYPE,
-    OFFSETS_DTYPE_V1,
-    OFFSETS_DTYPES,
-    READABLE_VERSIONS,
-    TOKENIZER_DIR,
-    sha256_file,
+from bertforge.data_prep.layout import MANIFEST, NSP_DTYPE, TOKENIZER_DIR
+from bertforge.data_prep.object_store import is_url
+from bertforge.data_prep.shard_files import (  # re-exported: the readers' one import
+    ShardError,
+    check_file,
+    load_manifest,
+    map_array,
+    offsets_dtype_of,
 )
-from bertforge.errors import UserError
 
 _VERIFY_MODES = ("none", "size", "full")
 # get_batch gathers per shard when a batch holds at least this many sequences per shard on average
 # (a gather costs ~10 numpy calls); below, a lean per-sequence slicing loop is cheaper.
 _MIN_GROUP = 8
-
-
-class ShardError(UserError, ValueError):
-    """A shard folder that cannot be read as it is; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)
@@ -70,92 +63,6 @@ class SampleBatch:
     mask_prob: np.ndarray | None = None  # mixtures: [B] float64 per-source rate, NaN = default
 
 
-def load_manifest(root: Path) -> dict[str, Any]:
-    """Read and sanity-check `root/manifest.json`; raises ShardError naming what is wrong."""
-    path = Path(root) / MANIFEST
-    if not Path(root).is_dir():
-        raise ShardError(
-            f"{root}: no such folder, so it is not a finished data_prep build (no {MANIFEST}). "
-            f"Run `python -m data_prep build --input ... --output {root}` first, or give the "
-            "--output folder of a finished build."
-        )
-    if not path.is_file():
-        raise ShardError(
-            f"{path} not found: {root} is not a finished data_prep build (the manifest is "
-            "written last). Rerun `python -m data_prep build` with the same arguments to "
-            "finish it."
-        )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ShardError(f"{path} is not valid JSON ({e}); rebuild the shards.") from e
-    version = manifest.get("format_version")
-    if version not in READABLE_VERSIONS:
-        raise ShardError(
-            f"{path}: format_version {version!r} is not supported by this reader (reads "
-            f"{', '.join(map(str, READABLE_VERSIONS))}; writes {FORMAT_VERSION}); rebuild the "
-            "shards with this version of data_prep."
-        )
-    for key in ("format", "max_seq_len", "tokenizer", "special_tokens", "token_dtype", "splits"):
-        if key not in manifest:
-            raise ShardError(f"{path}: key {key!r} missing; rebuild the shards.")
-    return manifest
-
-
-def offsets_dtype_of(manifest: dict[str, Any], info: dict[str, Any], where: Path) -> np.dtype:
-    """The offsets dtype of one shard: uint64 in format_version 1, else the shard's
-    `offsets_dtype` key. `where` (the manifest) is named in the error."""
-    if manifest["format_version"] == 1:
-        return OFFSETS_DTYPE_V1
-    name = info.get("offsets_dtype")
-    if name not in OFFSETS_DTYPES:
-        raise ShardError(
-            f"{where}: shard {info.get('name')!r} has offsets_dtype {name!r}, "
-            f"expected one of {sorted(OFFSETS_DTYPES)}; the manifest is damaged: "
-            "rebuild the shards."
-        )
-    return OFFSETS_DTYPES[name]
-
-
-def check_file(path: Path, expected: dict[str, Any], verify: str) -> None:
-    """Check one shard file's presence, byte size and (verify="full") sha256."""
-    if verify == "none":
-        return
-    if not path.is_file():
-        raise ShardError(
-            f"{path} is missing; the shard folder is incomplete. Rebuild it or restore the file."
-        )
-    size = path.stat().st_size
-    if size != expected["bytes"]:
-        raise ShardError(
-            f"{path}: {size} bytes, manifest says {expected['bytes']}; the file is "
-            "truncated or was replaced. Rebuild the shards or restore the file."
-        )
-    if verify == "full" and sha256_file(path) != expected["sha256"]:
-        raise ShardError(
-            f"{path}: sha256 differs from the manifest; the file is corrupt. "
-            "Rebuild the shards or restore the file."
-        )
-
-
-def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
-    """A read-only array over the first `count` items of a memory-mapped file (no copy).
-
-    mmap + frombuffer opens in ~8 us against ~35 us for numpy.memmap, which matters when a
-    random batch touches hundreds of shards."""
-    dtype = np.dtype(dtype)
-    try:
-        with open(path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return np.frombuffer(mapped, dtype=dtype, count=count)
-    except (OSError, ValueError) as e:  # missing, empty or shorter than the manifest says
-        raise ShardError(
-            f"{path}: cannot map {count} x {dtype.name} ({e}); the shard folder is "
-            "incomplete or corrupt. Run `python -m data_prep verify` and rebuild "
-            "the shards."
-        ) from e
-
-
 class _Shard:
     """Read-only memory maps of one shard (opened on first use)."""
 
@@ -169,10 +76,10 @@ class _Shard:
     ):
         name = info["name"]
         n, t = int(info["sequences"]), int(info["tokens"])
-        self.tokens = _map(folder / f"{name}.tokens", token_dtype, t)
-        self.offsets = _map(folder / f"{name}.offsets", offsets_dtype, n + 1)
-        self.wordstart = _map(folder / f"{name}.wordstart", np.uint8, (t + 7) // 8)
-        self.nsp = _map(folder / f"{name}.nsp", NSP_DTYPE, n) if nsp else None
+        self.tokens = map_array(folder / f"{name}.tokens", token_dtype, t)
+        self.offsets = map_array(folder / f"{name}.offsets", offsets_dtype, n + 1)
+        self.wordstart = map_array(folder / f"{name}.wordstart", np.uint8, (t + 7) // 8)
+        self.nsp = map_array(folder / f"{name}.nsp", NSP_DTYPE, n) if nsp else None
         if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != t:
             raise ShardError(
                 f"{folder / name}.offsets: offsets run from {int(self.offsets[0])} to "
@@ -187,6 +94,13 @@ class ShardReader:
     "full" also recomputes every sha256 (reads everything), "none" trusts the folder.
     max_open_shards: shards kept mapped at once (least recently used closed first); default 2048,
     or the file-descriptor limit / 16 when that is lower.
+
+    ``root`` may be a URL (``s3://bucket/shards``, any fsspec URL): the manifest and tokenizer are
+    fetched into this process's shard cache (:mod:`data_prep.shard_cache`) and a shard when it is
+    first needed (a training loader fetches ahead); ``root`` is then the local mirror and
+    ``location`` the URL. verify "size" and "full" compare the objects' sizes with the manifest
+    (one listing per split); every shard's sha256 is checked as it arrives. After each batch only
+    its own shards stay mapped, so that an evicted file frees its space.
     """
 
     def __init__(
@@ -198,6 +112,14 @@ class ShardReader:
     ):
         if verify not in _VERIFY_MODES:
             raise ValueError(f"verify must be one of {_VERIFY_MODES}, got {verify!r}")
+        self._remote = None
+        self.location = str(Path(root)) if not is_url(root) else str(root)  # folder or URL
+        if is_url(root):
+            from bertforge.data_prep.shard_cache import process_cache  # lazy: fsspec
+
+            self._remote = process_cache().open_folder(str(root))
+            self.location = self._remote.store.url_of()
+            root = self._remote.local_root
         self.root = Path(root)
         self.split = split
         self.manifest = load_manifest(self.root)
@@ -218,9 +140,16 @@ class ShardReader:
         self._offsets_dtypes = [
             offsets_dtype_of(self.manifest, s, self.root / MANIFEST) for s in self._shards
         ]
-        for info in self._shards:
-            for fname, expected in info["files"].items():
-                check_file(self._folder / fname, expected, verify)
+        if self._remote is not None:
+            if verify != "none":
+                self._remote.check_objects(split, self._shards)
+            self._units = [self._remote.unit(split, s) for s in self._shards]
+        else:
+            for info in self._shards:
+                for fname, expected in info["files"].items():
+                    check_file(self._folder / fname, expected, verify)
+            self._units = [None] * len(self._shards)
+        self._has_remote = self._remote is not None
         counts = np.array([int(s["sequences"]) for s in self._shards], dtype=np.int64)
         # _starts[k] is the global index of shard k's first sequence.
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -242,6 +171,8 @@ class ShardReader:
         joined._shards = [s for r in readers for s in r._shards]
         joined._offsets_dtypes = [d for r in readers for d in r._offsets_dtypes]
         joined._folders = [f for r in readers for f in r._folders]
+        joined._units = [u for r in readers for u in r._units]
+        joined._has_remote = any(r._has_remote for r in readers)
         counts = np.array([int(s["sequences"]) for s in joined._shards], dtype=np.int64)
         joined._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         joined._starts_list = joined._starts.tolist()
@@ -265,9 +196,38 @@ class ShardReader:
         state["_open"] = OrderedDict()
         return state
 
+    @property
+    def remote(self) -> bool:
+        """Whether any shard comes from object storage (through the shard cache)."""
+        return self._has_remote
+
+    def shard_sequence_counts(self) -> np.ndarray:
+        """Sequences of each shard, in index order (the window order groups them)."""
+        return np.diff(self._starts)
+
+    def shard_ids(self, indices) -> np.ndarray:
+        """The shard number of each sequence index (non-negative indices)."""
+        return np.searchsorted(self._starts, np.asarray(indices, dtype=np.int64), "right") - 1
+
+    def units_of(self, shard_ids) -> list:
+        """The cache units (:class:`data_prep.shard_cache.Unit`) of these shards' remote ones."""
+        units = self._units
+        return [units[k] for k in dict.fromkeys(np.asarray(shard_ids).tolist()) if units[k]]
+
+    def _ensure_local(self, k: int) -> None:
+        """A remote shard's files into the cache (validation's are kept there)."""
+        unit = self._units[k]
+        cache = unit.folder.cache
+        if cache is not None:
+            cache.ensure([unit], keep=self.split == "validation")
+        elif not unit.present():
+            raise ShardError(f"{unit} is not in the shard cache (a worker cannot fetch it)")
+
     def _shard(self, k: int) -> _Shard:
         shard = self._open.get(k)
         if shard is None:
+            if self._units[k] is not None:
+                self._ensure_local(k)
             if len(self._open) >= self._max_open:
                 self._open.popitem(last=False)
             shard = _Shard(
@@ -324,6 +284,16 @@ class ShardReader:
             bad = int(idx[(idx < -n) | (idx >= n)][0])
             raise IndexError(f"sequence {bad} out of range for {n} sequences")
         idx = np.where(idx < 0, idx + n, idx)
+        try:
+            return self._get_batch(idx, pad_to_multiple_of, word_start, dtype)
+        finally:
+            if self._has_remote:  # only this batch's shards stay mapped: an evicted shard's
+                used = set(self.shard_ids(idx).tolist())  # space is freed once unmapped
+                for k in [k for k in self._open if k not in used]:
+                    del self._open[k]
+
+    def _get_batch(self, idx: np.ndarray, pad_to_multiple_of: int, word_start: bool, dtype):
+        B = len(idx)
         k = np.searchsorted(self._starts, idx, side="right") - 1
         local = idx - self._starts[k]
         if B == 0 or (k[0] == k[-1] and (k == k[0]).all()):  # one shard: no regrouping
@@ -470,3 +440,14 @@ def _padded_width(lengths: np.ndarray, multiple: int) -> int:
         raise ValueError(f"pad_to_multiple_of={multiple}: must be >= 1")
     longest = int(lengths.max()) if len(lengths) else 0
     return -(-longest // multiple) * multiple
+
+
+__all__ = [
+    "Sample",
+    "SampleBatch",
+    "ShardError",
+    "ShardReader",
+    "check_file",
+    "load_manifest",
+    "offsets_dtype_of",
+]

@@ -1,5 +1,7 @@
 """The trainer's ``--data`` values, which name shard folders this package builds: a plain ``DIR``
 (one source) or ``name=DIR:weight[:mask_prob]`` per source of a mixture (:func:`parse_mixture`).
+A ``DIR`` may be a URL in object storage (``s3://bucket/shards``, any fsspec URL): its
+:attr:`Source.path` is then the URL as a string (a ``Path`` would fold its ``//``).
 
 Here, below the trainer's packages, because reading a run folder needs them too (a run's
 tokenizer is its first source's, :func:`pretrain.model.run_checkpoints.run_tokenizer_dir`). The
@@ -13,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertforge.data_prep.object_store import check_url, is_url
 from bertforge.errors import UserError
 
 
@@ -25,9 +28,14 @@ class Source:
     """One shard folder of a mixture."""
 
     name: str
-    path: Path
+    path: Path | str  # a local folder, or a URL (str) in object storage
     weight: float  # relative share of the training stream
     mask_prob: float | None = None  # this source's masking rate (None: the --mask_prob setting)
+
+
+def location(text: str) -> Path | str:
+    """A ``--data`` folder: a Path, or for a URL the URL itself (credentials in it refused)."""
+    return check_url(text) if is_url(text) else Path(text)
 
 
 def _number(text: str) -> float | None:
@@ -55,14 +63,16 @@ def parse_source(value: str) -> Source:
         raise MixtureError(f"--data {value!r}: the weight must be a positive number")
     if mask_prob is not None and not 0.0 < mask_prob <= 1.0:
         raise MixtureError(f"--data {value!r}: mask_prob must be in (0, 1], got {mask_prob}")
-    return Source(name, Path(path), weight, mask_prob)
+    return Source(name, location(path), weight, mask_prob)
 
 
 def parse_mixture(values: str | list[str]) -> list[Source]:
     """The sources of `--data` values; a single plain DIR is one source of weight 1."""
     values = [values] if isinstance(values, str) else list(values)
     if len(values) == 1 and "=" not in values[0]:
-        return [Source(Path(values[0]).name or "data", Path(values[0]), 1.0)]
+        path = location(values[0])
+        name = str(path).rstrip("/").rsplit("/", 1)[-1] if is_url(path) else path.name
+        return [Source(name or "data", path, 1.0)]
     plain = [v for v in values if "=" not in v]
     if plain:
         raise MixtureError(

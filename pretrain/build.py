@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from bertforge.data_prep.lock import FolderLock
+from bertforge.data_prep.object_store import is_url
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.files import publish_dir, write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger, process_rank
@@ -31,6 +32,7 @@ from bertforge.preemption import PreemptionHandler
 from bertforge.pretrain.components import anneal, watchdog
 from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, TimeClockLR
 from bertforge.pretrain.components.checkpoint import CheckpointManager
+from bertforge.pretrain.components.data_order import configure_cache, resolve_order
 from bertforge.pretrain.components.distributed import init_distributed, sum_across_ranks
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
 from bertforge.pretrain.components.ema import EMA
@@ -49,6 +51,7 @@ from bertforge.pretrain.config.ds_config import (
 from bertforge.pretrain.config.recipe import resolved_flags, resolved_recipe
 from bertforge.pretrain.config.schedule import build_schedule
 from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.data.cached_plans import keep_validation_shards
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.mixture import (
     describe_data,
@@ -104,6 +107,7 @@ def verify_shards_once(
     folders = [s.path for s in parse_mixture(cfg.run.data_sources)]
     if phases is not None:
         folders += [s.path for s in phases.phase_sources() if s.path not in folders]
+    folders = [f for f in folders if not is_url(f)]  # fetched shards: checked on arrival
     verify_once(
         folders,
         Path(cfg.run.output_dir),
@@ -152,6 +156,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     from deepspeed.accelerator import get_accelerator  # lazy: see the module docstring
 
     world, accel = int(os.environ.get("WORLD_SIZE", "1")), get_accelerator().device_name()
+    configure_cache(cfg)  # before a shard folder in object storage opens
     train_reader, val_readers = open_shards(cfg)
     cfg = dataclasses.replace(cfg, model_cfg=_model_for_shards(cfg, train_reader.max_seq_len))
     # what the arch cannot train (the shards' objective, a flag), before any rendezvous
@@ -165,6 +170,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
         tokenizer_fingerprint=fingerprint,
         model_config=dataclasses.asdict(cfg.model_cfg),
     )
+    cfg = resolve_order(cfg, train_reader, point)  # the checkpoint's order, the window's size
     if point is not None:
         check_resume_clock(cfg.optim, point.state)
         check_resume_objective(point.state.get("config", {}), objective)
@@ -442,6 +448,7 @@ def build_training(
         write_run_files(cfg, run, place.world, init_report)
     elapsed = run.point.state.get("elapsed_s", 0.0) if run.point else 0.0
     budget = TimeBudget(cfg.run.max_time_hours, elapsed, start=launched)
+    keep_validation_shards(run.val_readers, cfg.log.eval_batches * schedule.global_batch)
     readers = {None: run.train_reader, **(run.phases.readers if run.phases else {})}
     data, stream_start = schedule.data_at(start_step)  # the step's phase's data and masking
     loader = build_loader(

@@ -1,13 +1,9 @@
 """`python pretrain/main.py --data DIR --dry-run [--json] [--show_masks N]`: build everything,
-train nothing.
-
-Runs the checks a real launch runs before its rendezvous (:func:`pretrain.build.resolve_run`: the
-shards, --init_from, the resume point, the DeepSpeed config for this world size) and fails the same
-way (exit 2 with the same message), then builds the model and the training loader exactly as a
-run would, draws the first batches at the resolved micro-batch and reports the resolved
-configuration, the parameter count, FLOPs per token, the shards' summary and the realised masking
-statistics (so a wrong mask_prob, a missing whole-word setting or a mismatched vocabulary shows
-before any GPU time is spent).
+train nothing. Runs the checks a real launch runs before its rendezvous (the shards, --init_from,
+the resume point, the DeepSpeed config for this world size; :func:`pretrain.build.resolve_run`)
+and fails the same way, then builds the model and the training loader as a run would, draws the
+first batches and reports the resolved configuration, parameters, FLOPs per token, the shards and
+the realised masking (a wrong mask_prob or vocabulary shows before any GPU time is spent).
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
 from bertforge.pretrain.config.recipe import defaults, resolved_flags, value_sources
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
 from bertforge.pretrain.config.train_config import CONCERNS, OptimConfig, foreign_concerns
+from bertforge.pretrain.data.cached_plans import CachedPlans
 from bertforge.pretrain.data.loader import DataConfig, build_loader
 from bertforge.pretrain.data.masking import MaskingConfig, mask_prob_at, merge_stats
 from bertforge.pretrain.data.mixture import open_training
@@ -219,6 +216,8 @@ def _model_and_loader(
         train=True,
         attention=resolved.attention,
     )
+    if isinstance(loader.batch_sampler, CachedPlans):  # object storage: only what is drawn
+        loader.batch_sampler.ahead = False
     return resolved, model, loader
 
 

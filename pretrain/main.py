@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from bertforge.data_prep import shard_cache
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, quiet_libraries
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
@@ -44,6 +45,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
         finally:
             training.trainer.outputs.metrics.close()
     finally:
+        shard_cache.close()  # object storage: stop fetching, write its stats
         if lock is not None:
             lock.release()
 
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
         except UserError as e:
             log.error(str(e))
             return USER_ERROR_EXIT
+        finally:
+            shard_cache.close()  # the script skips atexit: release the cache's lock here
     # The stop signals set a flag from here on, through the rendezvous, the engine build and the
     # checkpoint load, to the process's exit: none ends the run by its default action
     # (bertforge.preemption says what each moment does with it).

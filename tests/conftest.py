@@ -126,6 +126,26 @@ def english_second_source(tmp_path_factory, english_shards) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def english_many_shards(tmp_path_factory, english_corpus, english_shards) -> Path:
+    """The pydoc corpus re-cut into documents of about 2,000 characters, in about 28 training
+    shards of 8 documents each (so of about one size) with english_shards' tokenizer: a folder
+    many times a small shard cache, for object storage and the window order."""
+    folder = tmp_path_factory.mktemp("shards_en_many")
+    lines = [ln for ln in english_corpus.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    docs, doc = [], []
+    for line in lines:
+        doc.append(line)
+        if sum(map(len, doc)) >= 2000:
+            docs.append(doc)
+            doc = []
+    text = folder / "uniform.txt"
+    text.write_text("".join("\n".join(d) + "\n\n" for d in docs), encoding="utf-8")
+    return build_shards(
+        text, folder / "shards", tokenizer=str(english_shards / "tokenizer"), shard_docs=8
+    )
+
+
 # The slowest files (per-file totals of `--durations` in a full run, 3 workers on 2 cores,
 # 2026-12-06) are handed out first: under --dist loadfile a file stays on one worker, and a long
 # file handed out last leaves the others idle at the end (longest first keeps them busy; order

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.data_prep.object_store import is_url
 from bertforge.data_prep.sources import MixtureError, Source, parse_mixture
 from bertforge.logs import get_logger
 from bertforge.pretrain.config.batching import BatchPlan, apply_batch
@@ -74,6 +75,11 @@ def check_flags(cfg, total_steps: int) -> None:
 
 def _signature(reader) -> dict[str, Any]:
     return {"tokenizer": reader.manifest["tokenizer"]["fingerprint"], "format": reader.format}
+
+
+def _where(path) -> Path | str:
+    """A source's folder, resolved; a URL as it is."""
+    return path if is_url(path) else Path(path).resolve()
 
 
 def open_phase_data(phases, path: str, run_reader, verify: str) -> dict[tuple[str, ...], Any]:
@@ -163,10 +169,10 @@ class PhaseTracker:
         source not among them; a name that two sources with different folders share is refused."""
         out, paths = list(run_val), {}
         for name, reader in run_val:
-            paths[name] = Path(reader.sources[0].path).resolve()
+            paths[name] = _where(reader.sources[0].path)
         extra = []
         for src in self.phase_sources():
-            where = Path(src.path).resolve()
+            where = _where(src.path)
             if src.name in paths and paths[src.name] != where:
                 raise PhasePlanError(
                     f"{self.path}: source name {src.name!r} stands for {paths[src.name]} "

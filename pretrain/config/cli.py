@@ -18,8 +18,11 @@ from typing import Any
 
 from bertforge.cli import ArgumentParser, add_fields
 from bertforge.data_prep.layout import WORK_DIR
+from bertforge.data_prep.object_store import is_url
 from bertforge.data_prep.progress import normalize_mode
+from bertforge.data_prep.remote_folder import parse_size
 from bertforge.data_prep.sources import MixtureError, parse_mixture
+from bertforge.errors import UserError
 from bertforge.preemption import parse_signals
 from bertforge.pretrain.config.flag_checks import (
     AnnealError,
@@ -396,6 +399,28 @@ def _check_guard(g: GuardConfig, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--guard_climb must be above 1.0 (or 0: off), got {g.guard_climb}")
 
 
+def _refuse_run_urls(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """A run folder, or a checkpoint, in object storage is refused with the reason: DeepSpeed
+    saves with torch.save to file paths, and the run folder's lock, atomic renames and COMPLETE
+    marker need a filesystem (docs/launching.md, "Data in object storage")."""
+    r = cfg.run
+    for flag, value in (
+        ("--output_dir", r.output_dir),
+        ("--resume", r.resume),
+        ("--init_from", r.init_from),
+        ("--anneal_from", r.anneal_from),
+    ):
+        if value and is_url(value):
+            parser.error(
+                f"{flag} {value}: a run folder or checkpoint in object storage is not supported "
+                "(DeepSpeed writes checkpoints with torch.save to file paths; the run's lock, "
+                "atomic renames and COMPLETE marker need a filesystem). Train into a local or "
+                "shared folder and copy its checkpoints to the bucket after each save (aws s3 "
+                "sync RUN/checkpoints ...), or mount the bucket as a filesystem; shards (--data) "
+                "and exports (pretrain.export --output) may be URLs."
+            )
+
+
 def _not_shards(path: Path) -> str:
     """What --data names when it is no shard folder, and the build that makes one: a newcomer
     gives the text itself (before, the advice was to build *into* their text file)."""
@@ -428,11 +453,15 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
     if not cfg.run.data_sources:
         parser.error("--data is required: the shard folder from `python -m data_prep build`")
+    _refuse_run_urls(cfg, parser)
     try:
         sources = parse_mixture(cfg.run.data_sources)
-    except MixtureError as e:
+        parse_size(cfg.data_cfg.cache_limit)
+    except (MixtureError, UserError) as e:
         parser.error(str(e))
     for s in sources:
+        if is_url(s.path):  # object storage: its manifest is read when the shards open
+            continue
         if not Path(s.path, "manifest.json").is_file():
             parser.error(_not_shards(Path(s.path)))
     if not Path(cfg.run.ds_config).is_file():

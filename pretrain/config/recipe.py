@@ -57,6 +57,11 @@ LAUNCH_ONLY = {
     ("run", "json"),
     ("run", "show_masks"),
     ("optim", "override_lr_schedule"),
+    # this machine's shard cache (object storage): its folder, size and threads, not the run's
+    ("data_cfg", "cache_dir"),
+    ("data_cfg", "cache_limit"),
+    ("data_cfg", "fetch_threads"),
+    ("data_cfg", "fetch_retries"),
 }
 _NOT_SETTABLE = {("model_cfg", "name"), ("model_cfg", "preset")}  # run.model_preset names it
 

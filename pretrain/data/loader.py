@@ -30,6 +30,7 @@ unchanged.
 from __future__ import annotations
 
 import atexit
+import copy
 import multiprocessing.util  # noqa: F401 (its exit handler is registered before ours)
 import signal
 import weakref
@@ -45,7 +46,9 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from bertforge.cli import opt
 from bertforge.data_prep.reader import SampleBatch
 from bertforge.preemption import job_signals
+from bertforge.pretrain.data.cached_plans import CachedPlans, Delivered
 from bertforge.pretrain.data.masking import Masker, MaskingConfig
+from bertforge.pretrain.data.window_order import window_permutation
 from bertforge.pretrain.model.document_attention import document_index
 
 
@@ -66,6 +69,33 @@ class DataConfig:
     )
     seed: int = opt(1234, "seed of the per-epoch permutation of the training order")
     verify: str = opt("size", "shard check when opening: size (fast), full (sha256), none")
+    data_order: str = opt(
+        "global",
+        "training order: global (one seeded permutation of all sequences per epoch) or window "
+        "(shards shuffled, sequences shuffled within windows of --window_shards shards: reads "
+        "stay local, for a --cache_limit smaller than the data); kept in the checkpoint",
+    )
+    window_shards: int = opt(
+        0,
+        "with --data_order window: shards per window (0: a window of each source in a third of "
+        "--cache_limit, settled at the first launch and kept in the checkpoint)",
+    )
+    cache_dir: str = opt(
+        "",
+        "local folder for shards read from object storage (--data s3://...), a sub-folder per "
+        "rank; empty: one per run folder under the system's temporary folder",
+    )
+    cache_limit: str = opt(
+        "20GB",
+        "most bytes of shards one rank's cache holds (500MB, 20GB, ...); shards already read "
+        "are evicted to make room",
+    )
+    fetch_threads: int = opt(4, "parallel shard fetches from object storage per rank")
+    fetch_retries: int = opt(
+        5,
+        "tries of a request to object storage (a 5xx, a timeout, a short read, a wrong "
+        "checksum) before the run stops naming the object",
+    )
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -76,6 +106,17 @@ class DataConfig:
             )
         if self.verify not in ("size", "full", "none"):
             raise ValueError(f"DataConfig.verify={self.verify!r}: choose size, full or none")
+        if self.data_order not in ("global", "window"):
+            raise ValueError(f"--data_order {self.data_order!r}: choose global or window")
+        if self.window_shards < 0 or self.fetch_threads < 1 or self.fetch_retries < 1:
+            raise ValueError(
+                "--window_shards must be >= 0, --fetch_threads and --fetch_retries >= 1"
+            )
+
+    @property
+    def window(self) -> int:
+        """Shards per window of the training order; 0 for the global order."""
+        return self.window_shards if self.data_order == "window" else 0
 
 
 @dataclass
@@ -93,6 +134,8 @@ class GlobalSampler:
     train=True: an endless stream over epochs starting at `consumed_samples`.
     train=False: one pass over the samples in index order; the last, partial block is split as
     evenly as possible (a rank with nothing left yields one batch fewer).
+    window > 0 (with `shard_counts`, the sequences of each shard): each epoch's order is
+    :func:`pretrain.data.window_order.window_permutation` instead of a global permutation.
     """
 
     def __init__(
@@ -105,6 +148,8 @@ class GlobalSampler:
         seed: int = 1234,
         shuffle: bool = True,
         train: bool = True,
+        window: int = 0,
+        shard_counts=None,
     ):
         if num_samples <= 0:
             raise ValueError(
@@ -123,7 +168,25 @@ class GlobalSampler:
         self.rank, self.world_size = int(rank), int(world_size)
         self.consumed_samples = int(consumed_samples)
         self.seed, self.shuffle, self.train = int(seed), bool(shuffle) and train, bool(train)
+        self.window = int(window) if self.shuffle else 0
+        self.shard_counts = shard_counts
+        if self.window and (shard_counts is None or int(np.sum(shard_counts)) != num_samples):
+            raise ValueError("the window order needs the sequences of each shard (shard_counts)")
         self._perm_cache: dict[int, np.ndarray] = {}
+
+    def clone(self) -> GlobalSampler:
+        """An independent copy at the same position (own caches: another thread walks it)."""
+        twin = copy.copy(self)
+        twin._perm_cache = {}
+        return twin
+
+    def permutation(self, n: int, key: list[int], counts=None) -> np.ndarray:
+        """One seeded order of ``n`` indices: a global permutation, or the window order over
+        shards of ``counts`` sequences."""
+        if self.window:
+            return window_permutation(counts, self.window, key)
+        rng = np.random.Generator(np.random.PCG64(key))
+        return rng.permutation(n).astype(np.int32 if n < 2**31 else np.int64)
 
     def order(self, epoch: int) -> np.ndarray:
         """The global order of `epoch`: a permutation of the dataset indices (identity when
@@ -132,9 +195,7 @@ class GlobalSampler:
             return np.arange(self.num_samples, dtype=np.int64)
         perm = self._perm_cache.get(epoch)
         if perm is None:
-            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-            dtype = np.int32 if self.num_samples < 2**31 else np.int64
-            perm = rng.permutation(self.num_samples).astype(dtype)
+            perm = self.permutation(self.num_samples, [self.seed, epoch], self.shard_counts)
             if len(self._perm_cache) >= 2:  # a block straddles at most two epochs
                 self._perm_cache.pop(min(self._perm_cache))
             self._perm_cache[epoch] = perm
@@ -332,6 +393,8 @@ class ShardLoader(DataLoader):
         it = super().__iter__()
         if isinstance(it, _MultiProcessingDataLoaderIter):
             _live_iterators.add(it)
+        if isinstance(self.batch_sampler, CachedPlans) and self.batch_sampler.ahead:
+            return Delivered(it, self.batch_sampler.cache)  # shards from object storage
         return it
 
 
@@ -358,6 +421,7 @@ def build_loader(
     """
     if reader.max_seq_len <= 0 or len(reader) == 0:
         raise ValueError(f"{getattr(reader, 'root', reader)}: the split has no sequences")
+    window = data_cfg.window if train else 0
     if train and hasattr(reader, "sampler"):  # a mixture (pretrain.data.mixture) orders its sources
         sampler = reader.sampler(
             micro_batch_size,
@@ -366,6 +430,7 @@ def build_loader(
             consumed_samples,
             seed=data_cfg.seed,
             shuffle=data_cfg.shuffle,
+            window=window,
         )
     else:
         sampler = GlobalSampler(
@@ -377,7 +442,11 @@ def build_loader(
             seed=data_cfg.seed,
             shuffle=data_cfg.shuffle,
             train=train,
+            window=window,
+            shard_counts=reader.shard_sequence_counts() if window else None,
         )
+    if getattr(reader, "remote", False):  # object storage: fetched ahead of (or as) it is read
+        sampler = CachedPlans(sampler, reader, ahead=train)
     # Validation masks every sample at the schedule's final rate, so evaluations stay comparable.
     final = masking_cfg.schedule_samples if masking_cfg.mask_prob_end is not None else 0
     dataset = MaskedBatches(

@@ -23,7 +23,6 @@ masking key is (its source epoch, its index in the concatenation of the sources)
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,7 +97,11 @@ class MixtureSampler(GlobalSampler):
         consumed_samples: int = 0,
         seed: int = 1234,
         shuffle: bool = True,
+        window: int = 0,
+        shard_counts: list | None = None,
     ):
+        """window > 0: each source's epoch order is the window order over its shards
+        (``shard_counts``: each source's sequences per shard)."""
         self.lengths = np.asarray(lengths, dtype=np.int64)
         super().__init__(
             int(self.lengths.sum()),
@@ -110,10 +113,17 @@ class MixtureSampler(GlobalSampler):
             shuffle=shuffle,
             train=True,
         )
+        self.window = int(window) if self.shuffle else 0
+        self.source_shards = shard_counts
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.quota = quotas(weights, self.num_samples)
         self.layout_source, self.layout_slot = even_layout(self.quota)
         self._source_perms: dict[tuple[int, int], np.ndarray] = {}
+
+    def clone(self) -> MixtureSampler:
+        twin = super().clone()
+        twin._source_perms = {}
+        return twin
 
     def source_order(self, source: int, epoch: int) -> np.ndarray:
         """Source `source`'s order in its own epoch `epoch` (identity unshuffled)."""
@@ -122,8 +132,8 @@ class MixtureSampler(GlobalSampler):
             return np.arange(n, dtype=np.int64)
         perm = self._source_perms.get((source, epoch))
         if perm is None:
-            rng = np.random.Generator(np.random.PCG64([self.seed, source, epoch]))
-            perm = rng.permutation(n).astype(np.int32 if n < 2**31 else np.int64)
+            counts = self.source_shards[source] if self.window else None
+            perm = self.permutation(n, [self.seed, source, epoch], counts)
             stale = [k for k in self._source_perms if k[0] == source]
             if len(stale) >= 2:  # a block straddles at most two epochs of a source
                 self._source_perms.pop(min(stale))
@@ -196,8 +206,10 @@ class MixtureReader:
         consumed_samples: int = 0,
         seed: int = 1234,
         shuffle: bool = True,
+        window: int = 0,
     ) -> MixtureSampler:
-        """The training order (used by pretrain.data.loader.build_loader for train=True)."""
+        """The training order (used by pretrain.data.loader.build_loader for train=True);
+        ``window`` > 0: the window order within each source (pretrain.data.window_order)."""
         empty = [s.name for s, n in zip(self.sources, self.lengths) if n == 0]
         if empty:
             raise MixtureError(
@@ -213,7 +225,18 @@ class MixtureReader:
             consumed_samples,
             seed,
             shuffle,
+            window,
+            [r.shard_sequence_counts() for r in self.readers] if window else None,
         )
+
+    @property
+    def remote(self) -> bool:
+        """Whether a source is in object storage."""
+        return self._joined.remote
+
+    def shard_sequence_counts(self):
+        """Sequences of each shard of every source, back to back."""
+        return self._joined.shard_sequence_counts()
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(source number, index within that source) of concatenated indices."""
@@ -251,7 +274,7 @@ class MixtureReader:
         for k, (s, length) in enumerate(zip(self.sources, self.lengths)):
             row = {
                 "name": s.name,
-                "path": str(s.path),
+                "path": str(s.path),  # a URL as given (credentials are refused in it)
                 "weight": s.weight / sum(x.weight for x in self.sources),
                 "mask_prob": s.mask_prob,
                 "sequences": length,
@@ -300,10 +323,11 @@ def describe_data(reader) -> list[dict]:
     """The training data's sources (name, path, weight, mask rate, sequences), for checkpoints."""
     if hasattr(reader, "describe"):
         return reader.describe()
+    where = str(getattr(reader, "location", reader.root))  # a URL for object storage
     return [
         {
-            "name": Path(reader.root).name,
-            "path": str(reader.root),
+            "name": where.rstrip("/").rsplit("/", 1)[-1],
+            "path": where,
             "weight": 1.0,
             "mask_prob": None,
             "sequences": len(reader),

@@ -188,7 +188,15 @@ def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list
             else f"copy the folder from the launching node (rsync -a {data}/ {host}:{data}/) or "
             "use a shared filesystem"
         )
-        if d["manifest_sha256"] is None:
+        if "://" in data:  # object storage: each node reads it with its own credentials
+            copy = (
+                "check this node's credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID/..., "
+                "GOOGLE_APPLICATION_CREDENTIALS), AWS_ENDPOINT_URL for an S3-compatible store, "
+                "pip install 'bertforge[s3]', and that the folder was uploaded (manifest last)"
+            )
+        if d.get("remote_error"):
+            rows.append(Row("data", host, FAIL, f"{data}: {d['remote_error']}", copy))
+        elif d["manifest_sha256"] is None:
             what = "no manifest.json (incomplete build)" if d["exists"] else "folder missing"
             rows.append(Row("data", host, FAIL, f"{data}: {what}", copy))
         elif d.get("manifest_error") or d["missing"] or d["bad_size"]:

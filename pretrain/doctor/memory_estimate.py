@@ -22,6 +22,7 @@ fused SDPA kernels do not keep them; the blocked path's SDPA does).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bertforge.data_prep.layout import MANIFEST
+from bertforge.data_prep.object_store import Retry, Store, StoreError, is_url
 from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.pretrain.model.bert import padded_vocab
 from bertforge.pretrain.model.registry import build_model, get_spec
@@ -140,14 +142,20 @@ def model_shape(
     ``generator``). Shared layers hold their weights once but still each compute (and keep
     activations) per layer, so `layers` stays num_hidden_layers."""
     vocab, nsp, max_len = 30522, False, 128
-    if (data / MANIFEST).is_file():
+    m = None
+    if is_url(data):  # object storage: its manifest (the data check reports a failure)
         try:
-            m = load_manifest(data)
+            m = json.loads(Store(str(data), Retry(tries=2)).read_bytes(MANIFEST))
+        except (StoreError, ValueError):
+            m = None
+    elif (Path(data) / MANIFEST).is_file():
+        try:
+            m = load_manifest(Path(data))
         except ShardError:  # the data check reports the folder; estimate with the defaults
             m = None
-        if m is not None:
-            vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
-            max_len = m["max_seq_len"]
+    if m is not None:
+        vocab, nsp = m["tokenizer"]["vocab_size"], m["format"] == "nsp"
+        max_len = m["max_seq_len"]
 
     spec = resolve_objective(objective, "nsp" if nsp else "packed")
     n, (cfg, padded) = count_params(model, vocab, nsp, spec)

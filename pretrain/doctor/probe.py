@@ -43,8 +43,12 @@ def code_hash(root: Path) -> str | None:
     return h.hexdigest()[:12]
 
 
-def data_state(data: Path) -> dict:
-    """Manifest sha256 and the shard files that are missing or of the wrong size."""
+def data_state(data: str | Path) -> dict:
+    """Manifest sha256 and the shard files that are missing or of the wrong size (for a URL, as
+    this node reads the store with its own credentials)."""
+    if "://" in str(data):
+        return remote_state(str(data))
+    data = Path(data)
     manifest = data / "manifest.json"
     if not manifest.is_file():
         return {"manifest_sha256": None, "exists": data.is_dir()}
@@ -62,6 +66,29 @@ def data_state(data: Path) -> dict:
     except (KeyError, TypeError, ValueError) as e:
         out["manifest_error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def remote_state(url: str) -> dict:
+    """:func:`data_state` of a folder in object storage; ``remote_error`` when it cannot be read
+    (no client, no credentials, no such bucket: the reason as the client gives it)."""
+    try:  # the project's client (fsspec): importable wherever the project is
+        from bertforge.data_prep.object_store import Retry, Store
+
+        store = Store(url, Retry(tries=2, backoff_s=0.5))
+        raw = store.read_bytes("manifest.json")
+        m = json.loads(raw)
+        out = {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "exists": True}
+        out.update(missing=[], bad_size=[])
+        for split, info in m["splits"].items():
+            sizes = store.listing(split) if info["shards"] else {}
+            for shard in info["shards"]:
+                for name, meta in shard["files"].items():
+                    got = sizes.get(name)
+                    if got != meta["bytes"]:
+                        out["missing" if got is None else "bad_size"].append(f"{split}/{name}")
+        return out
+    except Exception as e:  # noqa: BLE001 (reported as the node's data row)
+        return {"manifest_sha256": None, "exists": False, "remote_error": str(e)[:500]}
 
 
 def disk_free(path: Path) -> int:
@@ -119,7 +146,7 @@ def probe(data: str | list[str], output_dir: str) -> dict:
     out["code"] = code_hash(Path.cwd())
     out["tested"] = tested_and_installed(Path.cwd())
     folders = [data] if isinstance(data, str) else list(data)  # a mixture has several
-    out["data_sources"] = {d: data_state(Path(d)) for d in folders}
+    out["data_sources"] = {d: data_state(d) for d in folders}
     out["data"] = out["data_sources"][folders[0]]
     out["disk_free"] = disk_free(Path(output_dir))
     out["gpus"], out["gpu_bytes"], out["gpu_name"] = 0, None, None

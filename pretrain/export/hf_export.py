@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from bertforge.cli import ArgumentParser
+from bertforge.data_prep.object_store import Store, is_url
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
 from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
@@ -290,6 +293,37 @@ def _pooler_line(arch: str, nsp: bool) -> str | None:
     return "trained (next-sentence prediction)" if nsp else POOLER_NOTE
 
 
+def _export_to(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`export` with the command's arguments; an ``--output`` URL in object storage is
+    written into a temporary folder here, then uploaded (config.json last)."""
+    store, target, staging = None, args.output, None
+    if is_url(args.output):
+        store = Store(args.output, flag="--output")
+        staging = tempfile.mkdtemp(prefix="bertforge-export-")
+        target = os.path.join(staging, "model")
+    try:
+        res = export(
+            args.run,
+            target,
+            args.checkpoint,
+            verify=not args.no_verify,
+            language=args.language,
+            datasets=args.dataset,
+            average=args.average,
+            ema=args.ema,
+            glue_results=args.glue_results,
+            glue_model=args.glue_model,
+            probe_text=args.probe_text,
+        )
+        if store is not None:
+            store.put_tree(Path(target), last="config.json")
+            res["output"] = store.url_of()
+        return res
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
@@ -298,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run", help="run folder (its newest complete checkpoint is exported)")
-    p.add_argument("--output", required=True, help="HF folder to write")
+    p.add_argument(
+        "--output",
+        required=True,
+        help="HF folder to write, or a URL in object storage (s3://..., written here, uploaded)",
+    )
     p.add_argument("--checkpoint", default=None, help="a specific checkpoint folder instead")
     p.add_argument(
         "--average",
@@ -341,19 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     quiet_transformers()
     try:
-        res = export(
-            args.run,
-            args.output,
-            args.checkpoint,
-            verify=not args.no_verify,
-            language=args.language,
-            datasets=args.dataset,
-            average=args.average,
-            ema=args.ema,
-            glue_results=args.glue_results,
-            glue_model=args.glue_model,
-            probe_text=args.probe_text,
-        )
+        res = _export_to(args)
     except UserError as e:
         log.error(str(e))
         return USER_ERROR_EXIT
