@@ -73,6 +73,28 @@ MANY_RANKS ?= 16
 test-many-ranks: $(INSTALL)
 	BERTFORGE_TEST_RANKS=$(MANY_RANKS) $(PYTHON) -m pytest -q -p no:randomly tests/e2e/test_many_ranks.py
 
+# A real SLURM for tests/e2e/test_slurm.py: Debian's slurm-wlm and munge, installed when missing
+# where apt-get works as root (.ci/run runs this before `make test`); elsewhere it says why not and
+# the SLURM tests skip with the reason. The tests start their own munged, slurmctld and slurmd.
+SLURM_PACKAGES ?= slurm-wlm munge
+.PHONY: slurm-packages test-slurm
+slurm-packages:
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then \
+	  echo "slurm-packages: found $$(slurmctld -V)"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "slurm-packages: not installed (needs root and apt-get): the SLURM tests will skip"; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null) \
+	    && echo "slurm-packages: installed $$(slurmctld -V)" \
+	    || echo "slurm-packages: apt-get failed: the SLURM tests will skip"; \
+	fi
+
+# The SLURM scripts of docs/launching.md and docs/data.md on that SLURM (208 CPU-seconds, 3-4
+# minutes on the shared 2-core machine; `make test` runs the same file).
+test-slurm: $(INSTALL) slurm-packages
+	$(PYTHON) -m pytest -q -rs --durations=5 tests/e2e/test_slurm.py
+
 # One formatter and linter (ruff, settings in pyproject.toml); CI fails on a finding.
 lint: install
 	$(PYTHON) -m ruff check .

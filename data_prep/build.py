@@ -145,11 +145,14 @@ def _tokenizer(cfg: BuildConfig, files: list[Path]) -> None:
         )
         return
     log.info(f"training a WordPiece vocabulary of {cfg.vocab_size} on the training documents")
-    train_docs = (
-        d
-        for d in iter_documents(files, cfg.input, _drops(cfg, quiet=True))
-        if not is_validation(d, cfg.validation_fraction)
-    )
+
+    def train_docs() -> Iterator[str]:  # read twice (data_prep.tokenizer.continuation_pieces)
+        return (
+            d
+            for d in iter_documents(files, cfg.input, _drops(cfg, quiet=True))
+            if not is_validation(d, cfg.validation_fraction)
+        )
+
     lowercase = cfg.lowercase is not False
     train_wordpiece(
         train_docs, cfg.vocab_size, lowercase, tok_dir, cfg.min_frequency, cfg.sequences.max_seq_len

@@ -11,7 +11,7 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,31 +69,29 @@ class TokenizerInfo:
 
 
 def train_wordpiece(
-    texts: Iterable[str],
+    texts: Iterable[str] | Callable[[], Iterable[str]],
     vocab_size: int,
     lowercase: bool,
     out_dir: Path,
     min_frequency: int = 2,
     max_length: int | None = None,
 ) -> None:
-    """Train BERT's WordPiece pipeline on `texts` (streamed) and save it as a HF folder whose
-    ``model_max_length`` is ``max_length`` (the build's --max_seq_len)."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    # As BertWordPieceTokenizer: CJK characters become single-character words; accents are
-    # stripped only when lowercasing (BERT uncased).
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    """Train BERT's WordPiece pipeline on `texts` and save it as a HF folder whose
+    ``model_max_length`` is ``max_length`` (the build's --max_seq_len). The same texts and
+    arguments give the same files, byte for byte (:func:`continuation_pieces`). `texts` is read
+    twice: a list, or a function that returns a fresh iterable (a stream of the input files)."""
+    passes = _rereadable(texts)
+    pieces = continuation_pieces(passes(), lowercase)
+    tok = _bert_wordpiece(lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *pieces],
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(passes(), trainer=trainer)
+    tok = _drop_added(tok, set(pieces))
     warn_if_smaller(tok.get_vocab_size(with_added_tokens=True), vocab_size, min_frequency)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
@@ -117,6 +115,58 @@ def train_wordpiece(
             tokenize_chinese_chars=True,
         )
         _save_hf(hf, out_dir, max_length)
+
+
+def _bert_wordpiece(lowercase: bool) -> Tokenizer:
+    """An untrained tokenizer with BERT's normalizer, pre-tokenizer and decoder."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    # As BertWordPieceTokenizer: CJK characters become single-character words; accents are
+    # stripped only when lowercasing (BERT uncased).
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _rereadable(texts: Iterable[str] | Callable[[], Iterable[str]]) -> Callable[[], Iterable[str]]:
+    if callable(texts):
+        return texts
+    if iter(texts) is texts:
+        raise TypeError(
+            "train_wordpiece reads the texts twice: pass a list, or a function that returns a "
+            "fresh iterable, not a one-pass iterator"
+        )
+    return lambda: texts
+
+
+def continuation_pieces(texts: Iterable[str], lowercase: bool) -> list[str]:
+    """The ``##c`` piece of every character that follows another inside a word, sorted.
+
+    Why (huggingface/tokenizers#1794, docs/data.md "What is reproducible"): the WordPiece
+    trainer (its BPE trainer underneath) gives each ``##c`` piece its id in the order it meets
+    the piece while iterating a hash map of the words, and that order changes from process to
+    process. Merges of equal count are then ranked by those ids, so two trainings on the same
+    text pick different merges. Passing these pieces, sorted, as special tokens puts them in
+    the vocabulary first, in this order; the trainer then creates none itself. Finding them
+    takes one pass of the trainer with no merges (the same normalizer and pre-tokenizer)."""
+    probe = _bert_wordpiece(lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=0, special_tokens=[], continuing_subword_prefix="##", show_progress=False
+    )
+    probe.train_from_iterator(texts, trainer=trainer)
+    # vocab_size 0: no merges, so every "##" entry is one character's piece (kept as a guard).
+    return sorted(t for t in probe.get_vocab() if t.startswith("##") and len(t) == 3)
+
+
+def _drop_added(tok: Tokenizer, contents: set[str]) -> Tokenizer:
+    """``tok`` without the added (special) tokens in ``contents``; their vocabulary entries and
+    ids stay. The ``##c`` pieces were special only to fix their ids: as special tokens they
+    would be matched in text and dropped on decoding."""
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in contents]
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def warn_if_smaller(trained: int, asked: int, min_frequency: int) -> None:

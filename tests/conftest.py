@@ -154,6 +154,7 @@ SLOW_FILES_FIRST = (
     "tests/e2e/test_two_rank_training.py",
     "tests/e2e/test_rtd_training.py",
     "tests/e2e/test_chaos_kills.py",
+    "tests/e2e/test_slurm.py",  # its jobs run beside other files' tests
     "tests/e2e/test_phase_plan_training.py",
     "tests/e2e/test_modernbert_features.py",
     "tests/benchmarks/test_modernbert_bench.py",

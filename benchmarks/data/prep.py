@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus, tok_dir = run / "corpus.txt", run / "tokenizer"
         size = make_corpus(args.corpus, args.repeat, corpus)
         text = args.corpus.read_text(encoding="utf-8")
-        train_wordpiece(iter(text.split("\n\n")), args.vocab_size, True, tok_dir)
+        train_wordpiece(text.split("\n\n"), args.vocab_size, True, tok_dir)
         print(
             f"corpus: {args.corpus.name} x{args.repeat} = {size / 1e6:.1f} MB; "
             f"workers {args.workers}; max_seq_len {args.max_seq_len}",

@@ -65,6 +65,21 @@ def test_recipe_is_the_script(page_name, script_name):
     assert recipe is not None and recipe.group(1) == body
 
 
+@pytest.mark.parametrize(
+    "page_name, script_name, job_name",
+    [("launching.md", "slurm_train.sh", "bert-base"), ("data.md", "slurm_shards.sh", "shards")],
+)
+def test_slurm_script_is_the_file(page_name, script_name, job_name):
+    """A SLURM script printed in docs/ is its file under scripts/, the one
+    tests/e2e/test_slurm.py submits to a real SLURM."""
+    page = (REPO / "docs" / page_name).read_text(encoding="utf-8")
+    block = re.search(
+        rf"```bash\n(#!/bin/bash\n#SBATCH --job-name={job_name}\n.*?)```", page, flags=re.DOTALL
+    )
+    script = (REPO / "scripts" / script_name).read_text(encoding="utf-8")
+    assert block is not None and block.group(1) == script
+
+
 def test_continued_filter_keeps_the_reports_not_the_progress():
     lines = [
         "486 docstrings of email, http, urllib: 146 K characters -> runs/domain/email_http.txt",
