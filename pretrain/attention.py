@@ -239,7 +239,7 @@ def attention_maps(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.attention",
+        prog="bertforge attention",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

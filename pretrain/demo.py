@@ -389,7 +389,7 @@ def summary_lines(s: dict) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m pretrain.demo",
+        prog="bertforge demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -61,12 +61,15 @@ def interrupted_message(cfg: TrainConfig) -> str:
     return f"interrupted twice: stopped at once without saving; {kept} (resume with --resume auto)"
 
 
-def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
-    """Entry point for ``python pretrain/main.py`` and the launchers. ``keep_handler``: leave
-    the stop-signal handler installed on return (the script: it exits right after, so a signal
-    in between still does nothing); a caller in the same process gets its handlers back."""
+def main(
+    argv: list[str] | None = None, *, keep_handler: bool = False, prog: str = "pretrain/main.py"
+) -> int:
+    """Entry point for ``pretrain/main.py`` under the launchers and for ``bertforge train``.
+    ``keep_handler``: leave the stop-signal handler installed on return (the script: it exits
+    right after, so a signal in between still does nothing); a caller in the same process gets
+    its handlers back. ``prog``: the command's name in usage lines and errors."""
     quiet_libraries()
-    cfg = parse_args(argv)
+    cfg = parse_args(argv, prog)
     if cfg.run.dry_run:
         try:
             return dry_run.main(cfg)

@@ -23,6 +23,7 @@ from bertforge.data_prep.progress import normalize_mode
 from bertforge.data_prep.remote_folder import parse_size
 from bertforge.data_prep.sources import MixtureError, parse_mixture
 from bertforge.errors import UserError
+from bertforge.files import checkout_file
 from bertforge.preemption import parse_signals
 from bertforge.pretrain.config.flag_checks import (
     AnnealError,
@@ -248,9 +249,9 @@ def _preset_for(ns: argparse.Namespace, flags: dict, model_given: bool, parser) 
     return base
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def parse_args(argv: list[str] | None = None, prog: str = "pretrain/main.py") -> TrainConfig:
     """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
-    parser, names = trainer_parser()
+    parser, names = trainer_parser(prog)
     cfg = config_from_args(parser.parse_args(argv), names, parser)
     _check_anneal(cfg, parser, sys.argv[1:] if argv is None else argv)
     _check_paths(cfg, parser)
@@ -464,7 +465,7 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             continue
         if not Path(s.path, "manifest.json").is_file():
             parser.error(_not_shards(Path(s.path)))
-    if not Path(cfg.run.ds_config).is_file():
+    if not checkout_file(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     downstream = cfg.log.downstream_eval
     if downstream and is_benchmark_spec(downstream):  # glue:DIR[:TASKS]: every split read now

@@ -26,6 +26,7 @@ import yaml
 
 from bertforge.cli import base_type, field_default, suggest
 from bertforge.errors import UserError
+from bertforge.files import checkout_file
 
 if TYPE_CHECKING:
     from bertforge.pretrain.config.ds_config import DeepSpeedSetup
@@ -79,7 +80,7 @@ def load_recipe(path: str | Path, groups: dict[str, type]) -> dict[tuple[str, st
     """{(group, field): value} of the recipe at ``path``, each value checked against its field's
     type; an unknown section or key fails naming the file, the key and the closest name."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = checkout_file(path).read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"--recipe {path}: cannot read it ({e.strerror})") from None
     try:

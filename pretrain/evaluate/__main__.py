@@ -71,7 +71,7 @@ _INT_RECIPE = {  # recipe fields with an integer flag each (defaults: finetune.R
 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m pretrain.evaluate",
+        prog="bertforge evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -327,7 +327,7 @@ def _export_to(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.export",
+        prog="bertforge export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

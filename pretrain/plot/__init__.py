@@ -260,7 +260,7 @@ def plot_sources(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
+    p = ArgumentParser(prog="bertforge plot", description=__doc__)
     p.add_argument("metrics", help="RUN/metrics.jsonl")
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     args = p.parse_args(argv)
