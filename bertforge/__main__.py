@@ -2,4 +2,5 @@
 
 from bertforge.commands import script
 
-script()
+if __name__ == "__main__":  # not when a build's worker processes import this as __mp_main__
+    script()

@@ -1,6 +1,6 @@
 """Attention maps of a BERT or ModernBERT: PNG heatmaps per layer and head, per-head statistics.
 
-    python -m pretrain.attention MODEL --text "..." --out DIR [--layers 0,1] [--heads 0-3]
+    bertforge attention MODEL --text "..." --out DIR [--layers 0,1] [--heads 0-3]
 
 MODEL is a Hugging Face folder, a run folder (newest complete checkpoint) or ``RUN@STEP``; a
 run's checkpoint is exported to DIR/model first (``pretrain.export``). The model runs with eager

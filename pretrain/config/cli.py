@@ -1,6 +1,6 @@
 """The trainer's command line: one flag per field of its dataclasses, values checked.
 
-``python pretrain/main.py --help`` lists the flags by concern; each one's help is its field's
+``bertforge train --help`` lists the flags by concern; each one's help is its field's
 (:func:`bertforge.cli.opt`) followed by its default, written once. Every argparse default is
 None so that a flag "not given" stays apart from one given with the default's value (the
 DeepSpeed config decides the former). The doctor extends the same parser, so a launch line
@@ -428,14 +428,14 @@ def _not_shards(path: Path) -> str:
     if (path / WORK_DIR).is_dir():
         return (
             f"--data {path}: an unfinished build (its {WORK_DIR} folder is there, no "
-            "manifest.json yet); run the same `python -m data_prep build` command again to "
+            "manifest.json yet); run the same `bertforge prep build` command again to "
             "finish it"
         )
     if path.is_file() or (path.is_dir() and not any(path.glob("*/manifest.json"))):
         what = "a file" if path.is_file() else "a folder without a manifest.json"
         return (
             f"--data {path}: {what}, not a shard folder; --data takes the output of "
-            f"`python -m data_prep build --input {path} --output SHARDS` (build it first, then "
+            f"`bertforge prep build --input {path} --output SHARDS` (build it first, then "
             "--data SHARDS)"
         )
     if path.is_dir():  # a folder of builds: name them
@@ -445,7 +445,7 @@ def _not_shards(path: Path) -> str:
             "one of them"
         )
     return (
-        f"--data {path}: no such folder (or an incomplete build); run `python -m data_prep "
+        f"--data {path}: no such folder (or an incomplete build); run `bertforge prep "
         f"build --input TEXT --output {path}` first"
     )
 
@@ -453,7 +453,7 @@ def _not_shards(path: Path) -> str:
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
     if not cfg.run.data_sources:
-        parser.error("--data is required: the shard folder from `python -m data_prep build`")
+        parser.error("--data is required: the shard folder from `bertforge prep build`")
     _refuse_run_urls(cfg, parser)
     try:
         sources = parse_mixture(cfg.run.data_sources)

@@ -8,7 +8,7 @@ A recipe is a mapping of sections to fields, named as the config dataclasses nam
 
 Sections are :data:`SECTIONS` (``model``, ``data`` and ``masking`` are the model's and loader's
 dataclasses); a field's flag (``--lr``, ``--mask_prob``, ``--model_dropout`` ...) is generated
-from the same field, so ``python pretrain/main.py --recipe R.yaml --lr 2e-3`` overrides one
+from the same field, so ``bertforge train --recipe R.yaml --lr 2e-3`` overrides one
 value. The DeepSpeed JSON (``run.ds_config``) keeps the engine: ZeRO, precision blocks, the
 optimizer's betas; a setting both can hold is given in one (:mod:`.one_home`). A run
 writes its resolved recipe as ``RUN/recipe.yaml`` (every field, launch-only ones left out),
@@ -231,7 +231,7 @@ def resolved_recipe(cfg: TrainConfig, setup: DeepSpeedSetup) -> str:
     ``--recipe RUN/recipe.yaml --output_dir NEW``."""
     header = (
         "The resolved recipe of this run, written by pretrain/main.py. Reproduce the run with\n"
-        "  python pretrain/main.py --recipe THIS_FILE --output_dir NEW_RUN"
+        "  bertforge train --recipe THIS_FILE --output_dir NEW_RUN"
     )
     values = resolved_flags(cfg, setup)
     given = cfg.to_dict()

@@ -1,6 +1,6 @@
 """Pre-launch checks for a multi-node job, reported in one table.
 
-    python -m pretrain.doctor --hostfile hostfile --ds_config ds_configs/zero2.json --data OUT \
+    bertforge doctor --hostfile hostfile --ds_config ds_configs/zero2.json --data OUT \
         [--model base] [--output_dir RUN]
 
 Checks: hostfile syntax and duplicates, `.deepspeed_env`, pdsh; per node over ssh (BatchMode,

@@ -1,4 +1,4 @@
-"""PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``.
+"""PNG curves of RUN/metrics.jsonl: ``bertforge plot RUN/metrics.jsonl [--out DIR]``.
 
 Each panel is drawn against the optimizer step, with its unit on the y axis; loss_vs_time.png
 draws the training and validation loss against the run's wall-clock training time

@@ -97,7 +97,7 @@ def test_shipped_files_resolve_from_any_folder(tmp_path, monkeypatch):
     assert checkout_file("nothing/here.json") == Path("nothing/here.json")
 
 
-def test_runs_from_any_folder(tmp_path, english_shards):
+def test_runs_from_any_folder(tmp_path, english_corpus):
     """`python -m bertforge` with neither the checkout as the current folder nor its root on
     sys.path: only `bertforge` itself is importable (as an editable install maps it; here a
     link to this checkout's, so the test runs this checkout's code whichever one is installed)."""
@@ -120,6 +120,38 @@ def test_runs_from_any_folder(tmp_path, english_shards):
 
     shown = run("export", "--help")
     assert shown.returncode == 0 and shown.stdout.startswith("usage: bertforge export"), shown
-    inspected = run("inspect", str(english_shards), "--samples", "1")
+    # a build with worker processes (they import the main module again: it must not rerun)
+    shards = tmp_path / "shards"
+    built = run(
+        "prep",
+        "build",
+        "--input",
+        str(english_corpus),
+        "--output",
+        str(shards),
+        "--vocab_size",
+        "2000",
+        "--validation_fraction",
+        "0.05",
+        "--workers",
+        "2",
+    )
+    assert built.returncode == 0, built.stderr
+    assert "wrote" in built.stdout and (shards / "manifest.json").is_file()
+    inspected = run("inspect", str(shards), "--samples", "1")
     assert inspected.returncode == 0, inspected.stderr
     assert "train" in inspected.stdout and "validation" in inspected.stdout
+
+
+def test_a_model_card_repeats_the_command_as_typed():
+    """A run launched as `bertforge train` (or `python -m bertforge train`) is shown so in the
+    card, a script as `python SCRIPT`."""
+    from bertforge.pretrain.export.model_card import _command
+
+    script = ["/venv/bin/bertforge", "train", "--data", "s"]
+    assert _command(script, 1) == "bertforge train --data s"
+    module = ["/src/bertforge/__main__.py", "train", "--data", "s"]
+    assert _command(module, 1) == "bertforge train --data s"
+    assert _command(["pretrain/main.py", "--local_rank=0", "--data", "s"], 2).endswith(
+        "\npython pretrain/main.py --data s"
+    )
