@@ -4,7 +4,7 @@
     deepspeed pretrain/main.py --recipe recipes/bert-base-zero2-fp16.yaml --data SHARDS \
         --output_dir RUN [--max_steps N --resume auto ...: any recipe field's flag]
 
-Also runs under ``torchrun`` and as a plain ``python`` (one process). Parse -> resolve -> build
+Also runs under ``torchrun``, and as one process: ``bertforge train``. Parse -> resolve -> build
 -> run: the recipe and flags into a TrainConfig (:mod:`pretrain.config.cli`); the inputs checked
 and the config resolved before any rendezvous, then data, model, engine and resume point
 (:mod:`pretrain.build`); then the loop (:class:`pretrain.trainer.Trainer`).
