@@ -15,6 +15,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: the folder above this package: the source checkout in an editable install (a wheel has none)
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def checkout_file(path: str | os.PathLike) -> Path:
+    """``path``; a relative one that is not there from the current folder but is in the source
+    checkout (the default ``ds_configs/cpu.json``, ``recipes/*.yaml``): the checkout's copy, so
+    the commands run from any folder."""
+    given = Path(path)
+    if given.is_absolute() or given.exists() or not (_CHECKOUT / "pyproject.toml").is_file():
+        return given
+    there = _CHECKOUT / given
+    return there if there.exists() else given
+
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")

@@ -1,6 +1,6 @@
 """Offline data preparation: raw text to packed, pre-tokenized, memory-mappable shards.
 
-`python -m data_prep build|prepare|merge|inspect|verify|check-overlap`; the trainer reads
+`bertforge prep build|prepare|merge|inspect|verify|check-overlap`; the trainer reads
 shards with `data_prep.reader.ShardReader`. This package import stays light (numpy only) so
 that DataLoader workers and build workers start fast.
 """

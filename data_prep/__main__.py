@@ -1,4 +1,4 @@
-"""Command line: `python -m data_prep build|prepare|merge|inspect|verify|check-overlap`
+"""Command line: `bertforge prep build|prepare|merge|inspect|verify|check-overlap`
 (docs/design.md section 4)."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def _folder(text: str) -> Path | str:
     return text if is_url(text) else Path(text)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m data_prep", description=__doc__)
+def _parser(prog: str = "bertforge prep") -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=prog, description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     extend_tokenizer.add_parser(sub)
 
@@ -116,11 +116,11 @@ def _build_or_prepare(args: argparse.Namespace, argv: list[str], url: str | None
             out = url
         log.info(
             f"prepared {out} (tokenizer{' and decontamination index' * bool(cfg.decontaminate)})"
-            f"; now run each part: python -m data_prep build <the same arguments> "
+            f"; now run each part: bertforge prep build <the same arguments> "
             "--num_partitions N --partition K"
         )
         return
-    m = build(cfg, argv=["python", "-m", "data_prep", *argv])
+    m = build(cfg, argv=["bertforge", "prep", *argv])
     if store is not None:
         remote_build.after("build", store, cfg.output, m)
         if m is None:
@@ -128,7 +128,7 @@ def _build_or_prepare(args: argparse.Namespace, argv: list[str], url: str | None
     if m is None:
         log.info(
             f"part {cfg.partition} of {cfg.num_partitions} done; the manifest is written when "
-            f"the last part finishes (or: python -m data_prep merge {cfg.output})"
+            f"the last part finishes (or: bertforge prep merge {cfg.output})"
         )
     else:
         _report_built(m, url or cfg.output)
@@ -161,12 +161,12 @@ def _run(args: argparse.Namespace, argv: list[str], url: str | None) -> None:
         report(f"ok: {len(files)} shard files and the tokenizer match {args.root}/manifest.json")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "bertforge prep") -> int:
     """Entry point; returns the exit status (2 for bad input or a bad shard folder, 130 for an
-    interrupted build)."""
+    interrupted build). ``prog``: the command's name in usage lines and errors."""
     given = list(sys.argv[1:] if argv is None else argv)
     local, url = remote_build.output_url(given)  # --output s3://...: a staging folder here
-    args = _parser().parse_args(local)
+    args = _parser(prog).parse_args(local)
     try:
         if args.command == "extend-tokenizer":
             return extend_tokenizer.run_command(args)

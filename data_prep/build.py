@@ -1,4 +1,4 @@
-"""`python -m data_prep build`: inputs -> tokenizer -> work units in parallel -> manifest.
+"""`bertforge prep build`: inputs -> tokenizer -> work units in parallel -> manifest.
 
 Resumable by construction: the input stream is cut deterministically into work units (a fixed
 number of documents or bytes, in order); unit k writes `shard-k` of each split and then a done
@@ -221,7 +221,7 @@ def _require_prepared(cfg: BuildConfig, key: dict) -> bool:
     """A part runs in a folder `prepare` made with the same arguments (True: already merged)."""
     out = cfg.output
     hint = (
-        "run `python -m data_prep prepare` with the same arguments (without --num_partitions "
+        "run `bertforge prep prepare` with the same arguments (without --num_partitions "
         "and --partition) once before the parts"
     )
     previous = _previous_build(out) if out.is_dir() else None
@@ -426,7 +426,7 @@ def _build_locked(
         time.sleep(1.0)
     log.info(
         f"part {cfg.partition} of {cfg.num_partitions} done; another part holds "
-        f"{cfg.output / WORK_DIR / 'merge.lock'}: run `python -m data_prep merge "
+        f"{cfg.output / WORK_DIR / 'merge.lock'}: run `bertforge prep merge "
         f"{cfg.output}` once every part has finished."
     )
     return None

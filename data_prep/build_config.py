@@ -1,4 +1,4 @@
-"""What a build is: its arguments (:class:`BuildConfig`, from which `python -m data_prep build`'s
+"""What a build is: its arguments (:class:`BuildConfig`, from which `bertforge prep build`'s
 flags are generated), their checks, and the build key that a resumed build must match exactly."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BuildError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Arguments of one build (the CLI flags of `python -m data_prep build`, generated from these
+    """Arguments of one build (the CLI flags of `bertforge prep build`, generated from these
     fields by data_prep.__main__; each field's help is its flag's)."""
 
     inputs: tuple[str, ...] = opt(
@@ -140,7 +140,7 @@ def check_config(cfg: BuildConfig) -> None:
     if cfg.num_partitions > 1 and cfg.overwrite:
         problems.append(
             "--overwrite cannot be given to a part (it would delete the other parts' "
-            "shards); pass it to `python -m data_prep prepare` instead"
+            "shards); pass it to `bertforge prep prepare` instead"
         )
     if cfg.decontaminate is not None and not 0.0 < cfg.decontaminate <= 1.0:
         problems.append(f"--decontaminate must be in (0, 1], got {cfg.decontaminate}")

@@ -1,4 +1,4 @@
-"""`python -m data_prep extend-tokenizer`: add domain tokens to a BERT WordPiece tokenizer.
+"""`bertforge prep extend-tokenizer`: add domain tokens to a BERT WordPiece tokenizer.
 
 The contract the trainer's `--init_from` relies on (pretrain/model/init_from.py):
 - every id of the base tokenizer keeps its token, except BERT's `[unused*]` vocabulary slots,
@@ -269,7 +269,7 @@ def text_stats(
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """Arguments of `python -m data_prep extend-tokenizer`."""
+    """Arguments of `bertforge prep extend-tokenizer`."""
 
     tokenizer: Path  # base HF tokenizer folder or BERT vocab.txt
     inputs: tuple[str, ...]  # domain text files, folders, globs (as `build --input`)
@@ -342,7 +342,7 @@ def report_lines(report: ExtensionReport, show: int = 20) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    """The `extend-tokenizer` subcommand of `python -m data_prep`."""
+    """The `extend-tokenizer` subcommand of `bertforge prep`."""
     e = sub.add_parser(
         "extend-tokenizer",
         help="add domain terms and frequent domain words to a "

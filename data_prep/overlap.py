@@ -1,4 +1,4 @@
-"""`python -m data_prep check-overlap A B`: near-duplicates between two finished builds.
+"""`bertforge prep check-overlap A B`: near-duplicates between two finished builds.
 
 Shards hold token ids, not text, so both builds are decoded with their own tokenizers and compared
 as text (data_prep.decontam normalises case and accents, so a cased and an uncased build compare

@@ -78,7 +78,7 @@ def complete_units(out: Path, key: dict[str, Any]) -> tuple[int, list[dict[str, 
     if not records:
         raise PartitionError(
             f"{out / WORK_DIR}: no finished part yet; run the parts "
-            "(`python -m data_prep build ... --num_partitions N --partition K`)."
+            "(`bertforge prep build ... --num_partitions N --partition K`)."
         )
     sizes = sorted({n for _, n in records})
     if len(sizes) > 1:
@@ -92,7 +92,7 @@ def complete_units(out: Path, key: dict[str, Any]) -> tuple[int, list[dict[str, 
     if missing:
         raise PartitionError(
             f"{out}: part(s) {missing} of {n} not finished yet; run "
-            f"`python -m data_prep build ... --num_partitions {n} --partition K` "
+            f"`bertforge prep build ... --num_partitions {n} --partition K` "
             "for each of them, then merge."
         )
     ordered = [records[(k, n)] for k in range(n)]

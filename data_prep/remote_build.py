@@ -89,7 +89,7 @@ def before(command: str, url: str, staging: Path, overwrite: bool, partitioned: 
     if command == "build" and partitioned and not (staging / WORK_DIR / "build.json").is_file():
         if not store.exists(f"{WORK_DIR}/build.json"):
             raise StoreError(
-                f"{store.url_of(WORK_DIR + '/build.json')} not found: run `python -m data_prep "
+                f"{store.url_of(WORK_DIR + '/build.json')} not found: run `bertforge prep "
                 f"prepare <the same arguments> --output {store.url_of()}` first"
             )
         # prepare's state, made on another machine (not the other parts' records: this

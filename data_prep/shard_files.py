@@ -36,13 +36,13 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not Path(root).is_dir():
         raise ShardError(
             f"{root}: no such folder, so it is not a finished data_prep build (no {MANIFEST}). "
-            f"Run `python -m data_prep build --input ... --output {root}` first, or give the "
+            f"Run `bertforge prep build --input ... --output {root}` first, or give the "
             "--output folder of a finished build."
         )
     if not path.is_file():
         raise ShardError(
             f"{path} not found: {root} is not a finished data_prep build (the manifest is "
-            "written last). Rerun `python -m data_prep build` with the same arguments to "
+            "written last). Rerun `bertforge prep build` with the same arguments to "
             "finish it."
         )
     try:
@@ -111,6 +111,6 @@ def map_array(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
     except (OSError, ValueError) as e:  # missing, empty or shorter than the manifest says
         raise ShardError(
             f"{path}: cannot map {count} x {dtype.name} ({e}); the shard folder is "
-            "incomplete or corrupt. Run `python -m data_prep verify` and rebuild "
+            "incomplete or corrupt. Run `bertforge prep verify` and rebuild "
             "the shards."
         ) from e

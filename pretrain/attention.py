@@ -1,6 +1,6 @@
 """Attention maps of a BERT or ModernBERT: PNG heatmaps per layer and head, per-head statistics.
 
-    python -m pretrain.attention MODEL --text "..." --out DIR [--layers 0,1] [--heads 0-3]
+    bertforge attention MODEL --text "..." --out DIR [--layers 0,1] [--heads 0-3]
 
 MODEL is a Hugging Face folder, a run folder (newest complete checkpoint) or ``RUN@STEP``; a
 run's checkpoint is exported to DIR/model first (``pretrain.export``). The model runs with eager
@@ -239,7 +239,7 @@ def attention_maps(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.attention",
+        prog="bertforge attention",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,18 +1,18 @@
 """The main job end to end on text that ships with CPython (no download, no GPU):
 
-    python -m pretrain.demo --output_dir runs/demo        (what `make demo` runs)
+    bertforge demo --output_dir runs/demo    (what `make demo` runs)
 
 1. corpus: the pydoc topic pages of this Python (`pydoc_data.topics`, ~460 KB of English prose);
-2. shards: `python -m data_prep build` trains a WordPiece vocabulary and writes packed shards;
-3. doctor: `python -m pretrain.doctor` checks versions, data, batch sizes, memory and disk;
+2. shards: `bertforge prep build` trains a WordPiece vocabulary and writes packed shards;
+3. doctor: `bertforge doctor` checks versions, data, batch sizes, memory and disk;
 4. train: the DeepSpeed launcher starts two local ranks (ZeRO-2, ds_configs/cpu.json) and trains
    the tiny model for half the steps, then stops with a checkpoint;
 5. resume: a second launch with `--resume auto` continues to the last step (the learning rate is
    constant after warmup, so two launches give the same schedule as one);
-6. export: `python -m pretrain.export` writes a Hugging Face folder (validation ran at the end of
+6. export: `bertforge export` writes a Hugging Face folder (validation ran at the end of
    each launch and every --eval_interval steps);
 7. fill-mask: transformers' pipeline on a few sentences, predictions printed;
-8. plot: `python -m pretrain.plot` draws the loss curves to PNG.
+8. plot: `bertforge plot` draws the loss curves to PNG.
 
 Each step is a subprocess with its log in OUTPUT/logs/; a failure stops the demo with the failing
 command and the end of its log.
@@ -159,7 +159,7 @@ def fill_mask(
         what = "no such folder" if not Path(hf_dir).exists() else "no config.json in it"
         raise DemoError(
             f"--fill_mask {hf_dir}: {what}, so no exported model there. Export one first: "
-            f"`python -m pretrain.export RUN --output {hf_dir}` (RUN: a training run's "
+            f"`bertforge export RUN --output {hf_dir}` (RUN: a training run's "
             "--output_dir)."
         )
     # Imports inside functions here: transformers, torch (through pretrain.data and
@@ -389,7 +389,7 @@ def summary_lines(s: dict) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m pretrain.demo",
+        prog="bertforge demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

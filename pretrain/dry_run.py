@@ -1,4 +1,4 @@
-"""`python pretrain/main.py --data DIR --dry-run [--json] [--show_masks N]`: build everything,
+"""`bertforge train --data DIR --dry-run [--json] [--show_masks N]`: build everything,
 train nothing. Runs the checks a real launch runs before its rendezvous (the shards, --init_from,
 the resume point, the DeepSpeed config for this world size; :func:`pretrain.build.resolve_run`)
 and fails the same way, then builds the model and the training loader as a run would, draws the

@@ -4,7 +4,7 @@
     deepspeed pretrain/main.py --recipe recipes/bert-base-zero2-fp16.yaml --data SHARDS \
         --output_dir RUN [--max_steps N --resume auto ...: any recipe field's flag]
 
-Also runs under ``torchrun`` and as a plain ``python`` (one process). Parse -> resolve -> build
+Also runs under ``torchrun``, and as one process: ``bertforge train``. Parse -> resolve -> build
 -> run: the recipe and flags into a TrainConfig (:mod:`pretrain.config.cli`); the inputs checked
 and the config resolved before any rendezvous, then data, model, engine and resume point
 (:mod:`pretrain.build`); then the loop (:class:`pretrain.trainer.Trainer`).
@@ -61,12 +61,15 @@ def interrupted_message(cfg: TrainConfig) -> str:
     return f"interrupted twice: stopped at once without saving; {kept} (resume with --resume auto)"
 
 
-def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
-    """Entry point for ``python pretrain/main.py`` and the launchers. ``keep_handler``: leave
-    the stop-signal handler installed on return (the script: it exits right after, so a signal
-    in between still does nothing); a caller in the same process gets its handlers back."""
+def main(
+    argv: list[str] | None = None, *, keep_handler: bool = False, prog: str = "pretrain/main.py"
+) -> int:
+    """Entry point for ``pretrain/main.py`` under the launchers and for ``bertforge train``.
+    ``keep_handler``: leave the stop-signal handler installed on return (the script: it exits
+    right after, so a signal in between still does nothing); a caller in the same process gets
+    its handlers back. ``prog``: the command's name in usage lines and errors."""
     quiet_libraries()
-    cfg = parse_args(argv)
+    cfg = parse_args(argv, prog)
     if cfg.run.dry_run:
         try:
             return dry_run.main(cfg)

@@ -2,7 +2,7 @@
 
 A pasted output is a fenced block right after a marker naming its command::
 
-    <!-- output: python -m data_prep inspect runs/docs/zh_shards -->
+    <!-- output: bertforge inspect runs/docs/zh_shards -->
     ```
     ...what the command printed...
     ```
@@ -37,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +52,12 @@ MARKER = re.compile(
 # The Chinese sample ships with the tests; its build is deterministic (same vocabulary, shards).
 PREPARE: dict[str, list[str]] = {
     "runs/docs/zh_shards": [
-        "python -m data_prep build --input {repo}/tests/data/zh_hongloumeng_sample.txt"
+        "bertforge prep build --input {repo}/tests/data/zh_hongloumeng_sample.txt"
         " --one_doc_per_line --output runs/docs/zh_shards --vocab_size 2000 --max_seq_len 64"
         " --validation_fraction 0.1 --workers 1 --progress off",
     ],
     "runs/docs/zh_key": [
-        "python -m data_prep build --input {repo}/tests/data/zh_hongloumeng_sample.txt"
+        "bertforge prep build --input {repo}/tests/data/zh_hongloumeng_sample.txt"
         " --one_doc_per_line --output runs/docs/zh_key --vocab_size 2000 --max_seq_len 64"
         " --validation_fraction 0.1 --key_sentences 0.5 --workers 1 --progress off",
     ],
@@ -162,9 +163,25 @@ def prepare(cmd: str, cwd: Path, done: set[str]) -> None:
             done.add(path)
 
 
+def _bin() -> Path:
+    """A folder whose `bertforge` is `python -m bertforge` (the `python` of PATH): the pages'
+    `bertforge ...` commands run this checkout's code, also before `make install` made the
+    console script."""
+    folder = Path(tempfile.gettempdir()) / f"refresh_docs_bin_{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    wrapper, text = folder / "bertforge", '#!/bin/sh\nexec python -m bertforge "$@"\n'
+    if not wrapper.is_file() or wrapper.read_text() != text:  # replaced whole, never rewritten
+        tmp = folder / f".bertforge.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    return folder
+
+
 def _shell(cmd: str, cwd: Path, check: bool = False) -> subprocess.CompletedProcess:
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path)
+    env["PATH"] = os.pathsep.join([env.get("PATH", ""), str(_bin())])  # an installed one first
     env.pop("TRITON_INTERPRET", None)
     r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True)
     if check and r.returncode != 0:

@@ -5,5 +5,5 @@
 #SBATCH --time=12:00:00
 #SBATCH --output=%x-%A_%a.log
 ARGS="--input /shared/corpus/ --output /shared/shards --vocab_size 30522 --max_seq_len 128"
-srun python -m data_prep build $ARGS --workers $SLURM_CPUS_PER_TASK \
+srun bertforge prep build $ARGS --workers $SLURM_CPUS_PER_TASK \
     --num_partitions $SLURM_ARRAY_TASK_COUNT --partition $SLURM_ARRAY_TASK_ID

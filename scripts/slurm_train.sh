@@ -18,10 +18,10 @@ echo "attempt $((${SLURM_RESTART_COUNT:-0} + 1)) of job $SLURM_JOB_ID on $SLURM_
 
 # 1. the doctor once per node (no ssh: each node checks itself for its 8 ranks); exit 1 on a FAIL
 srun --nodes=$SLURM_JOB_NUM_NODES --ntasks=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 \
-  --kill-on-bad-exit=1 python -m pretrain.doctor $ARGS --slots $SLURM_NTASKS_PER_NODE || exit 1
+  --kill-on-bad-exit=1 bertforge doctor $ARGS --slots $SLURM_NTASKS_PER_NODE || exit 1
 # 2. the job's own batch at 32 ranks, nothing trained; prints
 #    {'global_batch_size': 1024, 'micro_batch_size': 32, 'grad_accum': 1}
-WORLD_SIZE=$SLURM_NTASKS python pretrain/main.py $ARGS --dry-run --json \
+WORLD_SIZE=$SLURM_NTASKS bertforge train $ARGS --dry-run --json \
   | python -c "import json, sys; print(json.load(sys.stdin)['config']['batch'])" || exit 1
 # 3. train: one task per GPU
 srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID \

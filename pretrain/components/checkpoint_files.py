@@ -144,7 +144,7 @@ ranks.
 
 ## Hugging Face weights: use the export
 
-    python -m pretrain.export RUN --checkpoint RUN/checkpoints/{tag} --output HF_DIR
+    bertforge export RUN --checkpoint RUN/checkpoints/{tag} --output HF_DIR
 
 (RUN: the run folder, two levels above this file.) It writes `config.json`, `model.safetensors`
 with the vocabulary's {vocab} rows, the tokenizer and a model card, and checks that

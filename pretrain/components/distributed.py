@@ -2,7 +2,7 @@
 
 `init_distributed` is the one call the trainer makes before building anything distributed:
 
-1. A plain `python pretrain/main.py` (no launcher variables) gets single-process defaults.
+1. A plain `bertforge train` (no launcher variables) gets single-process defaults.
 2. Every rank registers in a TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and waits
    for the others up to `timeout_s`. When the group is incomplete, each waiting rank prints which
    ranks did not join, the rendezvous address and what to check, and exits with code
@@ -123,7 +123,7 @@ def _hints(info: DistInfo) -> str:
         f"  - every node resolves and reaches {addr} (MASTER_ADDR is rank 0's node; pass "
         "--master_addr explicitly with the DeepSpeed launcher);\n"
         f"  - no firewall blocks TCP port {info.master_port} between the nodes;\n"
-        "  - `python -m pretrain.doctor --hostfile ...` checks ssh, versions and data on all nodes."
+        "  - `bertforge doctor --hostfile ...` checks ssh, versions and data on all nodes."
     )
 
 

@@ -10,7 +10,7 @@ copy of the model in host memory and one multiply-add over it per step.
 Saved with each checkpoint as ``ema.safetensors`` inside the checkpoint folder before the
 checkpoint is committed, so the ``COMPLETE`` manifest lists it (a torn write makes the checkpoint
 incomplete); loaded back on resume and rollback, so a resumed run's EMA is the uninterrupted
-run's. ``python -m pretrain.export RUN --ema`` exports it.
+run's. ``bertforge export RUN --ema`` exports it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ message, so a build killed midway used to hang every later run silently. Here:
 * A stop signal that reaches the job during a build (the group's SIGTERM also ends the compiler)
   stops the process with exit 0, as any stop during start-up does, not as a failed build.
 
-``python -m pretrain.doctor --build_ops [--ds_config X]`` (run by ``make install``) builds the ops
+``bertforge doctor --build_ops [--ds_config X]`` (run by ``make install``) builds the ops
 ahead of the first run.
 """
 

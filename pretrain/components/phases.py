@@ -98,7 +98,7 @@ def open_phase_data(phases, path: str, run_reader, verify: str) -> dict[tuple[st
             raise PhasePlanError(
                 f"{where}: {' '.join(ph.data)} was built with another tokenizer or format "
                 f"({_signature(reader)}) than --data ({_signature(run_reader)}); rebuild it "
-                "with `python -m data_prep build --tokenizer RUN_DATA/tokenizer ...`"
+                "with `bertforge prep build --tokenizer RUN_DATA/tokenizer ...`"
             )
         readers[tuple(ph.data)] = reader
     return readers

@@ -1,6 +1,6 @@
 """The trainer's command line: one flag per field of its dataclasses, values checked.
 
-``python pretrain/main.py --help`` lists the flags by concern; each one's help is its field's
+``bertforge train --help`` lists the flags by concern; each one's help is its field's
 (:func:`bertforge.cli.opt`) followed by its default, written once. Every argparse default is
 None so that a flag "not given" stays apart from one given with the default's value (the
 DeepSpeed config decides the former). The doctor extends the same parser, so a launch line
@@ -23,6 +23,7 @@ from bertforge.data_prep.progress import normalize_mode
 from bertforge.data_prep.remote_folder import parse_size
 from bertforge.data_prep.sources import MixtureError, parse_mixture
 from bertforge.errors import UserError
+from bertforge.files import checkout_file
 from bertforge.preemption import parse_signals
 from bertforge.pretrain.config.flag_checks import (
     AnnealError,
@@ -248,9 +249,9 @@ def _preset_for(ns: argparse.Namespace, flags: dict, model_given: bool, parser) 
     return base
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def parse_args(argv: list[str] | None = None, prog: str = "pretrain/main.py") -> TrainConfig:
     """Parse the command line into a :class:`TrainConfig` (flags override dataclass defaults)."""
-    parser, names = trainer_parser()
+    parser, names = trainer_parser(prog)
     cfg = config_from_args(parser.parse_args(argv), names, parser)
     _check_anneal(cfg, parser, sys.argv[1:] if argv is None else argv)
     _check_paths(cfg, parser)
@@ -427,14 +428,14 @@ def _not_shards(path: Path) -> str:
     if (path / WORK_DIR).is_dir():
         return (
             f"--data {path}: an unfinished build (its {WORK_DIR} folder is there, no "
-            "manifest.json yet); run the same `python -m data_prep build` command again to "
+            "manifest.json yet); run the same `bertforge prep build` command again to "
             "finish it"
         )
     if path.is_file() or (path.is_dir() and not any(path.glob("*/manifest.json"))):
         what = "a file" if path.is_file() else "a folder without a manifest.json"
         return (
             f"--data {path}: {what}, not a shard folder; --data takes the output of "
-            f"`python -m data_prep build --input {path} --output SHARDS` (build it first, then "
+            f"`bertforge prep build --input {path} --output SHARDS` (build it first, then "
             "--data SHARDS)"
         )
     if path.is_dir():  # a folder of builds: name them
@@ -444,7 +445,7 @@ def _not_shards(path: Path) -> str:
             "one of them"
         )
     return (
-        f"--data {path}: no such folder (or an incomplete build); run `python -m data_prep "
+        f"--data {path}: no such folder (or an incomplete build); run `bertforge prep "
         f"build --input TEXT --output {path}` first"
     )
 
@@ -452,7 +453,7 @@ def _not_shards(path: Path) -> str:
 def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """Fail before any work on files that are not there, naming the flag and the fix."""
     if not cfg.run.data_sources:
-        parser.error("--data is required: the shard folder from `python -m data_prep build`")
+        parser.error("--data is required: the shard folder from `bertforge prep build`")
     _refuse_run_urls(cfg, parser)
     try:
         sources = parse_mixture(cfg.run.data_sources)
@@ -464,7 +465,7 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
             continue
         if not Path(s.path, "manifest.json").is_file():
             parser.error(_not_shards(Path(s.path)))
-    if not Path(cfg.run.ds_config).is_file():
+    if not checkout_file(cfg.run.ds_config).is_file():
         parser.error(f"--ds_config {cfg.run.ds_config}: file not found")
     downstream = cfg.log.downstream_eval
     if downstream and is_benchmark_spec(downstream):  # glue:DIR[:TASKS]: every split read now

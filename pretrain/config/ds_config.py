@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import UserError
+from bertforge.files import checkout_file
 from bertforge.pretrain.config.batching import FIELDS, BatchPlan, apply_batch, resolve_batch
 from bertforge.pretrain.config.one_home import check_one_home, given_by_json
 from bertforge.pretrain.config.optimizer import configure_optimizer
@@ -52,7 +53,7 @@ class DeepSpeedSetup:
 def load_user_config(path: str | Path) -> dict[str, Any]:
     """Read the DeepSpeed JSON with a message naming the file and line on a syntax error."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(checkout_file(path), encoding="utf-8") as f:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None

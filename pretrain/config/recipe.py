@@ -8,7 +8,7 @@ A recipe is a mapping of sections to fields, named as the config dataclasses nam
 
 Sections are :data:`SECTIONS` (``model``, ``data`` and ``masking`` are the model's and loader's
 dataclasses); a field's flag (``--lr``, ``--mask_prob``, ``--model_dropout`` ...) is generated
-from the same field, so ``python pretrain/main.py --recipe R.yaml --lr 2e-3`` overrides one
+from the same field, so ``bertforge train --recipe R.yaml --lr 2e-3`` overrides one
 value. The DeepSpeed JSON (``run.ds_config``) keeps the engine: ZeRO, precision blocks, the
 optimizer's betas; a setting both can hold is given in one (:mod:`.one_home`). A run
 writes its resolved recipe as ``RUN/recipe.yaml`` (every field, launch-only ones left out),
@@ -26,6 +26,7 @@ import yaml
 
 from bertforge.cli import base_type, field_default, suggest
 from bertforge.errors import UserError
+from bertforge.files import checkout_file
 
 if TYPE_CHECKING:
     from bertforge.pretrain.config.ds_config import DeepSpeedSetup
@@ -79,7 +80,7 @@ def load_recipe(path: str | Path, groups: dict[str, type]) -> dict[tuple[str, st
     """{(group, field): value} of the recipe at ``path``, each value checked against its field's
     type; an unknown section or key fails naming the file, the key and the closest name."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = checkout_file(path).read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"--recipe {path}: cannot read it ({e.strerror})") from None
     try:
@@ -230,7 +231,7 @@ def resolved_recipe(cfg: TrainConfig, setup: DeepSpeedSetup) -> str:
     ``--recipe RUN/recipe.yaml --output_dir NEW``."""
     header = (
         "The resolved recipe of this run, written by pretrain/main.py. Reproduce the run with\n"
-        "  python pretrain/main.py --recipe THIS_FILE --output_dir NEW_RUN"
+        "  bertforge train --recipe THIS_FILE --output_dir NEW_RUN"
     )
     values = resolved_flags(cfg, setup)
     given = cfg.to_dict()

@@ -56,7 +56,7 @@ class RunConfig:
     )
     data_sources: list[str] = opt(
         factory=list,
-        help="shard folder written by `python -m data_prep build`, or a weighted mixture: "
+        help="shard folder written by `bertforge prep build`, or a weighted mixture: "
         "name=DIR:weight[:mask_prob] per source (see pretrain.data.mixture)",
         flags=("--data",),
         required=True,  # checked by parse_args; the doctor reports a missing one instead
@@ -331,7 +331,7 @@ class LogConfig:
     )
     downstream_eval: str = opt(
         "",
-        "tasks JSON (python -m pretrain.evaluate's format), or glue:DIR[:TASK,...] / "
+        "tasks JSON (bertforge evaluate's format), or glue:DIR[:TASK,...] / "
         "clue:DIR[:TASK,...] (a GLUE or CLUE folder, the run_glue protocol): fine-tune and score "
         'checkpoints in the background on rank 0 (records "split": "downstream")',
     )

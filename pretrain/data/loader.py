@@ -298,14 +298,14 @@ class MaskedBatches(Dataset):
             bad = int(plan.indices[int(np.argmin(lengths))]) if B else -1
             raise ValueError(
                 f"{self._where(bad)} is empty; the shard is corrupt: rebuild it "
-                "(`python -m data_prep build`) or check it (`python -m data_prep verify`)"
+                "(`bertforge prep build`) or check it (`bertforge prep verify`)"
             )
         if ids.max() >= self.vocab_size:  # padding is a special id, always < vocab_size
             row = int(np.argmax(ids.max(axis=1)))
             raise ValueError(
                 f"{self._where(int(plan.indices[row]))} holds token id {int(ids[row].max())} >= "
                 f"the manifest's vocab_size {self.vocab_size}: the shard is corrupt or was built "
-                "with another tokenizer. Run `python -m data_prep verify` and rebuild the shards."
+                "with another tokenizer. Run `bertforge prep verify` and rebuild the shards."
             )
         in_seq = np.arange(T)[None, :] < lengths[:, None]
         positions = (

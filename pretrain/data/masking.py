@@ -152,7 +152,7 @@ class Masker:
         if missing:
             raise ValueError(
                 f"special tokens {sorted(missing)} missing from the shards' manifest "
-                "(special_tokens); rebuild the shards with `python -m data_prep build`"
+                "(special_tokens); rebuild the shards with `bertforge prep build`"
             )
         self.cfg = cfg
         self.vocab_size = int(vocab_size)

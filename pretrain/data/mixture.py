@@ -59,7 +59,7 @@ def check_compatible(sources: list[Source], readers: list[ShardReader]) -> None:
         raise MixtureError(
             "the sources of --data cannot be mixed (every source must be built "
             "with the same tokenizer, --max_seq_len and --format; rebuild the odd "
-            "one out with `python -m data_prep build --tokenizer ...`): " + "; ".join(lines)
+            "one out with `bertforge prep build --tokenizer ...`): " + "; ".join(lines)
         )
 
 

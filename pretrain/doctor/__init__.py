@@ -1,4 +1,4 @@
-"""Pre-launch checks for a multi-node job: ``python -m pretrain.doctor`` (see :mod:`.cli`).
+"""Pre-launch checks for a multi-node job: ``bertforge doctor`` (see :mod:`.cli`).
 
 Modules: :mod:`.cli` (flags, hostfile, running the probe on every node, the report table),
 :mod:`.probe` (what one node reports; sent over ssh as source, so it imports nothing of ours),

@@ -1,4 +1,4 @@
-"""``python -m pretrain.doctor``: see :mod:`pretrain.doctor.cli`."""
+"""``python -m pretrain.doctor``, as ``bertforge doctor``: see :mod:`pretrain.doctor.cli`."""
 
 import sys
 

@@ -183,7 +183,7 @@ def data_rows(probes: dict[str, dict], data: str, local_sha: str | None) -> list
     for host, pr in probes.items():
         d = pr["data"]
         copy = (
-            f"build it: python -m data_prep build --input TEXT --output {data}"
+            f"build it: bertforge prep build --input TEXT --output {data}"
             if host == LOCAL or ref is None
             else f"copy the folder from the launching node (rsync -a {data}/ {host}:{data}/) or "
             "use a shared filesystem"

@@ -1,6 +1,6 @@
 """Pre-launch checks for a multi-node job, reported in one table.
 
-    python -m pretrain.doctor --hostfile hostfile --ds_config ds_configs/zero2.json --data OUT \
+    bertforge doctor --hostfile hostfile --ds_config ds_configs/zero2.json --data OUT \
         [--model base] [--output_dir RUN]
 
 Checks: hostfile syntax and duplicates, `.deepspeed_env`, pdsh; per node over ssh (BatchMode,
@@ -396,7 +396,7 @@ def run_checks(cfg: TrainConfig, opts: argparse.Namespace) -> list[Row]:
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     """The trainer's parser (every launch flag, so a launch line pastes in unchanged) plus the
     doctor's own flags; returns it with the trainer's (group, field) -> dest map."""
-    p, names = trainer_parser(prog="python -m pretrain.doctor", description=__doc__)
+    p, names = trainer_parser(prog="bertforge doctor", description=__doc__)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     g = p.add_argument_group("doctor")
     g.add_argument("--hostfile", help="DeepSpeed hostfile; without it, check this machine only")

@@ -3,7 +3,7 @@
 A stale build lock (``pretrain.components.op_builds``) is a WARN with the command that clears it
 (a launch removes it itself and builds again, as the row says); an op not built yet is a WARN
 (the first launch would build it, tens of seconds on every node);
-``python -m pretrain.doctor --build_ops`` builds them now (``make install`` runs it).
+``bertforge doctor --build_ops`` builds them now (``make install`` runs it).
 """
 
 from __future__ import annotations
@@ -103,8 +103,7 @@ def op_build_rows(ds_config: dict, ds_config_path: str) -> list[Row]:
                 WARN,
                 f"not built yet in {root}: {', '.join(missing)} (the first launch builds them, "
                 "tens of seconds on every node)",
-                "build them now: python -m pretrain.doctor --build_ops --ds_config "
-                + ds_config_path,
+                "build them now: bertforge doctor --build_ops --ds_config " + ds_config_path,
             )
         )
     else:

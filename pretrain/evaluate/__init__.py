@@ -1,6 +1,6 @@
 """Downstream evaluation: fine-tune and score pretrained models on labelled tasks from files.
 
-- ``python -m pretrain.evaluate``: the command (see ``__main__``).
+- ``bertforge evaluate``: the command (see ``__main__``).
 - ``finetune``: one fine-tuning run; ``metrics``: scores; ``models``: run folders and HF
   folders; ``runner``: grid x seeds and the aggregate; ``report``: table, JSON and plot;
   ``downstream``: the one-seed evaluation the trainer calls during pretraining;

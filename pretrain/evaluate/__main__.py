@@ -1,22 +1,22 @@
 """Fine-tune and score models on labelled tasks; print one comparison table.
 
-    python -m pretrain.evaluate --models runs/zh@all hf/bert-base-chinese --tasks tasks.json \\
+    bertforge evaluate --models runs/zh@all hf/bert-base-chinese --tasks tasks.json \\
         --out eval/ [--seeds 3] [--lrs 3e-5,1e-4] [--min_steps 300] [--max_train_examples 2000]
 
     # texts longer than --max_length: sliding windows (or key_sentences; default first)
-    python -m pretrain.evaluate --models hf/model --tasks tasks.json --out eval/ \\
+    bertforge evaluate --models hf/model --tasks tasks.json --out eval/ \\
         --long_documents windows [--window_stride 64]
 
     # two folders of one name (hf_model) told apart by a label
-    python -m pretrain.evaluate --models base=runs/demo/hf_model domain=runs/cont/hf_model ...
+    bertforge evaluate --models base=runs/demo/hf_model domain=runs/cont/hf_model ...
 
     # GLUE (or CLUE) as download_glue_data.py or Hugging Face's datasets wrote it; a protocol
-    python -m pretrain.evaluate --models runs/demo@all bert=hf/bert-base-uncased --glue glue_data \\
+    bertforge evaluate --models runs/demo@all bert=hf/bert-base-uncased --glue glue_data \\
         --out eval_glue/ --protocol bert [--only RTE STS-B] [--seeds 3] [--lrs 2e-5,3e-5]
-    python -m pretrain.evaluate --models hf/bert-base-chinese --clue clue_data --out eval_clue/
+    bertforge evaluate --models hf/bert-base-chinese --clue clue_data --out eval_clue/
 
     # one task from flags instead of a tasks file
-    python -m pretrain.evaluate --models hf/model --out eval/ --name sentiment \\
+    bertforge evaluate --models hf/model --out eval/ --name sentiment \\
         --type classification --train reviews.jsonl --text_column text --label_column label
 
 Models: an HF folder, a run folder (its newest complete checkpoint), ``RUN@STEP`` or ``RUN@all``
@@ -71,7 +71,7 @@ _INT_RECIPE = {  # recipe fields with an integer flag each (defaults: finetune.R
 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m pretrain.evaluate",
+        prog="bertforge evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

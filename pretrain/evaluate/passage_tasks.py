@@ -7,7 +7,7 @@ Each text (UTF-8, whitespace collapsed to single spaces) is cut into consecutive
 ``--chars`` characters; ``--passages`` of them, evenly spaced over the text, are kept per text (all
 of them when the text has fewer, with a warning). Writes DIR/passages.jsonl (``text``, ``label``:
 the text's name, shuffled with a fixed seed) and DIR/tasks.json describing the classification task
-``passage_source`` for ``python -m pretrain.evaluate --tasks``. Passages never overlap, so no test
+``passage_source`` for ``bertforge evaluate --tasks``. Passages never overlap, so no test
 passage shares text with a training one. Everything is deterministic.
 """
 

@@ -1,1 +1,1 @@
-"""``python -m pretrain.export RUN OUT``: a checkpoint as a HF model folder with a model card."""
+"""``bertforge export RUN OUT``: a checkpoint as a HF model folder with a model card."""

@@ -1,4 +1,4 @@
-"""``python -m pretrain.export``."""
+"""``python -m pretrain.export``, the same as ``bertforge export``."""
 
 import sys
 

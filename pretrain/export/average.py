@@ -1,4 +1,4 @@
-"""Checkpoint averaging for export: ``python -m pretrain.export RUN --average last:K`` (or
+"""Checkpoint averaging for export: ``bertforge export RUN --average last:K`` (or
 ``--average 100,200,300``, steps) exports the element-wise mean of those checkpoints' weights.
 
 The last checkpoints of a stable or decay phase average into a model that is usually better than

@@ -1,7 +1,7 @@
 """Export a training checkpoint as a standard Hugging Face folder.
 
-    python -m pretrain.export RUN --output HF_DIR [--checkpoint RUN/checkpoints/step_00001000]
-    python -m pretrain.export RUN --output HF_DIR --average last:3   (or --average 800,900,1000)
+    bertforge export RUN --output HF_DIR [--checkpoint RUN/checkpoints/step_00001000]
+    bertforge export RUN --output HF_DIR --average last:3   (or --average 800,900,1000)
 
 Consolidates the ZeRO-2 or ZeRO-3 shards with DeepSpeed's ``zero_to_fp32`` helper, loads them
 into the training model (strict), maps to ``BertForMaskedLM`` / ``BertForPreTraining`` names, slices
@@ -327,7 +327,7 @@ def _export_to(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.export",
+        prog="bertforge export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="FILE",
         help="model card: the GLUE (or CLUE) scores of this model from a glue.json of "
-        "python -m pretrain.evaluate --glue",
+        "bertforge evaluate --glue",
     )
     p.add_argument(
         "--glue_model", default=None, help="its row in that file (default: the only one)"

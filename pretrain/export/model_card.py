@@ -5,7 +5,7 @@ resolved settings and the exact command), ``RUN/metrics.jsonl`` (tokens seen, th
 validation at or before the exported step) and the checkpoint's ``trainer_state.json`` (step,
 data sources); the data summary comes from each source's ``manifest.json`` when the shard folder
 is still there. The YAML header carries language, a license placeholder, tags and datasets as
-the user gives them (``python -m pretrain.export ... --language en --dataset NAME``).
+the user gives them (``bertforge export ... --language en --dataset NAME``).
 """
 
 from __future__ import annotations
@@ -184,7 +184,9 @@ def _command(argv: list[str] | None, world_size: int | None) -> str:
             continue
         if not a.startswith(("--local_rank=", "--local-rank=")):
             args.append(a)
-    line = shlex.join(["python", *args])
+    # the console script (or python -m bertforge) as the user typed it, a script with python
+    typed = Path(args[0]).name == "bertforge" or args[0].endswith("bertforge/__main__.py")
+    line = shlex.join(["bertforge", *args[1:]] if typed else ["python", *args])
     if world_size and int(world_size) > 1:
         return f"# on {world_size} ranks (deepspeed / torchrun launcher), each rank ran:\n{line}"
     return line
@@ -214,7 +216,7 @@ def _sharing(model: dict[str, Any]) -> list[str]:
 
 
 def benchmark_section(path: str | Path, label: str | None) -> list[str]:
-    """The model card's lines for one model of a ``python -m pretrain.evaluate --glue`` (or
+    """The model card's lines for one model of a ``bertforge evaluate --glue`` (or
     ``--clue``) results file: each task's dev scores, median [min, max] over the seeds, the
     benchmark score and how it was run. ``label``: the model's row (None: the file's only one)."""
     path = Path(path)
@@ -223,7 +225,7 @@ def benchmark_section(path: str | Path, label: str | None) -> list[str]:
         bench, rows = doc["benchmark"], doc["models"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(
-            f"--glue_results {path}: not a glue.json/clue.json of python -m pretrain.evaluate ({e})"
+            f"--glue_results {path}: not a glue.json/clue.json of bertforge evaluate ({e})"
         ) from None
     if label is None and len(rows) == 1:
         label = next(iter(rows))
@@ -246,7 +248,7 @@ def benchmark_section(path: str | Path, label: str | None) -> list[str]:
         + " |",
         "",
         f"Protocol `{doc['protocol']}` ({doc['protocol_source']}); {doc['reported']}. Fine-tuned "
-        f"on {doc['device']} with `python -m pretrain.evaluate --glue` ({path.name}).",
+        f"on {doc['device']} with `bertforge evaluate --glue` ({path.name}).",
         "",
     ]
     return lines

@@ -18,7 +18,7 @@ The contract:
   adapter, `pretrain.model.specs.StateDictAdapter`);
 - vocabulary: the shards' tokenizer must be the checkpoint's, or an extension of it in which
   every old token keeps its id and new tokens fill `[unused*]` slots or are appended (what
-  `python -m data_prep extend-tokenizer` writes). Old rows are copied bit for bit; each new row
+  `bertforge prep extend-tokenizer` writes). Old rows are copied bit for bit; each new row
   of the word embeddings (tied to the MLM decoder) and of the MLM bias is the mean of the rows of
   the pieces the checkpoint's tokenizer splits the new token into (transformers PR #14709:
   random rows distort the model). Anything else is refused with the first differing entries.
@@ -149,7 +149,7 @@ def _difference_error(base: list[str], new: list[str], base_dir: Path, new_dir: 
         f"({base_dir}) nor an extension of it (every old token at its id; new tokens "
         "only in [unused*] slots or appended). First differences:\n  "
         + "\n  ".join(diffs)
-        + "\nBuild the shards with `python -m data_prep build "
+        + "\nBuild the shards with `bertforge prep build "
         f"--tokenizer {base_dir}` or with a tokenizer made from it by `python -m "
         "data_prep extend-tokenizer`."
     )

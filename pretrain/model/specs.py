@@ -192,7 +192,7 @@ def resolve_objective(settings: ObjectiveConfig | None, data_format: str) -> Obj
         if spec.data_format != data_format:
             raise ObjectiveError(
                 f"--objective {spec.name} trains on {spec.data_format} shards, the shards are "
-                f"{data_format} (manifest.json's format): build them with `python -m data_prep "
+                f"{data_format} (manifest.json's format): build them with `bertforge prep "
                 f"build --format {spec.data_format}`, or choose --objective auto"
             )
     return dataclasses.replace(spec, settings=settings)

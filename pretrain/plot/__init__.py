@@ -1,4 +1,4 @@
-"""PNG curves of RUN/metrics.jsonl: ``python -m pretrain.plot RUN/metrics.jsonl [--out DIR]``.
+"""PNG curves of RUN/metrics.jsonl: ``bertforge plot RUN/metrics.jsonl [--out DIR]``.
 
 Each panel is drawn against the optimizer step, with its unit on the y axis; loss_vs_time.png
 draws the training and validation loss against the run's wall-clock training time
@@ -260,7 +260,7 @@ def plot_sources(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = ArgumentParser(prog="python -m pretrain.plot", description=__doc__)
+    p = ArgumentParser(prog="bertforge plot", description=__doc__)
     p.add_argument("metrics", help="RUN/metrics.jsonl")
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     args = p.parse_args(argv)

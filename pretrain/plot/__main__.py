@@ -1,4 +1,4 @@
-"""``python -m pretrain.plot``."""
+"""``python -m pretrain.plot``, the same as ``bertforge plot``."""
 
 import sys
 

@@ -171,12 +171,12 @@ def test_data_prep_build_flags_are_build_configs_fields():
 
 
 def test_data_prep_build_error_is_short_and_names_the_subcommand():
-    proc = _run("-m", "data_prep", "build", "--max_seq_length", "8")
+    proc = _run("-m", "bertforge", "prep", "build", "--max_seq_length", "8")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "python -m data_prep build: error: unrecognized argument --max_seq_length; "
+        "bertforge prep build: error: unrecognized argument --max_seq_length; "
         "did you mean --max_seq_len?",
-        "see `python -m data_prep build --help`",
+        "see `bertforge prep build --help`",
     ]
 
 
@@ -259,13 +259,13 @@ def test_data_that_is_no_shard_folder_is_named_with_the_build_that_makes_one(
     unfinished = tmp_path / "half"
     (unfinished / ".work").mkdir(parents=True)
     expect = {
-        text: f"a file, not a shard folder; --data takes the output of `python -m data_prep "
+        text: f"a file, not a shard folder; --data takes the output of `bertforge prep "
         f"build --input {text} --output SHARDS`",
         tmp_path: f"a folder without a manifest.json, not a shard folder; --data takes the "
-        f"output of `python -m data_prep build --input {tmp_path} --output SHARDS`",
+        f"output of `bertforge prep build --input {tmp_path} --output SHARDS`",
         english_shards.parent: f"it holds the shard folders ['{english_shards}']: give one",
         unfinished: "an unfinished build (its .work folder is there, no manifest.json yet)",
-        tmp_path / "nope": "no such folder (or an incomplete build); run `python -m data_prep "
+        tmp_path / "nope": "no such folder (or an incomplete build); run `bertforge prep "
         f"build --input TEXT --output {tmp_path / 'nope'}` first",
     }
     for data, message in expect.items():

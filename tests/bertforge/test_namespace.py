@@ -103,7 +103,8 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_runs_beside_hugging_face_kernels(env_with_hf_kernels, english_shards, tmp_path):
     """The launch that failed with `cannot import name 'IGNORE_INDEX' from 'kernels'`: transformers
-    loads Hugging Face's `kernels`, from the repository root too, and a run trains and exports."""
+    loads Hugging Face's `kernels`, from the repository root too, and a run trains and exports
+    (the export with the wheel's console script, from a folder outside the repository)."""
     python = env_with_hf_kernels
     probe = (
         "import kernels, transformers.modeling_utils, bertforge.kernels.api as ours\n"
@@ -129,5 +130,7 @@ def test_runs_beside_hugging_face_kernels(env_with_hf_kernels, english_shards, t
         progress=False,
     )
     _run(python, *cmd[1:], cwd=REPO)
-    _run(python, "-m", "pretrain.export", str(run), "--output", str(tmp_path / "hf"), cwd=REPO)
+    bertforge = python.parent / "bertforge"  # [project.scripts], as pip installed it
+    _run(bertforge, "export", str(run), "--output", str(tmp_path / "hf"), cwd=tmp_path)
+    assert (tmp_path / "hf" / "config.json").is_file()
     assert re.search(r'"step": 2\b', (run / "metrics.jsonl").read_text())

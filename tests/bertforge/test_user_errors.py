@@ -38,21 +38,21 @@ def test_an_entry_point_turns_a_user_error_into_one_error_line_and_status_2(tmp_
 
 def test_inspect_of_a_missing_folder_says_it_is_missing_and_to_run_the_build(tmp_path):
     nope = tmp_path / "NOPE"
-    proc = run_cli("-m", "data_prep", "inspect", str(nope), check=False)
+    proc = run_cli("-m", "bertforge", "inspect", str(nope), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{nope}: no such folder" in proc.stderr and "no manifest.json" in proc.stderr
-    assert "python -m data_prep build" in proc.stderr
+    assert "bertforge prep build" in proc.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = run_cli("-m", "data_prep", "inspect", str(empty), check=False)
+    proc = run_cli("-m", "bertforge", "inspect", str(empty), check=False)
     assert proc.returncode == 2 and "manifest.json not found" in proc.stderr
-    assert "Rerun `python -m data_prep build`" in proc.stderr
+    assert "Rerun `bertforge prep build`" in proc.stderr
 
 
 def test_export_of_a_missing_or_empty_run_says_no_complete_checkpoint_there(tmp_path):
     for run, said in ((tmp_path / "NOPE", "no such folder"), (tmp_path, "export")):
         proc = run_cli(
-            "-m", "pretrain.export", str(run), "--output", str(tmp_path / "X"), check=False
+            "-m", "bertforge", "export", str(run), "--output", str(tmp_path / "X"), check=False
         )
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         (line,) = proc.stderr.splitlines()
@@ -63,12 +63,12 @@ def test_export_of_a_missing_or_empty_run_says_no_complete_checkpoint_there(tmp_
 
 def test_demo_fill_mask_of_a_missing_model_folder_says_it_is_missing(tmp_path):
     nope = tmp_path / "NOPE"
-    proc = run_cli("-m", "pretrain.demo", "--fill_mask", str(nope), check=False)
+    proc = run_cli("-m", "bertforge", "demo", "--fill_mask", str(nope), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Repo id" not in proc.stderr
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"[pretrain] ERROR: --fill_mask {nope}: no such folder")
-    assert "python -m pretrain.export RUN --output" in line
+    assert "bertforge export RUN --output" in line
 
 
 def test_doctor_names_the_line_of_a_malformed_deepspeed_json_as_the_trainer_does(tmp_path):

@@ -60,7 +60,7 @@ def test_packed_round_trip_every_token_in_order(english_shards, english_corpus):
         ids = train[i].input_ids
         assert ids[0] == train.special_tokens["cls"] and ids[-1] == train.special_tokens["sep"]
     assert m["tokenizer"]["vocab_size"] == 2000 and m["token_dtype"] == "uint16"
-    assert m["command"][:4] == ["python", "-m", "data_prep", "build"]
+    assert m["command"][:3] == ["bertforge", "prep", "build"]
 
 
 def test_split_is_by_document_and_deterministic(tmp_path, english_shards):

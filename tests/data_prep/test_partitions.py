@@ -53,7 +53,7 @@ def test_parts_give_the_shards_of_one_build_and_merge_waits_for_all(
 
     # A part before `prepare` is refused and says what to run.
     assert main(["build", *args(parted), *part, "0"]) == 2
-    assert "python -m data_prep prepare" in capsys.readouterr().err
+    assert "bertforge prep prepare" in capsys.readouterr().err
     assert main(["prepare", *args(parted)]) == 0
     # Another part's unfinished file (unit 0 belongs to part 0) survives part 1's start.
     (parted / "train").mkdir()

@@ -56,8 +56,8 @@ def help_flags(module: str, argv: list[str]) -> set[str]:
 
 
 def trainer_command_lines(text: str) -> list[str]:
-    """The ``pretrain/main.py`` command lines of the page's code blocks (continuation lines
-    joined, comments dropped), from the script's name on."""
+    """The ``pretrain/main.py`` and ``bertforge train`` command lines of the page's code blocks
+    (continuation lines joined, comments dropped), from the script's name on."""
     found, fenced, line = [], False, ""
     for raw in text.splitlines():
         if _FENCE.match(raw):
@@ -68,8 +68,9 @@ def trainer_command_lines(text: str) -> list[str]:
         line += " " + raw.split(" #", 1)[0].rstrip().removesuffix("\\")
         if raw.rstrip().endswith("\\"):
             continue
-        if "pretrain/main.py" in line:
-            found.append(line.split("pretrain/main.py", 1)[1])
+        trainer = re.search(r"pretrain/main\.py|bertforge train\b", line)
+        if trainer:
+            found.append(line[trainer.end() :])
         line = ""
     return found
 

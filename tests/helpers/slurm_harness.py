@@ -82,12 +82,13 @@ def _free_ports(n: int) -> list[int]:
 
 def python_bin(folder: Path) -> Path:
     """A folder whose `python` and `python3` exec this interpreter (a wrapper, not a link: a
-    link outside a venv's bin/ would lose the venv): first on the jobs' PATH, so the scripts'
-    `python` is the one running the tests."""
+    link outside a venv's bin/ would lose the venv), and whose `bertforge` is `python -m
+    bertforge`: first on the jobs' PATH, so the scripts' commands run the code under test."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("python", "python3"):
+    python = shlex.quote(sys.executable)
+    for name, run in (("python", ""), ("python3", ""), ("bertforge", " -m bertforge")):
         wrapper = folder / name
-        wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        wrapper.write_text(f'#!/bin/sh\nexec {python}{run} "$@"\n')
         wrapper.chmod(0o755)
     return folder
 

@@ -3,7 +3,7 @@ a run scores while it trains.
 
 ``glue:DIR`` is every GLUE task the folder holds; ``glue:DIR:RTE,STS-B`` these ones (a task by
 its name, its folder or its Hugging Face config, any case: :func:`tasks.find_task`). The folder
-is read as ``python -m pretrain.evaluate --glue DIR`` reads it (:func:`readers.load_benchmark`):
+is read as ``bertforge evaluate --glue DIR`` reads it (:func:`readers.load_benchmark`):
 the trainer reads and checks every split at launch (:func:`load_spec`), each background job reads
 it again. A folder whose name holds a ``:`` needs its task list: the text after the last ``:`` is
 the list.

@@ -1,4 +1,4 @@
-"""GLUE and CLUE the way the field reports them (``python -m pretrain.evaluate --glue DIR``).
+"""GLUE and CLUE the way the field reports them (``bertforge evaluate --glue DIR``).
 
 The tasks and their files are :mod:`pretrain.data.glue` (``tasks``, ``readers``); here:
 ``protocols``: the papers' presets; ``finetune``: one run; ``suite``: models x tasks x lrs x

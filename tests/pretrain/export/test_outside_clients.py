@@ -231,10 +231,10 @@ def test_the_readme_command_gives_weights_transformers_loads(trained, tmp_path):
     text = (checkpoint / README).read_text()
     assert text == readme_text(checkpoint.name, arch, 2000, ARCHS[arch][1])
     assert README in json.loads((checkpoint / "COMPLETE").read_text())["files"]
-    line = next(s.strip() for s in text.splitlines() if "python -m pretrain.export" in s)
+    line = next(s.strip() for s in text.splitlines() if "bertforge export" in s)
     hf = tmp_path / "hf"
     words = line.replace("HF_DIR", str(hf)).replace("RUN", str(run)).split()
-    run_cli(*words[1:], cwd=REPO)  # as typed from the repository root
+    run_cli("-m", *words, cwd=REPO)  # as typed from the repository root (python -m bertforge)
     model = _from_pretrained(hf)
     assert model.config.vocab_size == 2000
     assert model.get_input_embeddings().weight.shape[0] == 2000
