@@ -3,7 +3,7 @@ record (one line), from the records :mod:`.step_records` builds; what an objecti
 own (:mod:`pretrain.objectives`).
 
 A masked-LM run shows ``loss``; a replaced-token-detection run its two networks apart, the
-discriminator beside its prior (:mod:`pretrain.objectives.rtd` says why).
+discriminator beside its prior (:mod:`pretrain.objectives` says why).
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     run_tokenizer_dir,
 )
-from bertforge.pretrain.model.specs import objective_of_run
+from bertforge.pretrain.model.specs import ObjectiveSpec, objective_of_run
+from bertforge.pretrain.objectives.registry import objective_for
 
 log = get_logger(__name__)
 
@@ -152,13 +153,14 @@ def export(
     run = Path(run)
     ckpt, sd, state = _checkpoint_weights(run, checkpoint, average, ema)
     nsp = bool(state.get("nsp", False))
-    model = _trained_model(state, sd, ckpt, nsp)
+    spec = objective_of_run(state["config"], nsp)
+    model = _trained_model(state, sd, ckpt, spec)
     hf_model, conf, tok = _hf_model(model, run, state)
-    # replaced-token detection: the discriminator is the export, a generator that a transformers
-    # class holds (BERT's: ElectraForMaskedLM) goes beside it
-    rtd = getattr(model, "objective", None) == "rtd"
-    generator = model.generator_hf() if hasattr(model, "generator_hf") else None
-    pooler = adds_pooler(model.arch, nsp) and not rtd
+    # the objective's writers: replaced-token detection's discriminator is the export, a
+    # generator that a transformers class holds goes beside it
+    objective = objective_for(spec)
+    generator = objective.generator_export(model)
+    pooler = adds_pooler(model.arch, nsp) and objective.export_pooler
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
@@ -192,33 +194,18 @@ def export(
         )
         if generator is not None:
             result["generator"] = str(output / GENERATOR_DIR)
-            _save_generator(tmp / GENERATOR_DIR, *generator, tok)
+            objective.write_generator(tmp / GENERATOR_DIR, *generator, tok)
         if verify:
             probe = ProbeText(probe_text, "--probe_text") if probe_text else None
             probe = probe or held_out_text(state, tok)
             result["probe_source"] = probe.source
-        if verify and rtd:
+        if verify and objective.export_detects:
             result.update(
                 verify_rtd_export(tmp, model.hf_architecture, generator is not None, probe.text)
             )
         elif verify:
             result.update(verify_export(tmp, nsp, pooler=pooler, probe=probe.text))
     return result
-
-
-def _save_generator(out: Path, conf, sd: dict[str, Any], tok) -> None:
-    """The RTD generator as transformers' ElectraForMaskedLM (with the run's tokenizer)."""
-    import transformers
-
-    model = transformers.ElectraForMaskedLM(conf)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"name mapping to ElectraForMaskedLM failed: missing {missing}, unexpected {unexpected}"
-        )
-    model.tie_weights()
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
 
 
 def _checkpoint_weights(
@@ -242,7 +229,7 @@ def _checkpoint_weights(
     return ckpt, sd, state
 
 
-def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, nsp: bool):
+def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, spec: ObjectiveSpec):
     """The training model the checkpoint's config builds, holding the weights ``sd`` at the rope
     theta its last step trained with."""
     from bertforge.pretrain.model.bert import ModelConfig
@@ -252,7 +239,7 @@ def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, nsp: b
     model = build_model(
         model_cfg,
         vocab_size=int(state["vocab_size"]),
-        objective=objective_of_run(state["config"], nsp),
+        objective=spec,
     )
     load_weights(model, sd, ckpt)
     theta = trained_rope_theta(state)
