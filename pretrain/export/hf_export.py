@@ -54,8 +54,8 @@ from bertforge.pretrain.export.probe import ProbeText, held_out_text
 from bertforge.pretrain.export.verify import (
     GENERATOR_DIR,
     check_lines,
+    verify_detector,
     verify_export,
-    verify_rtd_export,
 )
 from bertforge.pretrain.model.run_checkpoints import (
     MARKER,
@@ -160,7 +160,7 @@ def export(
     # generator that a transformers class holds goes beside it
     objective = objective_for(spec)
     generator = objective.generator_export(model)
-    pooler = adds_pooler(model.arch, nsp) and objective.export_pooler
+    pooler = adds_pooler(model.arch, objective.trains_pooler) and objective.export_pooler
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
@@ -187,7 +187,7 @@ def export(
             architecture=model.hf_architecture,
             tokenizer=tok,
             parameters=sum(p.numel() for p in [*hf_model.parameters(), *extra.values()]),
-            pooler=_pooler_line(model.arch, nsp),
+            pooler=_pooler_line(model.arch, objective.trains_pooler),
             language=language,
             datasets=datasets,
             benchmark=benchmark,
@@ -201,10 +201,11 @@ def export(
             result["probe_source"] = probe.source
         if verify and objective.export_detects:
             result.update(
-                verify_rtd_export(tmp, model.hf_architecture, generator is not None, probe.text)
+                verify_detector(tmp, model.hf_architecture, generator is not None, probe.text)
             )
         elif verify:
-            result.update(verify_export(tmp, nsp, pooler=pooler, probe=probe.text))
+            auto = objective.export_auto_class
+            result.update(verify_export(tmp, auto, pooler=pooler, probe=probe.text))
     return result
 
 
@@ -273,11 +274,11 @@ def _hf_model(model, run: Path, state: dict[str, Any]) -> tuple[Any, Any, Any]:
     return hf_model, conf, tok
 
 
-def _pooler_line(arch: str, nsp: bool) -> str | None:
+def _pooler_line(arch: str, trained: bool) -> str | None:
     """The model card's account of BERT's pooler (ModernBERT has none)."""
     if arch != "bert":
         return None
-    return "trained (next-sentence prediction)" if nsp else POOLER_NOTE
+    return "trained (next-sentence prediction)" if trained else POOLER_NOTE
 
 
 def _export_to(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,6 +14,9 @@ class NextSentence(Objective):
     # the NSP loss (mean over micro-batches), correct and count
     step_sums = ("nsp_loss", "nsp_correct", "nsp_count")
     record_key = "nsp_loss"
+    # the export: BERT's pooler trained by the NSP head, reloaded as BertForPreTraining
+    trains_pooler = True
+    export_auto_class = "AutoModelForPreTraining"
 
     def step_loss(self, out, sums, scale, accum, weights):
         if out.get("nsp_loss") is None:
