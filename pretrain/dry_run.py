@@ -34,6 +34,7 @@ from bertforge.pretrain.model.bert import ModelConfig, padded_vocab, resolve_con
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
 from bertforge.pretrain.model.registry import ARCHES, build_model, resolve_attention
 from bertforge.pretrain.model.specs import resolve_objective
+from bertforge.pretrain.objectives.registry import OBJECTIVES, objective_for
 
 log = get_logger(__name__)
 DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)
@@ -165,7 +166,7 @@ def run_dry_run(
             "data": dataclasses.asdict(data_cfg),
             **(extra_config or {}),
         },
-        "model": _model_summary(model, resolved, reader, masking),
+        "model": _model_summary(model, resolved, reader, masking, objective_cfg),
         "shards": shards_summary(reader),
         "masking": masking,
         **({"lr_schedule": lr_schedule} if lr_schedule else {}),
@@ -221,16 +222,16 @@ def _model_and_loader(
     return resolved, model, loader
 
 
-def _model_summary(model, resolved: ModelConfig, reader, masking: dict[str, Any]) -> dict[str, Any]:
-    """The report's "model": its class, size, FLOPs per token at the realised masking, and
-    sequence and vocabulary sizes."""
+def _model_summary(model, resolved: ModelConfig, reader, masking: dict, objective_cfg) -> dict:
+    """The report's "model": its class, size (and the objective's: its networks beside the
+    encoder), FLOPs per token at the realised masking, and sequence and vocabulary sizes."""
     seq_len = reader.max_seq_len
-    extra = getattr(model, "generator", None)  # an objective's network beside the encoder
+    objective = objective_for(resolve_objective(objective_cfg, reader.format))
     return {
         "architecture": model.hf_architecture,
         # Distinct parameters: weights shared between layers (--share_layers) count once.
         "parameters": int(model.num_parameters()),
-        **({"generator_parameters": int(extra.num_parameters())} if extra is not None else {}),
+        **objective.dry_run_terms(model),  # its networks beside the encoder
         "flops_per_token": model.flops_per_token(seq_len, masking["selected_fraction"]),
         "seq_len": seq_len,
         "vocab_size": reader.vocab_size,
@@ -277,11 +278,7 @@ def format_report(r: dict[str, Any]) -> str:
             f"token (train, seq {m['seq_len']}); vocab {m['vocab_size']} padded to "
             f"{m['padded_vocab_size']}"
         ),
-        *(
-            [f"        of which the generator (--objective rtd): {m['generator_parameters']:,}"]
-            if "generator_parameters" in m
-            else []
-        ),
+        *(row for objective in OBJECTIVES.values() for row in objective.dry_run_rows(m)),
         (
             f"shards  {s['root']}: format {s['format']}, max_seq_len {s['max_seq_len']}, "
             f"tokenizer {str(s['tokenizer_fingerprint'])[:12]}"

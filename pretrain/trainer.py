@@ -43,8 +43,8 @@ from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.masking import at_mask_prob, merge_stats
 from bertforge.pretrain.model import compiled
 from bertforge.pretrain.model.registry import resolve_attention
-from bertforge.pretrain.model.rtd import RTD_COUNTS
 from bertforge.pretrain.model.specs import resolve_objective
+from bertforge.pretrain.objectives.registry import objective_for
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
@@ -156,10 +156,10 @@ class Trainer:
         self.metrics, self.ckpts, self.budget = outputs.metrics, outputs.ckpts, self.clock.budget
         self.source_names = _source_names(data.loader.dataset.reader)
         self.faults = self.ckpts.faults  # one plan per launch: the save faults fire in the manager
-        objective = resolve_objective(cfg.objective_cfg, data.loader.dataset.reader.format)
-        # replaced-token detection: the discriminator's loss is weighted into the step's loss and
-        # normalised by the global batch's real tokens, as the MLM loss is by its masked ones
-        self.rtd_weight = objective.settings.rtd_weight if "rtd" in objective.heads else 0.0
+        spec = resolve_objective(cfg.objective_cfg, data.loader.dataset.reader.format)
+        # what the objective adds to the MLM loss, its weights and normalizers, its sums
+        self.objective = objective_for(spec)
+        self.loss_weights = self.objective.loss_weights(spec.settings)
         if self.faults:
             self.metrics.warning(self.faults.describe())
 
@@ -328,23 +328,14 @@ class Trainer:
         scale = float(accum * self.world)
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in STEP_SUMS}
         fault = self._planned_fault(eng.global_steps + 1)
-        normalizers = {"mlm_normalizer": max(n_masked, 1.0)}
-        if self.rtd_weight:
-            normalizers["token_normalizer"] = max(n_tokens, 1.0)
+        normalizers = {"mlm_normalizer": max(n_masked, 1.0), **self.objective.normalizers(n_tokens)}
         for i, mb in enumerate(micro):
             out = eng(**self._to_device(mb), **normalizers)
             mlm = out["mlm_loss"] if fault is None else out["mlm_loss"] * fault
             loss = mlm * scale
-            if self.rtd_weight:
-                loss = loss + self.rtd_weight * out["rtd_loss"] * scale
-                sums["rtd_loss"] += out["rtd_loss"].detach().double()
-                for k in RTD_COUNTS:
-                    sums[k] += out[k].double()
-            if out.get("nsp_loss") is not None:
-                loss = loss + out["nsp_loss"]
-                sums["nsp_loss"] += out["nsp_loss"].detach().double() / accum
-                sums["nsp_correct"] += out["nsp_correct"].double()
-                sums["nsp_count"] += out["nsp_count"].double()
+            extra = self.objective.step_loss(out, sums, scale, accum, self.loss_weights)
+            if extra is not None:
+                loss = loss + extra
             eng.backward(loss)
             if i < accum - 1:
                 eng.step()  # inside the window: no update; the boundary step comes below
@@ -357,7 +348,7 @@ class Trainer:
         rec = {
             "step": eng.global_steps + 1,
             **loss_record(
-                dict(zip(STEP_SUMS, stacked.tolist())), n_masked, self.world, self.rtd_weight
+                dict(zip(STEP_SUMS, stacked.tolist())), n_masked, self.world, **self.loss_weights
             ),
             "tokens": n_tokens,
             "masked": n_masked,
@@ -405,8 +396,8 @@ class Trainer:
         return records
 
     def _validation_sums(self, reader, step: int) -> tuple[float, ...]:
-        """(summed token loss, correct, masked; for RTD also the discriminator's summed loss and
-        :data:`RTD_COUNTS`) over the first ``--eval_batches`` global batches
+        """(summed token loss, correct, masked, then the objective's ``validation_sums``: RTD's
+        discriminator loss and counts) over the first ``--eval_batches`` global batches
         of ``reader`` (eval_batches x the global batch size of sequences, in index order), all
         ranks together: the same sequences and masks on any world size and at every evaluation.
         Each rank runs grad_accum micro-batches per global batch, as a training step does."""
@@ -436,11 +427,9 @@ class Trainer:
         # still runs each forward (ZeRO-3 gathers weights collectively) on a stand-in batch whose
         # sums it leaves out, so every rank runs `rounds` forwards and no sequence is dropped.
         stand_in = None if len(mine.batch_sampler) else next(_iterate(loader(0, 1)))
-        keys = ("mlm_loss", "num_correct", "num_masked")
-        normalizers = {"mlm_normalizer": 1.0}  # normaliser 1: sums
-        if self.rtd_weight:
-            keys += ("rtd_loss", *RTD_COUNTS)
-            normalizers["token_normalizer"] = 1.0
+        keys = ("mlm_loss", "num_correct", "num_masked", *self.objective.validation_sums)
+        # normaliser 1: sums
+        normalizers = {"mlm_normalizer": 1.0, **self.objective.normalizers(1.0)}
         totals = [0.0] * len(keys)
         self.engine.eval()
         # RTD's generator samples from a stream of the validation's own (the same at every

@@ -35,8 +35,8 @@ from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.pretrain.model.bert import padded_vocab
 from bertforge.pretrain.model.registry import build_model, get_spec
 from bertforge.pretrain.model.registry import preset as preset_config
-from bertforge.pretrain.model.rtd import generator_config
 from bertforge.pretrain.model.specs import ObjectiveSpec, resolve_objective
+from bertforge.pretrain.objectives.registry import objective_for
 
 if TYPE_CHECKING:
     from bertforge.pretrain.model.bert import ModelConfig
@@ -74,7 +74,8 @@ class ModelShape:
     intermediate: int = 0
     global_layers: int = 0
     local_keys: int = 0
-    #: --objective rtd: the generator's shape (its weights are in ``params``; its layers keep
+    #: a network the objective trains beside the encoder (replaced-token detection's
+    #: generator): its shape (its weights are in ``params``; its layers keep
     #: activations of their own, and its head the masked rows' logits)
     generator: ModelShape | None = None
 
@@ -159,7 +160,7 @@ def model_shape(
 
     spec = resolve_objective(objective, "nsp" if nsp else "packed")
     n, (cfg, padded) = count_params(model, vocab, nsp, spec)
-    gen = generator_config(cfg, spec.settings) if "generator" in spec.extra_networks else None
+    gen = objective_for(spec).generator_config(cfg, spec.settings)  # a network beside it
     return ModelShape(
         cfg.name,
         n,

@@ -54,8 +54,8 @@ from bertforge.pretrain.export.probe import ProbeText, held_out_text
 from bertforge.pretrain.export.verify import (
     GENERATOR_DIR,
     check_lines,
+    verify_detector,
     verify_export,
-    verify_rtd_export,
 )
 from bertforge.pretrain.model.run_checkpoints import (
     MARKER,
@@ -67,7 +67,8 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     run_tokenizer_dir,
 )
-from bertforge.pretrain.model.specs import objective_of_run
+from bertforge.pretrain.model.specs import ObjectiveSpec, objective_of_run
+from bertforge.pretrain.objectives.registry import objective_for
 
 log = get_logger(__name__)
 
@@ -152,13 +153,14 @@ def export(
     run = Path(run)
     ckpt, sd, state = _checkpoint_weights(run, checkpoint, average, ema)
     nsp = bool(state.get("nsp", False))
-    model = _trained_model(state, sd, ckpt, nsp)
+    spec = objective_of_run(state["config"], nsp)
+    model = _trained_model(state, sd, ckpt, spec)
     hf_model, conf, tok = _hf_model(model, run, state)
-    # replaced-token detection: the discriminator is the export, a generator that a transformers
-    # class holds (BERT's: ElectraForMaskedLM) goes beside it
-    rtd = getattr(model, "objective", None) == "rtd"
-    generator = model.generator_hf() if hasattr(model, "generator_hf") else None
-    pooler = adds_pooler(model.arch, nsp) and not rtd
+    # the objective's writers: replaced-token detection's discriminator is the export, a
+    # generator that a transformers class holds goes beside it
+    objective = objective_for(spec)
+    generator = objective.generator_export(model)
+    pooler = adds_pooler(model.arch, objective.trains_pooler) and objective.export_pooler
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
@@ -185,40 +187,26 @@ def export(
             architecture=model.hf_architecture,
             tokenizer=tok,
             parameters=sum(p.numel() for p in [*hf_model.parameters(), *extra.values()]),
-            pooler=_pooler_line(model.arch, nsp),
+            pooler=_pooler_line(model.arch, objective.trains_pooler),
             language=language,
             datasets=datasets,
             benchmark=benchmark,
         )
         if generator is not None:
             result["generator"] = str(output / GENERATOR_DIR)
-            _save_generator(tmp / GENERATOR_DIR, *generator, tok)
+            objective.write_generator(tmp / GENERATOR_DIR, *generator, tok)
         if verify:
             probe = ProbeText(probe_text, "--probe_text") if probe_text else None
             probe = probe or held_out_text(state, tok)
             result["probe_source"] = probe.source
-        if verify and rtd:
+        if verify and objective.export_detects:
             result.update(
-                verify_rtd_export(tmp, model.hf_architecture, generator is not None, probe.text)
+                verify_detector(tmp, model.hf_architecture, generator is not None, probe.text)
             )
         elif verify:
-            result.update(verify_export(tmp, nsp, pooler=pooler, probe=probe.text))
+            auto = objective.export_auto_class
+            result.update(verify_export(tmp, auto, pooler=pooler, probe=probe.text))
     return result
-
-
-def _save_generator(out: Path, conf, sd: dict[str, Any], tok) -> None:
-    """The RTD generator as transformers' ElectraForMaskedLM (with the run's tokenizer)."""
-    import transformers
-
-    model = transformers.ElectraForMaskedLM(conf)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"name mapping to ElectraForMaskedLM failed: missing {missing}, unexpected {unexpected}"
-        )
-    model.tie_weights()
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
 
 
 def _checkpoint_weights(
@@ -242,7 +230,7 @@ def _checkpoint_weights(
     return ckpt, sd, state
 
 
-def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, nsp: bool):
+def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, spec: ObjectiveSpec):
     """The training model the checkpoint's config builds, holding the weights ``sd`` at the rope
     theta its last step trained with."""
     from bertforge.pretrain.model.bert import ModelConfig
@@ -252,7 +240,7 @@ def _trained_model(state: dict[str, Any], sd: dict[str, Any], ckpt: Path, nsp: b
     model = build_model(
         model_cfg,
         vocab_size=int(state["vocab_size"]),
-        objective=objective_of_run(state["config"], nsp),
+        objective=spec,
     )
     load_weights(model, sd, ckpt)
     theta = trained_rope_theta(state)
@@ -286,11 +274,11 @@ def _hf_model(model, run: Path, state: dict[str, Any]) -> tuple[Any, Any, Any]:
     return hf_model, conf, tok
 
 
-def _pooler_line(arch: str, nsp: bool) -> str | None:
+def _pooler_line(arch: str, trained: bool) -> str | None:
     """The model card's account of BERT's pooler (ModernBERT has none)."""
     if arch != "bert":
         return None
-    return "trained (next-sentence prediction)" if nsp else POOLER_NOTE
+    return "trained (next-sentence prediction)" if trained else POOLER_NOTE
 
 
 def _export_to(args: argparse.Namespace) -> dict[str, Any]:

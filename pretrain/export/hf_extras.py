@@ -84,7 +84,8 @@ def initialised_pooler(conf, seed: int) -> dict[str, Any]:
     return {POOLER_KEYS[0]: weight, POOLER_KEYS[1]: torch.zeros(size)}
 
 
-def adds_pooler(arch: str, nsp: bool) -> bool:
-    """An untrained pooler goes into BERT masked-LM exports (NSP exports have the trained one;
-    ModernBERT has no pooler: its classification head starts from the MLM head's weights)."""
-    return arch == "bert" and not nsp
+def adds_pooler(arch: str, trained: bool) -> bool:
+    """An untrained pooler goes into BERT masked-LM exports (an objective that ``trained`` it,
+    NSP, exports the trained one; ModernBERT has no pooler: its classification head starts from
+    the MLM head's weights)."""
+    return arch == "bert" and not trained

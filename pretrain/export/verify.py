@@ -40,16 +40,16 @@ def load_problems(auto, out: Path, allowed: tuple[str, ...] = ()) -> dict[str, A
 
 
 def verify_export(
-    out: Path, nsp: bool, pooler: bool = False, probe: str = FALLBACK_TEXT
+    out: Path, auto_class: str, pooler: bool = False, probe: str = FALLBACK_TEXT
 ) -> dict[str, Any]:
-    """Load ``out`` with transformers (strict key check; with ``pooler``, a masked-LM BERT's
+    """Load ``out`` with transformers' ``auto_class`` (the objective's: a masked LM's, or
+    BERT's NSP model's; strict key check; with ``pooler``, a masked-LM BERT's
     added pooler is the only key its masked-LM class does not use, and ``AutoModel`` misses
     nothing) and run fill-mask on ``probe`` with one word masked; returns the architecture and
     ``fill_mask``: a list of ``{"sentence", "answer", "predictions"}`` (the top 3)."""
     import transformers
 
-    auto = transformers.AutoModelForPreTraining if nsp else transformers.AutoModelForMaskedLM
-    bad = load_problems(auto, out, POOLER_KEYS if pooler else ())
+    bad = load_problems(getattr(transformers, auto_class), out, POOLER_KEYS if pooler else ())
     model = bad.pop("model")
     if pooler:
         base = load_problems(transformers.AutoModel, out)
@@ -64,7 +64,7 @@ def verify_export(
     return {"architecture": type(model).__name__, "fill_mask": fills}
 
 
-def verify_rtd_export(
+def verify_detector(
     out: Path, architecture: str, generator: bool, probe: str = FALLBACK_TEXT
 ) -> dict[str, Any]:
     """Load an RTD export with transformers (strict key check): the discriminator with its class
@@ -77,7 +77,8 @@ def verify_rtd_export(
     if bad:
         raise CheckpointError(f"exported folder {out} does not load cleanly: {bad}")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
-    res = verify_export(out / GENERATOR_DIR, nsp=False, probe=probe) if generator else {}
+    generated = out / GENERATOR_DIR
+    res = verify_export(generated, "AutoModelForMaskedLM", probe=probe) if generator else {}
     return {
         "architecture": type(model).__name__,
         "detection": detect_replaced(model, tokenizer, probe),

@@ -5,8 +5,8 @@ draws the training and validation loss against the run's wall-clock training tim
 (``elapsed_s``, start-up included and added up over resumes), so that runs of different speed
 compare by time. The phases of a run (its step records' ``phase``: a ``--phases`` plan, or
 warmup/stable/decay...) are shaded and named in every panel drawn against the step, and the steps
-a launch resumed after are marked. Which panels a run gets (the loss scale for fp16 only, the
-discriminator's for replaced-token detection: rtd.png) is :mod:`.panels`'.
+a launch resumed after are marked. Which panels a run gets (the loss scale for fp16 only, an
+objective's own, a replaced-token-detection discriminator's apart) is :mod:`.panels`'.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.step_records import prior_loss
+from bertforge.pretrain.objectives.base import MLM_LOSS
+from bertforge.pretrain.objectives.registry import OBJECTIVES
 from bertforge.pretrain.plot.panels import (
-    DISCRIMINATOR,
-    MLM_LOSS,
     STEP_LABEL,
     Marks,
     draw,
-    is_rtd,
+    objective_of,
     phase_spans,
     series,
     shade_phases,
@@ -55,9 +54,9 @@ class PlotError(UserError, ValueError):
 
 
 def load(metrics_path: Path) -> dict[str, list[dict]]:
-    """The records to plot: training steps (an RTD run's with the prior's loss and accuracy,
-    which runs before those were recorded lack), the overall validation records (a mixture's
-    per-source ones have "source"), and the resume records."""
+    """The records to plot: training steps (with what their objective's panels read that runs
+    before it was recorded lack), the overall validation records (a mixture's per-source ones
+    have "source"), and the resume records."""
     if not metrics_path.is_file():
         raise PlotError(
             f"{metrics_path}: no such metrics file (give RUN/metrics.jsonl of a training run)"
@@ -69,23 +68,19 @@ def load(metrics_path: Path) -> dict[str, list[dict]]:
     }
     if not data["train"]:
         raise PlotError(f"{metrics_path}: no training records")
-    for split, prefix in (("train", "rtd_"), ("validation", "val_rtd_")):
-        for r in data[split]:
-            share = r.get(f"{prefix}replaced_share")
-            if isinstance(share, (int, float)):
-                r.setdefault(f"{prefix}prior_loss", prior_loss(share))
-                r.setdefault(f"{prefix}prior_accuracy", 1.0 - share)
+    for objective in OBJECTIVES.values():
+        objective.complete_records(data)
     return data
 
 
 def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
-    """loss_vs_time.png: training and validation loss (RTD: the generator's MLM loss) against
+    """loss_vs_time.png: training and validation loss (the objective's ``train_loss_key``) against
     elapsed seconds (none: [])."""
     # Imports inside functions here: matplotlib (pyplot), only when a figure is drawn.
     import matplotlib.pyplot as plt
 
     elapsed = {r["step"]: r["elapsed_s"] for r in data["train"] if "elapsed_s" in r}
-    train_key = "mlm_loss" if is_rtd(data["train"]) else "loss"
+    train_key = objective_of(data["train"]).train_loss_key
     series_ = [
         (split, key, *_time_series(data[split], key, elapsed))
         for split, key in (("train", train_key), ("validation", "val_loss"))
@@ -116,7 +111,8 @@ def plot_loss_vs_time(data: dict[str, list[dict]], out: Path) -> list[Path]:
 
 def figures(data: dict[str, list[dict]]) -> dict[str, object]:
     """The figures of a run's step panels by file stem (a panel without data has none), the
-    overview (every panel, the discriminator's of an RTD run too) and, for RTD, "rtd"."""
+    overview (every panel, an objective's panels apart too) and those apart (under the
+    objective's ``apart_stem``)."""
     # Lazy: matplotlib (pyplot) only when a figure is drawn.
     import matplotlib
 
@@ -124,7 +120,8 @@ def figures(data: dict[str, list[dict]]) -> dict[str, object]:
     import matplotlib.pyplot as plt
 
     marks = Marks(phase_spans(data["train"]), [r["step"] for r in data["resume"]])
-    panels, disc = step_panels(data["train"]), list(DISCRIMINATOR) if is_rtd(data["train"]) else []
+    objective = objective_of(data["train"])
+    panels, disc = step_panels(data["train"]), list(objective.panels_apart)
     out = {}
     for panel in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -138,7 +135,7 @@ def figures(data: dict[str, list[dict]]) -> dict[str, object]:
         for ax, panel in zip(axes, disc):
             draw(ax, panel, data, marks)
         fig.tight_layout()
-        out["rtd"] = fig
+        out[objective.apart_stem] = fig
     every = panels + disc
     rows = math.ceil(len(every) / 3)
     fig, axes = plt.subplots(rows, 3, figsize=(15, 4 * rows), squeeze=False)
@@ -152,8 +149,8 @@ def figures(data: dict[str, list[dict]]) -> dict[str, object]:
 
 
 def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write one PNG per step panel, overview.png, loss_vs_time.png and, for RTD, rtd.png;
-    returns the paths written."""
+    """Write one PNG per step panel, overview.png, loss_vs_time.png and a PNG of an objective's
+    panels apart; returns the paths written."""
     import matplotlib.pyplot as plt
 
     metrics_path = Path(metrics_path)

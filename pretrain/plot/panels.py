@@ -3,10 +3,9 @@ axis labels and units, and the marks every one carries (the phases, the resumes)
 
 - The loss-scale panel only for a run whose loss scale moved off 1, that is fp16's dynamic
   loss scaling: fp32 and bf16 runs record 1 at every step, a flat line that says nothing.
-- A replaced-token-detection run's loss panel is the generator's MLM loss (the step's ``loss``
-  adds ``--rtd_weight`` x the discriminator's, and validation scores the generator), and the
-  run gets the discriminator's panels (:data:`DISCRIMINATOR`): its loss against the prior's, its
-  accuracy against the prior's (1 - the replaced share), precision and recall.
+- The loss and accuracy panels, and any panels apart (a replaced-token-detection run's
+  discriminator's), are the run's objective's (:mod:`pretrain.objectives`), found from its step
+  records.
 - A resumed launch (a ``"split": "resume"`` record) is a dotted vertical line after the step it
   continued from, named at the foot of the panel.
 """
@@ -16,25 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bertforge.pretrain.objectives.base import Objective, Panel
+from bertforge.pretrain.objectives.registry import OBJECTIVES, objective_of_record
+
 #: what a panel's x axis counts
 STEP_LABEL = "optimizer step"
-#: drawn dashed: the references a curve is read against
-REFERENCES = ("rtd_prior_loss", "rtd_prior_accuracy", "val_rtd_prior_loss")
+#: drawn dashed: the references a curve is read against (each objective's)
+REFERENCES = tuple(k for o in OBJECTIVES.values() for k in o.references)
 
-
-@dataclass(frozen=True)
-class Panel:
-    """One panel: its PNG's stem, title, y-axis label (with the unit) and its curves, each
-    ``(split, key, legend label)``."""
-
-    stem: str
-    title: str
-    ylabel: str
-    curves: tuple[tuple[str, str, str], ...]
-    log: bool = False
-
-
-MLM_LOSS = "loss (nats per masked token)"
 LR = Panel("lr", "learning rate", "learning rate", (("train", "lr", "lr"),))
 LOSS_SCALE = Panel(
     "loss_scale",
@@ -55,37 +43,11 @@ THROUGHPUT = Panel(
     "tokens per second (all ranks)",
     (("train", "tokens_per_s", "tokens/s"),),
 )
-#: the discriminator's panels of an RTD run (rtd.png, and the overview)
-DISCRIMINATOR = (
-    Panel(
-        "rtd_loss",
-        "discriminator loss (replaced-token detection)",
-        "binary cross-entropy (nats per token)",
-        (
-            ("train", "rtd_loss", "train"),
-            ("train", "rtd_prior_loss", "prior (entropy of the replaced share)"),
-            ("validation", "val_rtd_loss", "validation"),
-        ),
-    ),
-    Panel(
-        "rtd_scores",
-        "discriminator: accuracy, precision and recall of replaced",
-        "fraction (accuracy: of real tokens)",
-        (
-            ("train", "rtd_accuracy", "accuracy"),
-            ("train", "rtd_prior_accuracy", "prior accuracy (1 - replaced share)"),
-            ("train", "rtd_precision", "precision"),
-            ("train", "rtd_recall", "recall"),
-            ("validation", "val_rtd_accuracy", "validation accuracy"),
-            ("validation", "val_rtd_recall", "validation recall"),
-        ),
-    ),
-)
 
 
-def is_rtd(train: list[dict]) -> bool:
-    """Whether the step records are a replaced-token-detection run's."""
-    return bool(train) and "rtd_loss" in train[0]
+def objective_of(train: list[dict]) -> Objective:
+    """The objective whose step records these are."""
+    return objective_of_record(train[0] if train else None)
 
 
 def uses_loss_scaling(train: list[dict]) -> bool:
@@ -94,33 +56,9 @@ def uses_loss_scaling(train: list[dict]) -> bool:
 
 
 def step_panels(train: list[dict]) -> list[Panel]:
-    """The panels a run gets a PNG of (its discriminator's go to rtd.png: :data:`DISCRIMINATOR`)."""
-    if is_rtd(train):
-        loss = Panel(
-            "loss",
-            "generator MLM loss",
-            MLM_LOSS,
-            (("train", "mlm_loss", "train"), ("validation", "val_loss", "validation")),
-        )
-        title = "generator MLM accuracy"
-    else:
-        nsp = bool(train) and "nsp_loss" in train[0]
-        ylabel = "loss (nats: MLM per masked token + NSP per pair)" if nsp else MLM_LOSS
-        loss = Panel(
-            "loss",
-            "loss",
-            ylabel,
-            (("train", "loss", "train"), ("validation", "val_loss", "validation (MLM)")),
-        )
-        title = "MLM accuracy"
-    accuracy = Panel(
-        "accuracy",
-        title,
-        "fraction of masked tokens",
-        (("train", "mlm_accuracy", "train"), ("validation", "val_accuracy", "validation")),
-    )
+    """The panels a run gets a PNG of (its objective's panels apart go to their own PNG)."""
     scale = [LOSS_SCALE] if uses_loss_scaling(train) else []
-    return [loss, accuracy, LR, *scale, GRAD_NORM, THROUGHPUT]
+    return [*objective_of(train).loss_panels(), LR, *scale, GRAD_NORM, THROUGHPUT]
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

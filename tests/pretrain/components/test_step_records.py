@@ -11,12 +11,8 @@ import pytest
 
 from bertforge.pretrain.components.console import progress_fields, validation_line
 from bertforge.pretrain.components.metrics import MetricsWriter, read_metrics
-from bertforge.pretrain.components.step_records import (
-    STEP_SUMS,
-    loss_record,
-    prior_loss,
-    validation_record,
-)
+from bertforge.pretrain.components.step_records import STEP_SUMS, loss_record, validation_record
+from bertforge.pretrain.objectives.rtd import prior_loss
 
 
 def _rtd_sums() -> dict[str, float]:
