@@ -234,7 +234,7 @@ def test_the_doctor_runs_once_per_node_in_each_attempt(cluster, jobs):
         assert log.count("All checks passed.") == attempts, log[-4000:]
         assert "can't honor --ntasks-per-node" not in log
         # The dry run printed the job's batch at its 2 ranks.
-        assert "{'global_batch_size': 16, 'micro_batch_size': 4, 'grad_accum': 2}" in log
+        assert "{'global_batch_size': 16, 'micro_batch_size': 4, 'grad_accum': 2," in log
 
 
 def test_usr1_near_the_time_limit_ends_in_a_save(cluster, jobs):
