@@ -150,7 +150,7 @@ def export(
 
     # a bad results file fails before any weight is read
     benchmark = benchmark_section(glue_results, glue_model) if glue_results else None
-    run = Path(run)
+    run, output = Path(run), Path(output)
     ckpt, sd, state = _checkpoint_weights(run, checkpoint, average, ema)
     nsp = bool(state.get("nsp", False))
     spec = objective_of_run(state["config"], nsp)
@@ -164,7 +164,6 @@ def export(
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
-    output = Path(output)
     result: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "step": state["step"],

@@ -194,7 +194,7 @@ def test_bad_config_fails_fast(english_shards, tmp_path, capsys, monkeypatch):
     )
     assert code == 2 and "not divisible by micro batch 8 x world size 2" in err
     code, err = _run_main(base + ["--data", str(tmp_path / "nowhere")], capsys, monkeypatch)
-    assert code == 2 and "no such folder" in err and "data_prep build" in err
+    assert code == 2 and "no such folder" in err and "bertforge prep build" in err
     code, err = _run_main(base[:-1] + ["huge", "--data", str(english_shards)], capsys, monkeypatch)
     assert code == 2 and "unknown model preset --model 'huge'" in err and "tiny" in err
     bad = tmp_path / "bad.json"
