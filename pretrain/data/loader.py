@@ -357,6 +357,8 @@ def ignore_job_signals(_worker_id: int, signals: tuple[int, ...] = DEFAULT_JOB_S
     """
     for sig in signals:
         signal.signal(sig, signal.SIG_IGN)
+    # started with them blocked (ShardLoader.__iter__): one that came meanwhile is now dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 # Iterators whose workers are alive; shut down at interpreter exit (see ShardLoader).
@@ -390,7 +392,16 @@ class ShardLoader(DataLoader):
     still referenced then (a script's ``it = iter(loader)``)."""
 
     def __iter__(self):
-        it = super().__iter__()
+        # Workers start with the job's signals blocked, until ignore_job_signals ignores them: a
+        # signal sent to the whole job while a worker starts (a validation pass's new workers)
+        # killed it before its worker_init_fn ran, and its rank failed. Held here meanwhile, the
+        # rank's own handler takes the signal once the workers are up.
+        blocked = job_signals() if self.num_workers > 0 else ()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            it = super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         if isinstance(it, _MultiProcessingDataLoaderIter):
             _live_iterators.add(it)
         if isinstance(self.batch_sampler, CachedPlans) and self.batch_sampler.ahead:

@@ -5,6 +5,7 @@ and wait for them forever."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +68,52 @@ def test_a_script_holding_loader_iterators_exits(english_shards, tmp_path, endin
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)], "a worker outlived its program"
     assert took < 120, f"the script took {took:.0f} s to exit"
+
+
+STARTUP_SCRIPT = """
+import json, os, signal, sys
+from bertforge.data_prep.reader import ShardReader
+from bertforge.pretrain.data.loader import DataConfig, build_loader
+from bertforge.pretrain.data.masking import MaskingConfig
+
+def blocked():
+    return signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+def recording(worker_id, real=None, out=sys.argv[2]):
+    at_start = blocked()  # before ignore_job_signals: a job's SIGTERM now would kill the worker
+    real(worker_id)
+    after = {"ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, "blocked": blocked()}
+    with open(f"{out}.{worker_id}", "w") as f:
+        json.dump({"blocked_at_start": at_start, **after}, f)
+
+reader = ShardReader(sys.argv[1], split="validation")
+loader = build_loader(reader, DataConfig(num_workers=2), MaskingConfig(), micro_batch_size=2,
+                      train=False)
+real = loader.worker_init_fn
+loader.worker_init_fn = lambda i: recording(i, real)
+batches = sum(1 for _ in loader)
+print(json.dumps({"batches": batches, "rank_blocked_after": blocked()}))
+"""
+
+
+def test_workers_start_with_the_job_signals_blocked_until_they_ignore_them(
+    english_shards, tmp_path
+):
+    """A signal sent to the whole job while a validation pass starts its workers killed a worker
+    before its worker_init_fn ran (seen under load: the rank then failed with 'DataLoader worker
+    is killed by signal: Terminated'). Workers now start with the signals blocked; the rank's
+    own mask is back as it was once they are up."""
+    script, out = tmp_path / "start_workers.py", tmp_path / "worker"
+    script.write_text(textwrap.dedent(STARTUP_SCRIPT))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(english_shards), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rank["batches"] > 0 and rank["rank_blocked_after"] is False
+    for worker in (0, 1):
+        seen = json.loads((tmp_path / f"worker.{worker}").read_text())
+        assert seen == {"blocked_at_start": True, "ignored": True, "blocked": False}, seen
