@@ -9,9 +9,12 @@ come from ``pretrain.config.command_line``, the sample corpus from ``data_prep.s
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +221,23 @@ def run_ranks_measured(
             f"was seen while it ran; see {log}"
         )
     return time.time() - start, sorted(peaks.values(), reverse=True)
+
+
+def each_corpus(args, prefix: str, measure_one: Callable[[Path, bool, Path], dict]) -> list[dict]:
+    """The data benchmarks' corpora: ``measure_one(corpus, one_doc_per_line, scratch)`` for
+    ``args.english`` (blank-line documents) and ``args.chinese`` (one a line), each given, in a
+    scratch folder removed after; then the load average (the runs' noise)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for corpus, one_per_line in ((args.english, False), (args.chinese, True)):
+            if corpus is not None:
+                results.append(measure_one(corpus, one_per_line, Path(tmp) / corpus.stem))
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return results
+
+
+def write_corpus_results(path: Path | None, settings: dict, results: list[dict]) -> None:
+    """A data benchmark's --json: its settings, this machine, its results (portable paths)."""
+    if path:
+        machine = {"machine": platform.machine(), "cpus": os.cpu_count()}
+        write_json_atomic(path, portable({**settings, **machine, "results": results}))

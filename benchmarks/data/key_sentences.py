@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import portable
-from bertforge.files import write_json_atomic
+from benchmarks.common import each_corpus, write_corpus_results
 
 
 def cpu_seconds() -> float:
@@ -165,30 +162,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bench_key_sentences_") as tmp:
-        for corpus, one_per_line in ((args.english, False), (args.chinese, True)):
-            if corpus is not None:
-                r = measure(corpus, one_per_line, Path(tmp) / corpus.stem, args)
-                report(r, args.share)
-                results.append(r)
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
-    if args.json:
-        write_json_atomic(
-            args.json,
-            portable(
-                {
-                    "share": args.share,
-                    "runs": args.runs,
-                    "workers": args.workers,
-                    "max_seq_len": args.max_seq_len,
-                    "shard_docs": args.shard_docs,
-                    "machine": platform.machine(),
-                    "cpus": os.cpu_count(),
-                    "results": results,
-                }
-            ),
-        )
+
+    def measured(corpus: Path, one_per_line: bool, scratch: Path) -> dict:
+        r = measure(corpus, one_per_line, scratch, args)
+        report(r, args.share)
+        return r
+
+    results = each_corpus(args, "bench_key_sentences_", measured)
+    write_corpus_results(
+        args.json,
+        {
+            "share": args.share,
+            "runs": args.runs,
+            "workers": args.workers,
+            "max_seq_len": args.max_seq_len,
+            "shard_docs": args.shard_docs,
+        },
+        results,
+    )
     return 0
 
 

@@ -25,19 +25,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import platform
 import resource
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-from benchmarks.common import portable
-from bertforge.files import write_json_atomic
+from benchmarks.common import each_corpus, write_corpus_results
 
 ARMS = ("upstream", "reproducible")
 
@@ -200,29 +197,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bench_reproducible_vocab_") as tmp:
-        for corpus, one_per_line in ((args.english, False), (args.chinese, True)):
-            if corpus is not None:
-                r = measure(corpus, one_per_line, Path(tmp) / corpus.stem, args)
-                report(r)
-                results.append(r)
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
-    if args.json:
-        write_json_atomic(
-            args.json,
-            portable(
-                {
-                    "runs": args.runs,
-                    "workers": args.workers,
-                    "vocab_size": args.vocab_size,
-                    "max_seq_len": args.max_seq_len,
-                    "machine": platform.machine(),
-                    "cpus": os.cpu_count(),
-                    "results": results,
-                }
-            ),
-        )
+
+    def measured(corpus: Path, one_per_line: bool, scratch: Path) -> dict:
+        r = measure(corpus, one_per_line, scratch, args)
+        report(r)
+        return r
+
+    results = each_corpus(args, "bench_reproducible_vocab_", measured)
+    write_corpus_results(
+        args.json,
+        {
+            "runs": args.runs,
+            "workers": args.workers,
+            "vocab_size": args.vocab_size,
+            "max_seq_len": args.max_seq_len,
+        },
+        results,
+    )
     return 0
 
 
