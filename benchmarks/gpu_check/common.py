@@ -139,7 +139,7 @@ DRY_PLAN = Plan(
         "compile": (10, 5),
         "hf_baseline": (60, 20),
         "resume": (60, 20),
-        "phases": (60, 20),
+        "phases": (120, 20),  # a trainer launch and a doctor: 60 s was short on CI's 2 cores
         "glue": (90, 30),
         "budget": (90, 30),
     },

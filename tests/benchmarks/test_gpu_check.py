@@ -23,7 +23,7 @@ from benchmarks.gpu_check import __main__ as gpu_check
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
     proc = run_cli(
-        "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), check=False, timeout=450
+        "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), check=False, timeout=600
     )
     return out, proc
 
