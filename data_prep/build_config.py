@@ -122,6 +122,8 @@ def check_config(cfg: BuildConfig) -> None:
         problems.append(f"--stride must be in [1, max_seq_len - 2], got {s.stride}")
     if s.stride is not None and s.format != "packed":
         problems.append("--stride applies to --format packed only")
+    if not 0.0 <= s.random_next_prob <= 1.0:
+        problems.append(f"--random_next_prob must be in [0, 1], got {s.random_next_prob}")
     if not 0.0 <= cfg.validation_fraction < 1.0:
         problems.append(f"--validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
     if not 0.0 <= cfg.max_invalid_utf8_share <= 1.0:

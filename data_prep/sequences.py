@@ -47,6 +47,11 @@ class SequenceConfig:
         "with this stride (documents are then not concatenated)",
     )
     short_seq_prob: float = opt(0.1, "nsp: as BERT")  # probability of a shorter target length
+    random_next_prob: float = opt(
+        0.5,
+        "nsp: share of pairs whose second segment comes from another document (BERT: 0.5; "
+        "0 gives only consecutive pairs, all of which --objective mlm+sop trains on)",
+    )
 
 
 def _assemble(
@@ -157,7 +162,7 @@ def nsp_instances(
                 a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
                 a = [t for seg in chunk[:a_end] for t in zip(*seg)]
                 b: list = []
-                take_random = rng.random() < 0.5
+                take_random = rng.random() < cfg.random_next_prob
                 if len(chunk) == 1 and not take_random:
                     # One segment only: split it inside so that "actual next" stays possible and
                     # the labels stay balanced (BERT forces a random B here).

@@ -461,6 +461,7 @@ def build_training(
         consumed_samples=consumed - stream_start,
         train=True,
         attention=resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch),
+        sentence_order=resolve_objective(cfg.objective_cfg, readers[data].format).sentence_order,
     )
     metrics = open_metrics(cfg, place, start_step, model, run)
     if run.point is not None:  # metrics.jsonl marks where this launch continued

@@ -202,11 +202,9 @@ def _model_and_loader(
     resolved = dataclasses.replace(
         resolved, attention=resolve_attention(resolved.attention, resolved.arch)
     )
+    objective = resolve_objective(objective_cfg, reader.format)
     model = build_model(
-        resolved,
-        reader.vocab_size,
-        objective=resolve_objective(objective_cfg, reader.format),
-        max_seq_len=reader.max_seq_len,
+        resolved, reader.vocab_size, objective=objective, max_seq_len=reader.max_seq_len
     )
     loader = build_loader(
         reader,
@@ -216,6 +214,7 @@ def _model_and_loader(
         consumed_samples=0,
         train=True,
         attention=resolved.attention,
+        sentence_order=objective.sentence_order,
     )
     if isinstance(loader.batch_sampler, CachedPlans):  # object storage: only what is drawn
         loader.batch_sampler.ahead = False

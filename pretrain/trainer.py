@@ -293,6 +293,7 @@ class Trainer:
             consumed_samples=consumed - stream_start,
             train=True,
             attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
+            sentence_order=self.objective.spec.sentence_order,
         )
         self.source_names = _source_names(reader)  # a step's per-source shares name these
         return self.data.loader
@@ -413,6 +414,7 @@ class Trainer:
                 consumed_samples=0,
                 train=False,
                 attention=resolve_attention(self.cfg.model_cfg.attention, self.cfg.model_cfg.arch),
+                sentence_order=self.objective.spec.sentence_order,
             )
 
         mine = loader(self.rank, self.world)

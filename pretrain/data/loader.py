@@ -48,6 +48,7 @@ from bertforge.data_prep.reader import SampleBatch
 from bertforge.preemption import job_signals
 from bertforge.pretrain.data.cached_plans import CachedPlans, Delivered
 from bertforge.pretrain.data.masking import Masker, MaskingConfig
+from bertforge.pretrain.data.sentence_order import order_pairs, require_pair_shards, swap_coins
 from bertforge.pretrain.data.window_order import window_permutation
 from bertforge.pretrain.model.document_attention import document_index
 
@@ -253,13 +254,19 @@ class MaskedBatches(Dataset):
         pad_to_multiple_of: int = 8,
         schedule_position: int | None = None,
         attention: str = "full",
+        sentence_order: bool = False,
     ):
         """schedule_position: evaluate the mask_prob schedule there for every sample (validation
         masks at one fixed rate) instead of at each sample's stream position. attention
-        "document": the batches also carry document_ids and position_ids (see the module doc)."""
+        "document": the batches also carry document_ids and position_ids (see the module doc).
+        sentence_order (NSP shards): swap half the consecutive pairs and label their order
+        (``sentence_order_label``, :mod:`.sentence_order`) instead of ``next_sentence_label``."""
         if attention not in ("full", "document"):
             raise ValueError(f"attention {attention!r}: choose full or document (resolve auto)")
+        if sentence_order:
+            require_pair_shards(reader)
         self.attention = attention
+        self.sentence_order = sentence_order
         self.sep_id = int(reader.special_tokens["sep"])
         self.reader = reader
         self.schedule_position = schedule_position
@@ -313,8 +320,14 @@ class MaskedBatches(Dataset):
             if self.schedule_position is None
             else np.full(B, self.schedule_position, dtype=np.int64)
         )
+        word_start, a_len = got.word_start, got.segment_a_len
+        if self.sentence_order:  # before masking: the swapped sequence is what gets masked
+            swap = swap_coins(self.masker.cfg.seed, plan.epochs, plan.indices)
+            ids, word_start, a_len, order = order_pairs(
+                ids, word_start, lengths, a_len, got.is_random_next, swap
+            )
         masked, labels, stats = self.masker(
-            ids, lengths, got.word_start, plan.indices, plan.epochs, positions, got.mask_prob
+            ids, lengths, word_start, plan.indices, plan.epochs, positions, got.mask_prob
         )
         batch = {
             "input_ids": torch.from_numpy(masked),
@@ -323,9 +336,12 @@ class MaskedBatches(Dataset):
             "labels": torch.from_numpy(labels),
         }
         if self.nsp:
-            types = (np.arange(T)[None, :] >= got.segment_a_len[:, None]) & in_seq
+            types = (np.arange(T)[None, :] >= a_len[:, None]) & in_seq
             batch["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
-            batch["next_sentence_label"] = torch.from_numpy(got.is_random_next.astype(np.int64))
+            if self.sentence_order:
+                batch["sentence_order_label"] = torch.from_numpy(order)
+            else:
+                batch["next_sentence_label"] = torch.from_numpy(got.is_random_next.astype(np.int64))
         if self.attention == "document":  # from the unmasked ids: masking never touches [SEP]
             docs, pos = document_index(ids, lengths, self.sep_id, nsp=self.nsp)
             batch["document_ids"] = torch.from_numpy(docs)
@@ -420,13 +436,15 @@ def build_loader(
     consumed_samples: int = 0,
     train: bool = True,
     attention: str = "full",
+    sentence_order: bool = False,
 ) -> DataLoader:
     """DataLoader of masked micro-batches for one rank (see module doc and docs/design.md s.3).
 
     train=True yields forever, starting at global position `consumed_samples`; train=False makes
     one pass in index order with fixed masks (epoch 0, mask_prob at the schedule's end).
     attention: "full" or "document" (batches carry document_ids and position_ids; resolve the
-    flag's "auto" with pretrain.model.registry.resolve_attention first).
+    flag's "auto" with pretrain.model.registry.resolve_attention first). sentence_order: the
+    objective's (``ObjectiveSpec.sentence_order``), see :class:`MaskedBatches`.
     `loader.batch_sampler` is the GlobalSampler. The loader prefetches,
     so the caller tracks consumed_samples itself (+= global batch per optimizer step).
     """
@@ -466,6 +484,7 @@ def build_loader(
         data_cfg.pad_to_multiple_of,
         schedule_position=None if train else final,
         attention=attention,
+        sentence_order=sentence_order,
     )
     workers = data_cfg.num_workers
     return ShardLoader(

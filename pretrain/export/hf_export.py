@@ -160,7 +160,7 @@ def export(
     # generator that a transformers class holds goes beside it
     objective = objective_for(spec)
     generator = objective.generator_export(model)
-    pooler = adds_pooler(model.arch, objective.trains_pooler) and objective.export_pooler
+    pooler = adds_pooler(model.arch, objective.pooler_task is not None) and objective.export_pooler
     extra = initialised_pooler(conf, state["config"]["run"]["seed"]) if pooler else {}
     if pooler:
         hf_model.config.bertforge_pooler = POOLER_NOTE
@@ -186,7 +186,7 @@ def export(
             architecture=model.hf_architecture,
             tokenizer=tok,
             parameters=sum(p.numel() for p in [*hf_model.parameters(), *extra.values()]),
-            pooler=_pooler_line(model.arch, objective.trains_pooler),
+            pooler=_pooler_line(model.arch, objective.pooler_task),
             language=language,
             datasets=datasets,
             benchmark=benchmark,
@@ -273,11 +273,12 @@ def _hf_model(model, run: Path, state: dict[str, Any]) -> tuple[Any, Any, Any]:
     return hf_model, conf, tok
 
 
-def _pooler_line(arch: str, trained: bool) -> str | None:
-    """The model card's account of BERT's pooler (ModernBERT has none)."""
+def _pooler_line(arch: str, task: str | None) -> str | None:
+    """The model card's account of BERT's pooler (ModernBERT has none): trained by ``task``
+    (the objective's pair task), or not trained."""
     if arch != "bert":
         return None
-    return "trained (next-sentence prediction)" if trained else POOLER_NOTE
+    return f"trained ({task})" if task else POOLER_NOTE
 
 
 def _export_to(args: argparse.Namespace) -> dict[str, Any]:

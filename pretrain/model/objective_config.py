@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from bertforge.cli import opt
 
 #: ``--objective`` values; "auto" lets the shards decide (nsp shards: mlm+nsp, packed: mlm).
-OBJECTIVE_CHOICES = ("auto", "mlm", "mlm+nsp", "rtd")
+OBJECTIVE_CHOICES = ("auto", "mlm", "mlm+nsp", "mlm+sop", "rtd")
 #: How the generator's and the discriminator's token embeddings are shared (rtd).
 EMBEDDING_SHARING = ("plain", "disentangled")
 
@@ -24,7 +24,8 @@ class ObjectiveConfig:
     objective: str = opt(
         "auto",
         "training objective: auto (the shards decide: nsp shards train mlm+nsp, packed ones "
-        "mlm) | mlm | mlm+nsp | rtd (ELECTRA's replaced-token detection: a small generator fills "
+        "mlm) | mlm | mlm+nsp | mlm+sop (ALBERT's sentence-order prediction, on nsp shards) | "
+        "rtd (ELECTRA's replaced-token detection: a small generator fills "
         "the masked positions, the encoder learns which tokens were replaced; docs/model.md)",
         choices=OBJECTIVE_CHOICES,
     )

@@ -11,7 +11,7 @@ terms the model returns (summed into ``loss``), the metrics the trainer logs for
 format and batch keys it needs, and the extra networks trained beside the encoder (none for MLM
 and MLM+NSP; ELECTRA's replaced-token detection names its generator there). ``--objective``
 chooses it (recipe section ``objective``); ``auto`` lets the shards decide: NSP shards train
-MLM+NSP, packed ones MLM (:func:`resolve_objective`).
+MLM+NSP, packed ones MLM (:func:`resolve_objective`); MLM+SOP trains on NSP shards when chosen.
 (In the spirit of torchtitan's ``protocols/model_spec.py`` and its
 ``models/<name>/state_dict_adapter.py``.)
 """
@@ -109,7 +109,7 @@ class ModelSpec:
 class ObjectiveSpec:
     """A training objective (see the module doc)."""
 
-    name: str  # "mlm", "mlm+nsp"
+    name: str  # "mlm", "mlm+nsp", "mlm+sop", "rtd"
     description: str
     heads: tuple[str, ...]  # the heads it adds on top of the encoder
     loss_terms: tuple[str, ...]  # keys of the model's output summed into "loss"
@@ -125,6 +125,17 @@ class ObjectiveSpec:
     def nsp(self) -> bool:
         """Whether the model carries the NSP head."""
         return "nsp" in self.heads
+
+    @property
+    def sentence_order(self) -> bool:
+        """Whether it predicts the order of a pair's segments (ALBERT's SOP): the loader swaps
+        half of the consecutive pairs and labels them (``sentence_order_label``)."""
+        return "sentence_order_label" in self.batch_keys
+
+    @property
+    def pair_head(self) -> bool:
+        """Whether the model carries BERT's pooler and two-way pair classifier (NSP or SOP)."""
+        return self.nsp or self.sentence_order
 
 
 MLM = ObjectiveSpec(
@@ -144,6 +155,17 @@ MLM_NSP = ObjectiveSpec(
     metrics=("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"),
     data_format="nsp",
     batch_keys=("token_type_ids", "next_sentence_label"),
+)
+
+MLM_SOP = ObjectiveSpec(
+    name="mlm+sop",
+    description="masked language modelling and sentence-order prediction (ALBERT 2020): the "
+    "pair classifier tells a consecutive pair in order from the same pair swapped",
+    heads=("mlm", "sop"),
+    loss_terms=("mlm_loss", "sop_loss"),
+    metrics=("loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"),
+    data_format="nsp",  # BERT's sentence pairs; the random-next ones train MLM only
+    batch_keys=("token_type_ids", "sentence_order_label"),
 )
 
 RTD = ObjectiveSpec(
@@ -167,7 +189,7 @@ RTD = ObjectiveSpec(
     extra_networks=("generator",),
 )
 
-OBJECTIVES: dict[str, ObjectiveSpec] = {o.name: o for o in (MLM, MLM_NSP, RTD)}
+OBJECTIVES: dict[str, ObjectiveSpec] = {o.name: o for o in (MLM, MLM_NSP, MLM_SOP, RTD)}
 
 
 def objective_for_format(data_format: str) -> ObjectiveSpec:
@@ -210,7 +232,7 @@ def check_resume_objective(saved_config: dict[str, Any], objective: ObjectiveSpe
     """Before the rendezvous: a checkpoint holds the networks of the objective it trained (an
     RTD checkpoint its generator too), so resuming it under another objective, or another RTD
     generator or embedding sharing, is refused naming both."""
-    saved = objective_of_run(saved_config, objective.nsp)
+    saved = objective_of_run(saved_config, objective.data_format == "nsp")
     shape = ("generator_width", "generator_depth", "embedding_sharing")
     if saved.name == objective.name and (
         saved.name != "rtd"

@@ -64,8 +64,9 @@ class Objective:
     apart_stem: str | None = None
     #: whether the export of a masked-LM BERT's weights may get the untrained pooler
     export_pooler: bool = True
-    #: whether it trains BERT's pooler (the export keeps it trained)
-    trains_pooler: bool = False
+    #: the task that trains BERT's pooler, as the model card names it (the export keeps it
+    #: trained; None: the pooler is not trained)
+    pooler_task: str | None = None
     #: the transformers auto class the export is reloaded with and checked by fill-mask
     export_auto_class: str = "AutoModelForMaskedLM"
     #: whether the export is checked as a discriminator (replaced-token detection), not by

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from bertforge.pretrain.model.specs import ObjectiveSpec
-from bertforge.pretrain.objectives import mlm, nsp, rtd
+from bertforge.pretrain.objectives import mlm, nsp, rtd, sop
 from bertforge.pretrain.objectives.base import Objective
 
 OBJECTIVES: dict[str, Objective] = {
-    o.name: o for o in (mlm.OBJECTIVE, nsp.OBJECTIVE, rtd.OBJECTIVE)
+    o.name: o for o in (mlm.OBJECTIVE, nsp.OBJECTIVE, sop.OBJECTIVE, rtd.OBJECTIVE)
 }
 #: the default: what a record of no other objective is
 DEFAULT = mlm.OBJECTIVE

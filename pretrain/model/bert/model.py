@@ -140,6 +140,7 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         document_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         sequence_starts: torch.Tensor | None = None,
+        sentence_order_label: torch.Tensor | None = None,
     ) -> dict:
         """Pretraining losses and counts.
 
@@ -149,8 +150,11 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         this batch's size). document_ids, position_ids [B, T]: document attention (a token sees
         its own document only; :mod:`pretrain.model.document_attention`), which replaces
         attention_mask; sequence_starts [S]: the unpadded form's sequence starts in its one row
-        (the NSP head reads each sequence's [CLS] there). Returns {loss, mlm_loss, nsp_loss (None
-        without NSP), num_masked, num_correct, nsp_correct, nsp_count}.
+        (the NSP head reads each sequence's [CLS] there). sentence_order_label [B] (ALBERT's SOP,
+        instead of next_sentence_label: 0 in order, 1 swapped, IGNORE_INDEX for a pair that is
+        not consecutive) trains the same pair head; its loss is the mean over the labelled pairs.
+        Returns {loss, mlm_loss, nsp_loss (None without NSP), num_masked, num_correct,
+        nsp_correct, nsp_count}, with sop_* instead of nsp_* for SOP.
         """
         if labels is None:
             raise ValueError("labels are required: the model computes the MLM loss on masked rows")
@@ -188,7 +192,23 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         else:
             result["nsp_correct"] = zero
             result["nsp_count"] = zero
+        if self.nsp and sentence_order_label is not None:
+            result.update(self._sentence_order(out.pooler_output, sentence_order_label))
+            result["loss"] = mlm.loss + result["sop_loss"]
         return result
+
+    def _sentence_order(self, pooled: torch.Tensor, label: torch.Tensor) -> dict:
+        """SOP's loss (mean over the labelled pairs; 0 with none), correct and labelled counts."""
+        logits = self.cls.seq_relationship(pooled).float()
+        label = label.long()
+        labelled = label != IGNORE_INDEX
+        total = F.cross_entropy(logits, label, ignore_index=IGNORE_INDEX, reduction="sum")
+        count = labelled.sum()
+        return {
+            "sop_loss": total / count.clamp(min=1),
+            "sop_correct": ((logits.argmax(-1) == label) & labelled).sum(),
+            "sop_count": count,
+        }
 
     @torch.no_grad()
     def predict_masked(
@@ -278,5 +298,5 @@ def build_bert(
     conf = bert_config(cfg, vocab_size)
     layer_groups(cfg.share_layers, conf.num_hidden_layers)  # a bad spec fails before any allocation
     return BertForPretrainingMasked(
-        conf, vocab_size, objective.nsp, cfg.loss_impl, cfg.share_layers
+        conf, vocab_size, objective.pair_head, cfg.loss_impl, cfg.share_layers
     )

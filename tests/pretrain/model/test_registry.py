@@ -11,16 +11,27 @@ from pathlib import Path
 import pytest
 import torch
 
+from bertforge.pretrain.model.objective_config import ObjectiveConfig
 from bertforge.pretrain.model.registry import (
     ARCHES,
     DEFAULT_PRESET,
     PRESETS,
     ArchError,
     build_model,
+    check_supported,
     get_spec,
     spec_for_model_type,
 )
-from bertforge.pretrain.model.specs import MLM, MLM_NSP, OBJECTIVES, RTD, objective_for_format
+from bertforge.pretrain.model.specs import (
+    MLM,
+    MLM_NSP,
+    MLM_SOP,
+    OBJECTIVES,
+    RTD,
+    ObjectiveError,
+    objective_for_format,
+    resolve_objective,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 1999
@@ -70,12 +81,27 @@ def test_the_data_format_picks_the_objective_and_its_head():
         build_model(PRESETS["tiny"], VOCAB, nsp=True, objective=MLM)
 
 
-@pytest.mark.parametrize("objective", [MLM, MLM_NSP, RTD])
+def test_sentence_order_is_chosen_on_pair_shards_and_trained_by_bert_only():
+    sop = resolve_objective(ObjectiveConfig(objective="mlm+sop"), "nsp")
+    assert sop.name == "mlm+sop" and sop.sentence_order and sop.pair_head and not sop.nsp
+    assert objective_for_format("nsp") is MLM_NSP  # auto stays BERT's NSP
+    with pytest.raises(ObjectiveError, match="build them with `bertforge prep build --format nsp`"):
+        resolve_objective(ObjectiveConfig(objective="mlm+sop"), "packed")
+    with torch.device("meta"):  # BERT's pooler and pair classifier carry SOP
+        model = build_model(PRESETS["tiny"], VOCAB, objective=sop)
+    assert model.hf_architecture == "BertForPreTraining"
+    modern = PRESETS["modernbert-tiny"]
+    with pytest.raises(ArchError, match="--objective mlm\\+sop: ModernBERT trains mlm, rtd"):
+        check_supported(modern, sop)
+
+
+@pytest.mark.parametrize("objective", [MLM, MLM_NSP, MLM_SOP, RTD])
 def test_an_objectives_metrics_are_what_the_trainer_logs(objective):
     from bertforge.pretrain.components.step_records import STEP_SUMS, loss_record
 
     sums = dict.fromkeys(STEP_SUMS, 0.0) | {"mlm_loss": 2.0, "mlm_correct": 3.0}
     sums["nsp_count"] = 4.0 if objective.nsp else 0.0
+    sums["sop_count"] = 4.0 if objective.sentence_order else 0.0
     sums["rtd_tokens"] = 40.0 if "rtd" in objective.heads else 0.0
     assert set(loss_record(sums, 10.0, 1)) == set(objective.metrics)
     assert {f"{h}_loss" for h in objective.heads} == set(objective.loss_terms)

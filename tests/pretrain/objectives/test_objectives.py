@@ -25,13 +25,16 @@ def test_every_spec_has_its_objective_in_the_same_order():
 
 
 def test_the_step_sums_keep_their_order():
-    # the order STEP_SUMS had when step_records named every objective's sums itself
+    # the order STEP_SUMS had when step_records named every objective's sums itself, SOP's added
     assert step_sums() == (
         "mlm_loss",
         "mlm_correct",
         "nsp_loss",
         "nsp_correct",
         "nsp_count",
+        "sop_loss",
+        "sop_correct",
+        "sop_count",
         "rtd_loss",
         "rtd_correct",
         "rtd_tokens",
@@ -44,6 +47,7 @@ def test_the_step_sums_keep_their_order():
 def test_a_record_finds_its_objective():
     assert objective_of_record({"loss": 1.0, "mlm_loss": 1.0}).name == "mlm"
     assert objective_of_record({"loss": 1.0, "nsp_loss": 0.6}).name == "mlm+nsp"
+    assert objective_of_record({"loss": 1.0, "sop_loss": 0.6}).name == "mlm+sop"
     assert objective_of_record({"loss": 1.0, "rtd_loss": 0.4}).name == "rtd"
     assert objective_of_record({"val_rtd_loss": 0.4}, prefix="val_").name == "rtd"
     assert objective_of_record(None).name == "mlm"
@@ -53,7 +57,7 @@ def test_a_record_finds_its_objective():
 
 def test_the_consumers_ask_the_objectives():
     """No objective's keys are tested in the files that now ask the objective."""
-    keys = re.compile(r"rtd|nsp_|\"mlm\"")
+    keys = re.compile(r"rtd|nsp_|sop_|\"mlm\"")
     consumers = (
         "pretrain/components/step_records.py",
         "pretrain/components/console.py",
