@@ -41,6 +41,7 @@ from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tfl
 from bertforge.pretrain.components.optim import lr_scheduler_factory, param_groups
 from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
 from bertforge.pretrain.components.resume import ResumePoint, find_resume
+from bertforge.pretrain.components.run_parts import RunClock, RunOutputs, StepSetup, TrainData
 from bertforge.pretrain.components.schedule_override import check_resume_clock, steps_origin
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
@@ -71,7 +72,7 @@ from bertforge.pretrain.model.registry import (
     resolve_attention,
 )
 from bertforge.pretrain.model.specs import check_resume_objective, resolve_objective
-from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup, TrainData, Trainer
+from bertforge.pretrain.trainer import Trainer
 
 log = get_logger(__name__)
 

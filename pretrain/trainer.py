@@ -5,15 +5,14 @@ global batch and a validation pass). Everything else decides for itself when it 
 :class:`~pretrain.components.checkpoint.CheckpointManager` (interval, minutes, signals, agreed
 across ranks), the :class:`~pretrain.components.metrics.MetricsWriter` (what goes to the console,
 metrics.jsonl and TensorBoard), the guard (:class:`~pretrain.components.guarded_step.GuardedStep`).
-Built by :func:`pretrain.build.build_training` from :class:`StepSetup`, :class:`TrainData`,
-:class:`RunOutputs` and :class:`RunClock`.
+Built by :func:`pretrain.build.build_training` from the groups of
+:mod:`pretrain.components.run_parts` (StepSetup, TrainData, RunOutputs, RunClock).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,22 +20,22 @@ import torch.distributed as dist
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.preemption import PreemptionHandler
-from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, TimeClockLR
-from bertforge.pretrain.components.checkpoint import CheckpointManager, CheckpointSaveError
+from bertforge.pretrain.components.budget import BatchRamp, TimeBudget
+from bertforge.pretrain.components.checkpoint import CheckpointSaveError
 from bertforge.pretrain.components.distributed import sum_across_ranks
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
 from bertforge.pretrain.components.faults import SPIKE_FACTOR
 from bertforge.pretrain.components.guard import EXIT_GAVE_UP, Verdict
 from bertforge.pretrain.components.guarded_step import GuardedStep
-from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
+from bertforge.pretrain.components.metrics import StepTimer
 from bertforge.pretrain.components.phases import set_batch, set_rope_theta
+from bertforge.pretrain.components.run_parts import RunClock, RunOutputs, StepSetup, TrainData
 from bertforge.pretrain.components.step_records import (
     STEP_SUMS,
     engine_record,
     loss_record,
     validation_record,
 )
-from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
@@ -77,45 +76,6 @@ def _iterate(loader):
     which would shift dropout after a resume relative to the uninterrupted run)."""
     with torch.random.fork_rng(devices=[]):
         return iter(loader)
-
-
-@dataclass
-class StepSetup:
-    """What a step runs on: the DeepSpeed engine, the batch plan, this rank's device and place."""
-
-    engine: Any  # deepspeed.DeepSpeedEngine
-    plan: BatchPlan  # micro-batch, gradient accumulation, global batch
-    device: torch.device
-    rank: int = 0
-    world: int = 1
-
-
-@dataclass
-class TrainData:
-    """The training loader (at the run's data position), the validation readers and, for a
-    phase plan, the training reader of each phase's data (by its --data values; None: --data)."""
-
-    loader: Any  # torch DataLoader over a ShardReader or MixtureReader
-    val_readers: list = field(default_factory=list)  # [(source name, validation reader)]
-    readers: dict = field(default_factory=dict)  # {data values or None: training reader}
-
-
-@dataclass
-class RunOutputs:
-    """Where the run's results go: metrics (console, metrics.jsonl, TensorBoard), checkpoints
-    and what every checkpoint records besides the step and the data position."""
-
-    metrics: MetricsWriter
-    ckpts: CheckpointManager
-    base_state: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RunClock:
-    """The run's time budget over all launches, and the lr clock of --schedule_clock time."""
-
-    budget: TimeBudget
-    lr_clock: TimeClockLR | None = None
 
 
 class Trainer:

@@ -9,15 +9,13 @@ recorded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bertforge.pretrain.components.guard import StabilityGuard, Verdict, can_discard, discard_update
+from bertforge.pretrain.components.run_parts import RunClock, RunOutputs, StepSetup
 from bertforge.pretrain.config.ds_config import ConfigError
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.model.run_checkpoints import find_latest, read_state
-
-if TYPE_CHECKING:  # the trainer's groups (pretrain.trainer imports this module)
-    from bertforge.pretrain.trainer import RunClock, RunOutputs, StepSetup
 
 
 class GuardedStep:

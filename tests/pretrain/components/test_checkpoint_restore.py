@@ -63,8 +63,9 @@ def _train_two_steps(cfg):
     """Two optimizer steps through the Trainer, saved as step 2; returns the engine."""
     from bertforge.pretrain.components.checkpoint import CheckpointManager
     from bertforge.pretrain.components.metrics import MetricsWriter
+    from bertforge.pretrain.components.run_parts import RunOutputs, StepSetup, TrainData
     from bertforge.pretrain.data.loader import build_loader
-    from bertforge.pretrain.trainer import RunOutputs, StepSetup, TrainData, Trainer
+    from bertforge.pretrain.trainer import Trainer
 
     engine, _, setup, reader = _engine(cfg, cfg.run.seed)
     loader = build_loader(reader, cfg.data_cfg, cfg.masking, micro_batch_size=4, train=True)
