@@ -71,6 +71,7 @@ from bertforge.pretrain.model.registry import (
     check_supported,
     resolve_attention,
 )
+from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.model.specs import check_resume_objective, resolve_objective
 from bertforge.pretrain.trainer import Trainer
 
@@ -83,7 +84,7 @@ def take_run_lock(cfg: TrainConfig) -> FolderLock | None:
     if process_rank() != 0:
         return None
     run = Path(cfg.run.output_dir).resolve()
-    lock = FolderLock(run / ".lock", f"run folder {run}").acquire()
+    lock = FolderLock(RunFolder(run).lock, f"run folder {run}").acquire()
     watchdog.at_exit(lock.release)  # its exit 3 skips main's finally: leave no lock behind
     return lock
 
@@ -375,12 +376,12 @@ def open_metrics(cfg: TrainConfig, place: StepSetup, start_step: int, model, run
 def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: dict | None) -> None:
     """The run folder's config.json (everything resolved) and a copy of the tokenizer, so that
     export does not need the shard folder."""
-    folder, setup, reader = Path(cfg.run.output_dir), run.setup, run.train_reader
-    if not (folder / "tokenizer").is_dir():
-        with publish_dir(folder / "tokenizer") as tmp:
+    folder, setup, reader = RunFolder(cfg.run.output_dir), run.setup, run.train_reader
+    if not folder.tokenizer.is_dir():
+        with publish_dir(folder.tokenizer) as tmp:
             shutil.copytree(reader.tokenizer_path, tmp, dirs_exist_ok=True)
     write_json_atomic(
-        folder / "config.json",
+        folder.config,
         {
             **cfg.to_dict(),
             "deepspeed": setup.config,
@@ -399,8 +400,8 @@ def write_run_files(cfg: TrainConfig, run: Resolved, world: int, init_report: di
         sort_keys=True,
     )
     if run.phases:
-        write_json_atomic(folder / "phases.json", run.phases.as_dict(), indent=2)
-    write_text_atomic(folder / "recipe.yaml", resolved_recipe(cfg, setup))
+        write_json_atomic(folder.phases, run.phases.as_dict(), indent=2)
+    write_text_atomic(folder.recipe, resolved_recipe(cfg, setup))
 
 
 @dataclass

@@ -40,6 +40,7 @@ from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
 from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 
@@ -308,7 +309,7 @@ def demo_steps(args: argparse.Namespace, paths: dict[str, Path]) -> list[tuple[s
         ),
         (
             "plot",
-            [py, "-m", "bertforge.pretrain.plot", str(paths["run"] / "metrics.jsonl")]
+            [py, "-m", "bertforge.pretrain.plot", str(RunFolder(paths["run"]).metrics)]
             + ["--out", str(paths["plots"])],
             False,
         ),
@@ -336,7 +337,7 @@ def run_demo(args: argparse.Namespace) -> dict:
         log.info(f"demo step {i}/{len(steps)}: {name}  (log: {step_log})")
         timings[name] = round(run_step(name, cmd, step_log, stream), 1)
         log.info(f"demo step {i} done in {timings[name]:.0f} s")
-    val = read_metrics(paths["run"] / "metrics.jsonl", "validation")
+    val = read_metrics(RunFolder(paths["run"]).metrics, "validation")
     summary = {
         "status": "done",
         "seconds": round(time.monotonic() - t_start, 1),
@@ -346,7 +347,7 @@ def run_demo(args: argparse.Namespace) -> dict:
             for r in val
         ],
         "frequent_token_guess": frequent_token_guess(
-            paths["shards"], json.loads((paths["run"] / "config.json").read_text())["masking"]
+            paths["shards"], json.loads(RunFolder(paths["run"]).config.read_text())["masking"]
         ),
         "paths": {k: str(v) for k, v in paths.items()},
         "plots": sorted(str(p) for p in paths["plots"].glob("*.png")),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from bertforge.data_prep import shard_cache
 from bertforge.errors import USER_ERROR_EXIT, UserError
@@ -26,6 +25,7 @@ from bertforge.pretrain.components.budget import launch_clock
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.model.run_checkpoints import find_latest
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger("bertforge.pretrain.main")
 
@@ -52,7 +52,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
 
 def interrupted_message(cfg: TrainConfig) -> str:
     """The one line of a second Ctrl-C: stopped at once, and what a resume will take."""
-    latest = find_latest(Path(cfg.run.output_dir) / "checkpoints", quiet=True)
+    latest = find_latest(RunFolder(cfg.run.output_dir).checkpoints, quiet=True)
     kept = (
         f"the newest complete checkpoint is {latest}"
         if latest is not None

@@ -40,6 +40,7 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     tag_for,
 )
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 
@@ -106,7 +107,7 @@ def parse_anneal_from(spec: str) -> tuple[Path, str]:
 def source_checkpoint(spec: str) -> Path:
     """The verified checkpoint folder ``--anneal_from`` names (errors name the flag)."""
     run, step = parse_anneal_from(spec)
-    ckpts = run / "checkpoints"
+    ckpts = RunFolder(run).checkpoints
     if not ckpts.is_dir():
         raise AnnealError(f"--anneal_from {spec}: {run} is not a run folder (no {ckpts})")
     if step == LATEST:

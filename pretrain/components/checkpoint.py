@@ -88,6 +88,7 @@ from bertforge.pretrain.model.run_checkpoints import (
     tag_for,
     verify,
 )
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 
@@ -140,7 +141,7 @@ class CheckpointManager:
         world_size: int,
         device: torch.device | None = None,
     ):
-        self.root = Path(output_dir) / "checkpoints"
+        self.root = RunFolder(output_dir).checkpoints
         self.cfg = cfg
         self.keep_last = cfg.keep_last
         self.rank = rank

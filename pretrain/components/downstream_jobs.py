@@ -34,6 +34,7 @@ from bertforge.pretrain.components import leases
 from bertforge.pretrain.data.downstream_tasks import load_downstream_tasks
 from bertforge.pretrain.data.glue.spec import is_benchmark_spec, resolve_spec
 from bertforge.pretrain.model.run_checkpoints import tag_for
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 
@@ -54,7 +55,7 @@ class DownstreamJobs:
         rank: int,
         metrics,
     ) -> None:
-        self.root = Path(run_dir) / "downstream"
+        self.root = RunFolder(run_dir).downstream
         self.run_dir, self.tasks, self.interval = Path(run_dir), tasks, interval
         self.max_examples, self.device, self.metrics = max_examples, device, metrics
         self.active = bool(tasks) and interval > 0 and rank == 0
@@ -117,7 +118,7 @@ class DownstreamJobs:
             env=env,
         )
         job_log.close()  # the child holds its own descriptor
-        ckpt = self.run_dir / "checkpoints" / tag_for(step)
+        ckpt = RunFolder(self.run_dir).checkpoints / tag_for(step)
         try:
             self.leases[step] = leases.take(ckpt, self.running[step].pid, "downstream evaluation")
         except OSError as e:  # training goes on; the job may then lose its checkpoint to a prune

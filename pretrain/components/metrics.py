@@ -28,6 +28,7 @@ from bertforge.files import write_text_atomic
 from bertforge.logs import format_line
 from bertforge.pretrain.components.console import progress_fields, validation_line
 from bertforge.pretrain.components.guard import outcome
+from bertforge.pretrain.model.run_folder import RunFolder
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.
@@ -127,7 +128,7 @@ class MetricsWriter:
         self._bar = None
         if rank != 0:
             return
-        path = Path(output_dir) / "metrics.jsonl"
+        path = RunFolder(output_dir).metrics
         path.parent.mkdir(parents=True, exist_ok=True)
         if start_step > 0 and path.exists():
             _truncate_after(

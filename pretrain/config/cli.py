@@ -45,6 +45,7 @@ from bertforge.pretrain.data.glue.spec import is_benchmark_spec, load_spec
 from bertforge.pretrain.model.document_attention import AttentionError
 from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset, resolve_attention
 from bertforge.pretrain.model.run_checkpoints import list_complete
+from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.model.sharing import (
     layer_groups,  # (a --config_json depth: again at build)
 )
@@ -486,7 +487,7 @@ def _check_paths(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
     r = cfg.run.resume
     if r not in ("auto", "none") and not os.path.exists(r):
         parser.error(f"--resume {r}: no such checkpoint (use auto, none, or a checkpoint folder)")
-    done = list_complete(Path(cfg.run.output_dir) / "checkpoints") if r == "none" else []
+    done = list_complete(RunFolder(cfg.run.output_dir).checkpoints) if r == "none" else []
     if done and not cfg.run.dry_run:
         # a fresh run there replaced the old one's metrics.jsonl and mixed their checkpoints
         parser.error(

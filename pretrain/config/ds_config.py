@@ -24,6 +24,7 @@ from bertforge.pretrain.config.batching import FIELDS, BatchPlan, apply_batch, r
 from bertforge.pretrain.config.one_home import check_one_home, given_by_json
 from bertforge.pretrain.config.optimizer import configure_optimizer
 from bertforge.pretrain.config.precision import resolve_precision
+from bertforge.pretrain.model.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from bertforge.pretrain.config.train_config import TrainConfig
@@ -133,7 +134,7 @@ def resolve_deepspeed_config(
     if ds.get("tensorboard", {}).get("enabled"):
         ds["tensorboard"] = {
             **ds["tensorboard"],
-            "output_path": str(Path(cfg.run.output_dir, "tensorboard")),
+            "output_path": str(RunFolder(cfg.run.output_dir).tensorboard),
         }
     csv = ds.get("csv_monitor", {})
     if csv.get("enabled") and not Path(csv.get("output_path") or "").is_absolute():

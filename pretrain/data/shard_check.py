@@ -23,10 +23,9 @@ from bertforge.data_prep.layout import MANIFEST
 from bertforge.data_prep.reader import ShardError, check_file, load_manifest
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
-
-RECORD = "verified_shards.json"
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -71,7 +70,7 @@ def verify_once(
     ranks; rank 0 records it. Returns the folders checked now (empty when every one was
     verified at an earlier launch). ``agree(failed) -> failures on all ranks`` is the
     all-reduce that makes every rank stop together (collective: all ranks call this)."""
-    record_path = Path(run_dir) / RECORD
+    record_path = RunFolder(run_dir).verified_shards
     done = _read_record(record_path)
     checked = []
     for folder in folders:
@@ -109,4 +108,4 @@ def verify_once(
     return checked
 
 
-__all__ = ["RECORD", "ShardError", "verify_folder", "verify_once"]
+__all__ = ["ShardError", "verify_folder", "verify_once"]

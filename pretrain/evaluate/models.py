@@ -28,6 +28,7 @@ import torch
 from bertforge.errors import UserError
 from bertforge.logs import transformers_errors_only
 from bertforge.pretrain.model.run_checkpoints import list_complete
+from bertforge.pretrain.model.run_folder import RunFolder
 
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
 _LABEL_RE = re.compile(r"^(?P<label>[\w.+-]+)=(?P<rest>.+)$")  # LABEL=PATH; a label has no "/"
@@ -74,8 +75,8 @@ def resolve(spec: str) -> list[ModelRef]:
     m = _SPEC_RE.match(spec)
     path, step = Path(m.group("path")), m.group("step")
     label = label or path.name
-    if (path / "checkpoints").is_dir():
-        found = list_complete(path / "checkpoints")
+    if RunFolder(path).checkpoints.is_dir():
+        found = list_complete(RunFolder(path).checkpoints)
         if not found:
             raise ModelError(f"{path}: the run has no complete checkpoint")
         if step == "all":

@@ -25,6 +25,7 @@ from bertforge.pretrain.model.run_checkpoints import (
     read_state,
     verify,
 )
+from bertforge.pretrain.model.run_folder import RunFolder
 
 
 class AverageError(UserError, ValueError):
@@ -53,7 +54,7 @@ def parse_average(spec: str) -> int | list[int]:
 
 def select_checkpoints(run: Path, spec: str) -> list[tuple[int, Path]]:
     """(step, folder) of the complete, verified checkpoints ``spec`` names, oldest first."""
-    root = run / "checkpoints"
+    root = RunFolder(run).checkpoints
     good = [(step, p) for step, p in list_complete(root) if not verify(p)]
     have = ", ".join(str(s) for s, _ in good) or "none"
     wanted = parse_average(spec)

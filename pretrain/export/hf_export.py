@@ -67,6 +67,7 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     run_tokenizer_dir,
 )
+from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.model.specs import ObjectiveSpec, objective_of_run
 from bertforge.pretrain.objectives.registry import objective_for
 
@@ -90,7 +91,7 @@ def find_checkpoint(run: Path, checkpoint: str | None = None) -> Path:
     if not (
         is_complete(where)
         or list_complete(where)
-        or list_complete(where / "checkpoints")
+        or list_complete(RunFolder(where).checkpoints)
         or where.name.startswith("step_")  # an unfinished one: resolve_resume says so
     ):
         raise CheckpointError(f"{flag} {where}: no complete checkpoint there. {how}")

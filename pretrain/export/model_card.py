@@ -20,6 +20,7 @@ from typing import Any
 from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.errors import UserError
 from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.model.run_folder import RunFolder
 
 _REPOSITORY = Path(__file__).resolve().parents[2]  # pretrain/export/ -> the repository
 LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
@@ -33,11 +34,11 @@ def card_facts(run: Path, state: dict[str, Any]) -> dict[str, Any]:
     step; ``validation`` is the last overall validation record at or before that step (or None).
     """
     step = int(state["step"])
-    metrics = run / "metrics.jsonl"
+    metrics = RunFolder(run).metrics
     train = read_metrics(metrics, "train") if metrics.is_file() else []
     val = read_metrics(metrics, "validation") if metrics.is_file() else []
     val = [r for r in val if "source" not in r and int(r["step"]) <= step]
-    config_path = run / "config.json"
+    config_path = RunFolder(run).config
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     return {
         "step": step,

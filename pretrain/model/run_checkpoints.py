@@ -30,6 +30,7 @@ from unittest import mock
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 
@@ -160,7 +161,7 @@ def resolve_resume(
     if resume == "none":
         return None
     if resume == "auto":
-        return _newest_verified(Path(output_dir) / "checkpoints", f"{flag} auto")
+        return _newest_verified(RunFolder(output_dir).checkpoints, f"{flag} auto")
     p = Path(resume)
     if is_complete(p):
         problems = verify(p)
@@ -171,7 +172,7 @@ def resolve_resume(
                 + "\nUse an earlier checkpoint (a run folder or --resume auto skips this one)."
             )
         return p
-    for root in (p, p / "checkpoints"):
+    for root in (p, RunFolder(p).checkpoints):
         latest = _newest_verified(root, f"{flag} {p}")
         if latest is not None:
             return latest
@@ -215,8 +216,8 @@ def _no_bar(iterable, *args, **kwargs):
 def run_tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
     """The tokenizer of run folder ``run`` (``state``: one of its checkpoints' trainer state): its
     ``tokenizer/`` copy, else (runs written before the copy) its first --data folder's."""
-    if (run / "tokenizer").is_dir():
-        return run / "tokenizer"
+    if RunFolder(run).tokenizer.is_dir():
+        return RunFolder(run).tokenizer
     run_cfg = state.get("config", {}).get("run", {})
     sources = run_cfg.get("data_sources") or [run_cfg.get("data")]  # "data": before mixtures
     data = parse_mixture(sources)[0].path if sources[0] else None  # all share one tokenizer

@@ -20,6 +20,7 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.metrics import read_metrics
+from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.objectives.base import MLM_LOSS
 from bertforge.pretrain.objectives.registry import OBJECTIVES
 from bertforge.pretrain.plot.panels import (
@@ -155,7 +156,7 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike | None = No
 
     metrics_path = Path(metrics_path)
     data = load(metrics_path)
-    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out = Path(out_dir) if out_dir else RunFolder(metrics_path.parent).plots
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, fig in figures(data).items():
@@ -184,7 +185,7 @@ def plot_downstream(
             series.setdefault(f"{r.get('task')} {r.get('metric')}", []).append((r["step"], value))
     if not series:
         return []
-    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out = Path(out_dir) if out_dir else RunFolder(metrics_path.parent).plots
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in sorted(series.items()):
@@ -247,7 +248,7 @@ def plot_sources(
         if ax.lines:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(out_dir) if out_dir else metrics_path.parent / "plots"
+    out = Path(out_dir) if out_dir else RunFolder(metrics_path.parent).plots
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sources.png"
     fig.savefig(path, dpi=100)

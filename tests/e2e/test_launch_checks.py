@@ -17,7 +17,8 @@ from helpers.launch import ds_config
 
 from bertforge.data_prep import shard_files as reader_module  # where the reader hashes
 from bertforge.data_prep.reader import ShardError
-from bertforge.pretrain.data.shard_check import RECORD, verify_once
+from bertforge.pretrain.data.shard_check import verify_once
+from bertforge.pretrain.model.run_folder import RunFolder
 
 
 def _train(shards: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -62,7 +63,7 @@ def test_sha256_verified_once_per_manifest(english_shards, tmp_path, monkeypatch
     hashed = _count_hashes(monkeypatch)
     assert verify_once([shards], run) == [shards.resolve()]
     assert sorted(hashed) == sorted(_shard_files(shards))  # every file of every split
-    record = json.loads((run / RECORD).read_text())["folders"]
+    record = json.loads(RunFolder(run).verified_shards.read_text())["folders"]
     assert str(shards.resolve()) in record
     hashed.clear()
     assert verify_once([shards], run) == [] and hashed == []  # remembered: nothing read
@@ -84,8 +85,8 @@ def test_corrupt_shard_byte_refused_at_first_launch(english_shards, tmp_path):
     proc = _train(shards, tmp_path / "run", "--max_steps", "1")
     assert proc.returncode == 2, proc.stderr
     assert f"{victim}: sha256 differs from the manifest" in proc.stderr
-    assert not (tmp_path / "run" / RECORD).exists()
-    assert not (tmp_path / "run" / ".lock").exists()  # released on the error
+    assert not RunFolder(tmp_path / "run").verified_shards.exists()
+    assert not RunFolder(tmp_path / "run").lock.exists()  # released on the error
 
 
 def test_verified_once_stale_lock_taken_over_missing_rng_warned(english_shards, tmp_path):
@@ -93,7 +94,10 @@ def test_verified_once_stale_lock_taken_over_missing_rng_warned(english_shards, 
     first = _train(english_shards, run, "--max_steps", "2", "--save_interval", "2")
     assert first.returncode == 0, first.stderr
     assert "shard files in" in first.stdout and "verified (done once" in first.stdout
-    assert (run / RECORD).is_file() and not (run / ".lock").exists()
+    assert RunFolder(run).verified_shards.is_file() and not RunFolder(run).lock.exists()
+    folder = RunFolder(run)  # the files of a real run are where the one layout says
+    assert all(p.exists() for p in (folder.checkpoints, folder.metrics, folder.config))
+    assert folder.recipe.is_file() and folder.tokenizer.is_dir()
     rng = run / "checkpoints" / "step_00000002" / "rng" / "rank_00000.pt"
     assert rng.is_file()
     rng.unlink()

@@ -37,6 +37,7 @@ from bertforge.pretrain.evaluate.glue.suite import evaluate_benchmark
 from bertforge.pretrain.evaluate.models import ModelRef
 from bertforge.pretrain.evaluate.runner import default_device
 from bertforge.pretrain.model.run_checkpoints import read_state
+from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 
@@ -69,7 +70,7 @@ def checkpoint_progress(ref: ModelRef) -> dict[str, Any]:
     if ref.checkpoint is None or ref.step is None:
         return {}
     out: dict[str, Any] = {}
-    tokens = tokens_seen(Path(ref.path) / "metrics.jsonl", ref.step)
+    tokens = tokens_seen(RunFolder(ref.path).metrics, ref.step)
     if tokens is None:
         log.warning(
             f"{ref.path}/metrics.jsonl does not hold every step up to {ref.step}: the records "

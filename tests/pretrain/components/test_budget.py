@@ -131,7 +131,7 @@ def test_run_stops_at_its_budget_and_a_resume_spends_only_the_rest(english_shard
     final = run / "checkpoints" / f"step_{last:08d}"
     saved = json.loads((final / "trainer_state.json").read_text())
     assert saved["reason"] == "budget" and saved["step"] == last
-    assert hours * 3600 <= saved["elapsed_s"] < hours * 3600 + 30  # stopped at the budget
+    assert hours * 3600 <= saved["elapsed_s"] < hours * 3600 + 60  # stopped at the budget (a step)
     val = read_metrics(run / "metrics.jsonl", "validation")
     assert val[-1]["step"] == last  # a final validation at the budget
     # validation records carry the training time too (python -m pretrain.plot draws by time)
