@@ -4,7 +4,7 @@
     bertforge inspect shards/                                   # = bertforge prep inspect
     bertforge train --data shards/ --output_dir runs/x          # the trainer, in this process
     bertforge export runs/x --output runs/x/hf_model
-    bertforge evaluate | doctor | demo | plot | attention ...
+    bertforge evaluate | doctor | demo | plot | attention | phases | passage-tasks ...
 
 Each subcommand hands the rest of the command line to its module's ``main`` (the same flags, the
 same exit status, ``bertforge SUB --help``); the module is imported only when its subcommand runs,
@@ -60,6 +60,16 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "bertforge.pretrain.attention",
         "main",
         "attention maps of one sentence and each head's kind",
+    ),
+    "phases": (
+        "bertforge.pretrain.config.phase_plan",
+        "main",
+        "check a --phases plan file and print its steps, tokens, lr and batch",
+    ),
+    "passage-tasks": (
+        "bertforge.pretrain.evaluate.passage_tasks",
+        "main",
+        "a labelled task from your own texts: which text is a passage from?",
     ),
 }
 

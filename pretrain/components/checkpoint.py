@@ -4,8 +4,7 @@ Layout of ``RUN/checkpoints/``::
 
     step_00000010/                 DeepSpeed tag folder (model/optimizer shards, all ranks write)
         trainer_state.json         step, consumed samples, world size, config, tokenizer fingerprint
-        README.md                  which command gives Hugging Face weights (the export), and why
-                                   DeepSpeed's zero_to_fp32 / ds_to_universal do not
+        README.md                  the command that gives Hugging Face weights (the export)
         rng/rank_00000.pt          each rank's torch / numpy / python RNG states
         COMPLETE                   written last, atomically, by rank 0 after every rank finished
     universal/step_00000010/       DeepSpeed universal checkpoint (made on a world-size change)

@@ -9,7 +9,7 @@ boundaries by simulating consumed samples, and :func:`plan_schedule` makes them 
 of step and consumed samples, so a resume anywhere is exact), masking, rope theta and data.
 
 YAML or JSON (by the file's suffix). Pure Python (no torch, no DeepSpeed), so
-the check runs before any rendezvous and as ``python -m pretrain.config.phase_plan FILE``; only a
+the check runs before any rendezvous and as ``bertforge phases FILE``; only a
 plan with a ``rope_theta`` asks the model registry (which imports torch) whether the arch has one.
 """
 
@@ -416,9 +416,9 @@ def plan_dict(plan: list[ResolvedPhase]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pretrain.config.phase_plan FILE ...``: check a phase file and print its plan."""
+    """``bertforge phases FILE ...``: check a phase file and print its plan."""
     p = argparse.ArgumentParser(
-        prog="python -m pretrain.config.phase_plan",
+        prog="bertforge phases",
         description="Check a phase file and print its resolved plan (steps, tokens, lr, batch).",
     )
     p.add_argument("file", help="the phase file (YAML or JSON)")

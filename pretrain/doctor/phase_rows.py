@@ -16,7 +16,7 @@ from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.phase_plan import load_phase_file, resolve
 from bertforge.pretrain.doctor.checks import FAIL, OK, Row
 
-CHECK_FIX = "python -m pretrain.config.phase_plan FILE --global_batch_size ... checks a plan alone"
+CHECK_FIX = "bertforge phases FILE --global_batch_size ... checks a plan alone"
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A task whose labels are true by construction: which text does a passage come from?
 
-    python -m pretrain.evaluate.passage_tasks --text novel=hongloumeng.txt --text news=news.txt \\
+    bertforge passage-tasks --text novel=hongloumeng.txt --text news=news.txt \\
         --out DIR [--chars 100] [--passages 300]
 
 Each text (UTF-8, whitespace collapsed to single spaces) is cut into consecutive passages of
@@ -88,7 +88,7 @@ def named_texts(values: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = ArgumentParser(
-        prog="python -m pretrain.evaluate.passage_tasks",
+        prog="bertforge passage-tasks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
