@@ -181,33 +181,36 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
             "num_correct": mlm.num_correct,
         }
         zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
-        if self.nsp and next_sentence_label is not None:
-            logits = self.cls.seq_relationship(out.pooler_output).float()
-            nsp_sum = F.cross_entropy(logits, next_sentence_label.long(), reduction="sum")
-            denom = nsp_normalizer if nsp_normalizer is not None else max(len(logits), 1)
-            result["nsp_loss"] = nsp_sum / denom
-            result["loss"] = mlm.loss + result["nsp_loss"]
-            result["nsp_correct"] = (logits.argmax(-1) == next_sentence_label).sum()
-            result["nsp_count"] = zero + len(logits)
-        else:
-            result["nsp_correct"] = zero
-            result["nsp_count"] = zero
-        if self.nsp and sentence_order_label is not None:
-            result.update(self._sentence_order(out.pooler_output, sentence_order_label))
-            result["loss"] = mlm.loss + result["sop_loss"]
+        result["nsp_correct"] = result["nsp_count"] = zero
+        # the pair head's task: NSP, or SOP (whose non-consecutive pairs carry IGNORE_INDEX)
+        task, label, normalizer = (
+            ("nsp", next_sentence_label, nsp_normalizer)
+            if next_sentence_label is not None
+            else ("sop", sentence_order_label, None)
+        )
+        if self.nsp and label is not None:
+            result.update(self._pair_task(task, out.pooler_output, label, normalizer))
+            result["loss"] = mlm.loss + result[f"{task}_loss"]
         return result
 
-    def _sentence_order(self, pooled: torch.Tensor, label: torch.Tensor) -> dict:
-        """SOP's loss (mean over the labelled pairs; 0 with none), correct and labelled counts."""
+    def _pair_task(
+        self,
+        task: str,
+        pooled: torch.Tensor,
+        label: torch.Tensor,
+        normalizer: torch.Tensor | float | None,
+    ) -> dict:
+        """``task``'s loss (its sum over the labelled pairs / ``normalizer``, default their
+        count, 0 with none), correct and labelled counts, as ``<task>_loss`` ... ."""
         logits = self.cls.seq_relationship(pooled).float()
         label = label.long()
         labelled = label != IGNORE_INDEX
         total = F.cross_entropy(logits, label, ignore_index=IGNORE_INDEX, reduction="sum")
         count = labelled.sum()
         return {
-            "sop_loss": total / count.clamp(min=1),
-            "sop_correct": ((logits.argmax(-1) == label) & labelled).sum(),
-            "sop_count": count,
+            f"{task}_loss": total / (normalizer if normalizer is not None else count.clamp(min=1)),
+            f"{task}_correct": ((logits.argmax(-1) == label) & labelled).sum(),
+            f"{task}_count": count,
         }
 
     @torch.no_grad()
