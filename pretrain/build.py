@@ -72,7 +72,7 @@ from bertforge.pretrain.model.registry import (
     resolve_attention,
 )
 from bertforge.pretrain.model.run_folder import RunFolder
-from bertforge.pretrain.model.specs import check_resume_objective, resolve_objective
+from bertforge.pretrain.model.specs import ObjectiveSpec, check_resume_objective, resolve_objective
 from bertforge.pretrain.trainer import Trainer
 
 log = get_logger(__name__)
@@ -132,6 +132,7 @@ class Resolved:
     anneal: anneal.AnnealPlan | None = None  # --anneal_from's plan
     phases: PhaseTracker | None = None  # --phases: the resolved plan
     cfg: TrainConfig | None = None  # the config as it runs (nothing edits it after this)
+    objective: ObjectiveSpec | None = None  # what it trains (--objective and the shards)
 
 
 def _model_for_shards(cfg: TrainConfig, max_seq_len: int):
@@ -200,7 +201,7 @@ def resolve_run(cfg: TrainConfig) -> Resolved:
     )
     if plan is not None:
         cfg = _with_steps(cfg, plan.steps)  # the anneal's length is its tokens'
-    return Resolved(train_reader, val_readers, point, setup, accel, plan, phases, cfg)
+    return Resolved(train_reader, val_readers, point, setup, accel, plan, phases, cfg, objective)
 
 
 def _override_peak(cfg: TrainConfig, point: ResumePoint) -> TrainConfig:
@@ -463,7 +464,7 @@ def build_training(
         consumed_samples=consumed - stream_start,
         train=True,
         attention=resolve_attention(cfg.model_cfg.attention, cfg.model_cfg.arch),
-        sentence_order=resolve_objective(cfg.objective_cfg, readers[data].format).sentence_order,
+        sentence_order=run.objective.sentence_order,
     )
     metrics = open_metrics(cfg, place, start_step, model, run)
     if run.point is not None:  # metrics.jsonl marks where this launch continued

@@ -216,8 +216,9 @@ def _no_bar(iterable, *args, **kwargs):
 def run_tokenizer_dir(run: Path, state: dict[str, Any]) -> Path:
     """The tokenizer of run folder ``run`` (``state``: one of its checkpoints' trainer state): its
     ``tokenizer/`` copy, else (runs written before the copy) its first --data folder's."""
-    if RunFolder(run).tokenizer.is_dir():
-        return RunFolder(run).tokenizer
+    copy = RunFolder(run).tokenizer
+    if copy.is_dir():
+        return copy
     run_cfg = state.get("config", {}).get("run", {})
     sources = run_cfg.get("data_sources") or [run_cfg.get("data")]  # "data": before mixtures
     data = parse_mixture(sources)[0].path if sources[0] else None  # all share one tokenizer
