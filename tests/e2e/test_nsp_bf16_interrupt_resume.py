@@ -25,6 +25,7 @@ from helpers.commands import (
 )
 from helpers.launch import COMMON, launch
 from helpers.preemption import run_and_signal
+from helpers.shards import validation_batch
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
@@ -113,27 +114,6 @@ def test_resume_after_sigint_matches_the_uninterrupted_run(nsp_bf16):
     )
 
 
-def nsp_validation_batch(shards: Path) -> dict[str, torch.Tensor]:
-    """One masked batch of the NSP shards' validation split, as the trainer builds it."""
-    from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.data.loader import DataConfig, build_loader
-    from bertforge.pretrain.data.masking import MaskingConfig
-
-    loader = build_loader(
-        ShardReader(shards, "validation"),
-        DataConfig(),
-        MaskingConfig(),
-        rank=0,
-        world_size=1,
-        micro_batch_size=8,
-        consumed_samples=0,
-        train=False,
-    )
-    batch = next(iter(loader))
-    batch.pop("masking_stats")
-    return batch
-
-
 def test_nsp_export_is_bert_for_pretraining_with_our_mlm_and_nsp_outputs(
     nsp_bf16, english_nsp_shards, tmp_path
 ):
@@ -160,7 +140,7 @@ def test_nsp_export_is_bert_for_pretraining_with_our_mlm_and_nsp_outputs(
     )
     ours.load_state_dict(consolidated_state_dict(ckpt), strict=False)
     ours.eval(), hf.eval()
-    batch = nsp_validation_batch(english_nsp_shards)
+    batch = validation_batch(english_nsp_shards, 8)
     labels, nsp_labels = batch["labels"], batch["next_sentence_label"]
     assert 0 < int(nsp_labels.sum()) < len(nsp_labels)  # both NSP classes in the batch
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}

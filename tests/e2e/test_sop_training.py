@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from helpers.commands import REPO, run_cli
 from helpers.launch import COMMON, launch
+from helpers.shards import validation_batch
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
@@ -54,25 +55,6 @@ def test_sop_trains_and_resumes_bit_identically(sop_runs):
     assert config["objective_cfg"]["objective"] == "mlm+sop"
 
 
-def sop_batch(shards) -> dict[str, torch.Tensor]:
-    """One masked validation batch of sentence-order pairs, as the trainer builds it."""
-    from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.data.loader import DataConfig, build_loader
-    from bertforge.pretrain.data.masking import MaskingConfig
-
-    loader = build_loader(
-        ShardReader(shards, "validation"),
-        DataConfig(),
-        MaskingConfig(),
-        micro_batch_size=16,
-        train=False,
-        sentence_order=True,
-    )
-    batch = next(iter(loader))
-    batch.pop("masking_stats")
-    return batch
-
-
 def test_sop_export_is_bert_for_pretraining_with_our_sop_head(
     sop_runs, english_nsp_shards, tmp_path
 ):
@@ -96,7 +78,7 @@ def test_sop_export_is_bert_for_pretraining_with_our_sop_head(
     )
     ours.load_state_dict(consolidated_state_dict(ckpt), strict=False)
     ours.eval(), hf.eval()
-    batch = sop_batch(english_nsp_shards)
+    batch = validation_batch(english_nsp_shards, 16, sentence_order=True)
     order = batch["sentence_order_label"]
     assert {0, 1} <= set(order.tolist())  # in-order and swapped pairs in the batch
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}

@@ -34,3 +34,25 @@ def build_shards(corpus: Path, out: Path, **options) -> Path:
         options.pop("vocab_size")
     run_cli(*command_line.data_prep_build(corpus, out, **options)[1:])
     return out
+
+
+def validation_batch(shards: Path, micro_batch_size: int, **loader_options) -> dict:
+    """The first masked batch of `shards`' validation split, as the trainer builds it (one rank,
+    fixed masks; `loader_options` such as sentence_order go to `build_loader`), without its
+    masking statistics."""
+    from bertforge.data_prep.reader import ShardReader
+    from bertforge.pretrain.data.loader import DataConfig, build_loader
+    from bertforge.pretrain.data.masking import MaskingConfig
+
+    reader = ShardReader(shards, "validation")
+    loader = build_loader(
+        reader,
+        DataConfig(),
+        MaskingConfig(),
+        micro_batch_size=micro_batch_size,
+        train=False,
+        **loader_options,
+    )
+    batch = next(iter(loader))
+    batch.pop("masking_stats")
+    return batch
