@@ -176,12 +176,7 @@ class StabilityGuard:
     def _judge_loss(self, step: int, loss: float) -> Verdict:
         self._pending_loss = None
         if not math.isfinite(loss):
-            if self.fp16:  # the loss scaler skips the step and lowers the scale
-                return Verdict("ok")
-            action = self._escalate(step)
-            return Verdict(
-                action, self._event(step, "loss_nonfinite", loss, *self._stats(), action)
-            )
+            return self._nonfinite(step, "loss_nonfinite", loss)
         spike, median, z = self._spike(loss, self.losses)
         if not spike:
             climb = self._climb(step, loss)
@@ -220,6 +215,14 @@ class StabilityGuard:
     def _stats(self) -> tuple[float, float]:
         return (statistics.median(self.losses) if self.losses else math.nan), math.nan
 
+    def _nonfinite(self, step: int, kind: str, value: float) -> Verdict:
+        """A NaN/inf loss or grad norm (``kind``): "ok" under fp16, whose loss scaler skips the
+        step and lowers the scale; otherwise escalated (a rollback or giving up)."""
+        if self.fp16:
+            return Verdict("ok")
+        action = self._escalate(step)
+        return Verdict(action, self._event(step, kind, value, *self._stats(), action))
+
     def check_grad_norm(self, step: int, norm: float | None) -> Verdict:
         """After an optimizer step the guard let through: "ok", "rollback" or "give_up".
         A healthy step's loss and grad norm join the windows."""
@@ -230,12 +233,7 @@ class StabilityGuard:
             self.losses.append(loss)
             return Verdict("ok")
         if not math.isfinite(norm):
-            if self.fp16:  # the loss scaler skipped the step and lowers the scale
-                return Verdict("ok")
-            action = self._escalate(step)
-            return Verdict(
-                action, self._event(step, "grad_norm_nonfinite", norm, *self._stats(), action)
-            )
+            return self._nonfinite(step, "grad_norm_nonfinite", norm)
         spike, median, z = self._spike(norm, self.norms)
         if spike and self.clipping > 0:  # a clipped update: recorded, never escalated
             event = self._event(step, "grad_norm_spike", norm, median, z, "ok")
