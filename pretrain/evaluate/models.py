@@ -56,6 +56,16 @@ class ModelRef:
         """The run folder, for grouping checkpoints of one run."""
         return str(self.path) if self.checkpoint is not None else None
 
+    def as_record(self) -> dict[str, Any]:
+        """The model as a results file lists it (label, folder, step, run, checkpoint)."""
+        return {
+            "label": self.label,
+            "path": str(self.path),
+            "step": self.step,
+            "run": self.run,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+        }
+
 
 def _is_hf_folder(path: Path) -> bool:
     weights = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")

@@ -204,16 +204,7 @@ def evaluate_models(
     finally:
         bar.close()
     return {
-        "models": [
-            {
-                "label": r.label,
-                "path": str(r.path),
-                "step": r.step,
-                "run": r.run,
-                "checkpoint": str(r.checkpoint) if r.checkpoint else None,
-            }
-            for r in refs
-        ],
+        "models": [r.as_record() for r in refs],
         "tasks": [describe_task(d) for d in tasks],
         "seeds": seeds,
         "device": str(device),

@@ -153,16 +153,7 @@ def evaluate_benchmark(
         "protocol_source": PROTOCOLS[protocol].source,
         "reported": reported_rule(tasks),
         "score": score_definition(benchmark),
-        "sources": [
-            {
-                "label": r.label,
-                "path": str(r.path),
-                "step": r.step,
-                "run": r.run,
-                "checkpoint": str(r.checkpoint) if r.checkpoint else None,
-            }
-            for r in refs
-        ],
+        "sources": [r.as_record() for r in refs],
         "tasks": [
             {"name": d.task.name, "layout": d.layout, "path": str(d.path), "metrics": m}
             for d, _ in tasks
