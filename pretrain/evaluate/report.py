@@ -148,14 +148,22 @@ def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for task in results["tasks"]:
             _draw_task(ax, results, models, task)
-        ax.set_xlabel("pretraining step")
-        ax.set_ylabel("test score (median over seeds)")
-        ax.set_title(f"downstream scores of {Path(run).name}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        title = f"downstream scores of {Path(run).name}"
         path = out_dir / f"score_vs_step_{Path(run).name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_step_figure(fig, ax, "test score (median over seeds)", title, path))
     return written
+
+
+def save_step_figure(fig, ax, ylabel: str, title: str, path: Path) -> Path:
+    """A score-against-pretraining-step figure labelled, written to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

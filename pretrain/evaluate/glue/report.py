@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_bytes_atomic, write_json_atomic
-from bertforge.pretrain.evaluate.report import checkpoints_by_run
+from bertforge.pretrain.evaluate.report import checkpoints_by_run, save_step_figure
 
 _SHORT = {
     "matthews_correlation": "mcc",
@@ -109,16 +109,10 @@ def plot_steps(results: dict[str, Any], out_dir: Path) -> list[Path]:
         scores = [results["summary"][m["label"]][bench] for m in models]
         if all(s is not None for s in scores):
             ax.plot(steps, [100 * s for s in scores], "k-", lw=2.5, label=bench.upper())
-        ax.set_xlabel("pretraining step")
-        ax.set_ylabel("dev score x 100 (median over seeds)")
-        ax.set_title(f"{bench.upper()} of {Path(run).name} ({results['protocol']})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        title = f"{bench.upper()} of {Path(run).name} ({results['protocol']})"
         path = out_dir / f"{bench}_vs_step_{Path(run).name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        ylabel = "dev score x 100 (median over seeds)"
+        written.append(save_step_figure(fig, ax, ylabel, title, path))
     return written
 
 
