@@ -200,83 +200,28 @@ _NLI = ("entailment", "neutral", "contradiction")
 # TNEWS's 15 news categories (ids 105 and 111 are unused in CLUE's labels.json)
 _TNEWS = tuple(str(i) for i in range(100, 117) if i not in (105, 111))
 
+
+def _clue(name: str, labels: tuple[str, ...], columns: Columns, **kw) -> BenchmarkTask:
+    """A CLUE classification task: its folder and Hugging Face config are its name in lower case,
+    its jsonl files and Hugging Face's copy have the same fields, accuracy scores it."""
+    low = name.lower()
+    return BenchmarkTask(
+        name, low, low, CLASSIFICATION, labels, columns, columns, _DEV, _ACC, "accuracy", **kw
+    )
+
+
+_SENTENCE = Columns(("sentence",), "label")
+
 CLUE_TASKS: dict[str, BenchmarkTask] = {
     t.name: t
     for t in (
-        BenchmarkTask(
-            "AFQMC",
-            "afqmc",
-            "afqmc",
-            CLASSIFICATION,
-            ("0", "1"),
-            _PAIR,
-            _PAIR,
-            _DEV,
-            _ACC,
-            "accuracy",
-        ),
-        BenchmarkTask(
-            "TNEWS",
-            "tnews",
-            "tnews",
-            CLASSIFICATION,
-            _TNEWS,
-            Columns(("sentence",), "label"),
-            Columns(("sentence",), "label"),
-            _DEV,
-            _ACC,
-            "accuracy",
-        ),
-        BenchmarkTask(
-            "IFLYTEK",
-            "iflytek",
-            "iflytek",
-            CLASSIFICATION,
-            tuple(str(i) for i in range(119)),
-            Columns(("sentence",), "label"),
-            Columns(("sentence",), "label"),
-            _DEV,
-            _ACC,
-            "accuracy",
-        ),
-        BenchmarkTask(
-            "OCNLI",
-            "ocnli",
-            "ocnli",
-            CLASSIFICATION,
-            _NLI,
-            _PAIR,
-            _PAIR,
-            _DEV,
-            _ACC,
-            "accuracy",
-            skip_labels=("-",),
-        ),
-        BenchmarkTask(
-            "CMNLI",
-            "cmnli",
-            "cmnli",
-            CLASSIFICATION,
-            _NLI,
-            _PAIR,
-            _PAIR,
-            _DEV,
-            _ACC,
-            "accuracy",
-            skip_labels=("-",),
-        ),
-        BenchmarkTask(
-            "CSL",
-            "csl",
-            "csl",
-            CLASSIFICATION,
-            ("0", "1"),
-            Columns(("keyword", "abst"), "label"),  # keywords (joined by spaces), then the abstract
-            Columns(("keyword", "abst"), "label"),
-            _DEV,
-            _ACC,
-            "accuracy",
-        ),
+        _clue("AFQMC", ("0", "1"), _PAIR),
+        _clue("TNEWS", _TNEWS, _SENTENCE),
+        _clue("IFLYTEK", tuple(str(i) for i in range(119)), _SENTENCE),
+        _clue("OCNLI", _NLI, _PAIR, skip_labels=("-",)),
+        _clue("CMNLI", _NLI, _PAIR, skip_labels=("-",)),
+        # keywords (joined by spaces), then the abstract
+        _clue("CSL", ("0", "1"), Columns(("keyword", "abst"), "label")),
     )
 }
 
