@@ -199,6 +199,15 @@ def detect_layout(root: Path, task: BenchmarkTask) -> tuple[str, Path] | None:
     return None
 
 
+def where_looked(root: Path, task: BenchmarkTask) -> str:
+    """The end of a message for a ``task`` that :func:`detect_layout` did not find in ``root``:
+    where it looked and what to do."""
+    return (
+        f"(looked for {root / task.folder}/train.* and Hugging Face's {root / task.hf_config}/); "
+        f"give the folder that holds it or leave {task.name} out"
+    )
+
+
 def _read_split(layout: str, folder: Path, task: BenchmarkTask, stem: str, hf_split: str, saved):
     if layout in (TSV, JSONL):
         path = folder / f"{stem}.{'tsv' if layout == TSV else 'json'}"
@@ -265,9 +274,7 @@ def load_benchmark(
                 )
             if detect_layout(root, task) is None:
                 raise GlueDataError(
-                    f"{root}: task {task.name} is not there (looked for {root / task.folder}/"
-                    f"train.* and Hugging Face's {root / task.hf_config}/); give the folder "
-                    f"that holds it or leave {task.name} out of --only"
+                    f"{root}: task {task.name} is not there {where_looked(root, task)} of --only"
                 )
             chosen.append(task)
     else:

@@ -19,6 +19,7 @@ from bertforge.pretrain.data.glue.readers import (
     GlueDataError,
     detect_layout,
     load_benchmark,
+    where_looked,
 )
 from bertforge.pretrain.data.glue.tasks import BENCHMARKS, BenchmarkTask, find_task
 
@@ -88,9 +89,7 @@ def resolve_spec(value: str, flag: str = FLAG) -> tuple[BenchmarkSpec, list[Benc
             raise GlueDataError(f"{flag} {value}: {task.name} is named twice")
         if detect_layout(root, task) is None:
             raise GlueDataError(
-                f"{flag} {value}: {root} does not hold {task.name} (looked for "
-                f"{root / task.folder}/train.* and Hugging Face's {root / task.hf_config}/); give "
-                f"the folder that holds it or leave {task.name} out"
+                f"{flag} {value}: {root} does not hold {task.name} {where_looked(root, task)}"
             )
         tasks.append(task)
     return spec, tasks
