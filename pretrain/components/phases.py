@@ -41,7 +41,7 @@ from bertforge.pretrain.config.phase_plan import (
     load_phase_file,
     plan_dict,
     plan_schedule,
-    resolve,
+    resolve_for_batch,
 )
 from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.data.mixture import open_training, validation_readers
@@ -123,15 +123,13 @@ class PhaseTracker:
         phases = load_phase_file(path)
         readers = open_phase_data(phases, path, run_reader, cfg.data_cfg.verify)
         target = setup.batch
-        plan = resolve(
+        plan = resolve_for_batch(
             phases,
-            path=path,
-            global_batch=target.global_batch,
-            micro_batch=target.micro_batch,
-            world_size=target.world_size,
-            seq_len=lambda data: seq_len if data is None else readers[tuple(data)].max_seq_len,
-            min_lr_ratio=cfg.optim.min_lr_ratio,
-            arch=arch,
+            path,
+            target,
+            lambda data: seq_len if data is None else readers[tuple(data)].max_seq_len,
+            cfg.optim.min_lr_ratio,
+            arch,
         )
         check_flags(cfg, plan[-1].end_step)  # the run's length is the plan's (build.resolve_run)
         return cls(plan_schedule(plan, target.global_batch), target, readers, path)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import USER_ERROR_EXIT, UserError
+from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.schedule import (
     DECAY_SHAPES,
     ResolvedPhase,
@@ -270,12 +271,26 @@ def resolve(
     """The phases in steps and samples. ``global_batch``: the run's (a ramp's target and the
     default of a phase); ``seq_len(data)``: the sequence length of a phase's data (None: the
     run's --data). Boundaries depend on the world size only through the divisibility checks."""
-    block = micro_batch * world_size
-    _check_divisible(global_batch, block, f"{path}: the run's global batch")
+    accum = global_batch // (micro_batch * world_size)
+    batch = BatchPlan(global_batch, micro_batch, accum, world_size)
+    return resolve_for_batch(phases, path, batch, seq_len, min_lr_ratio, arch)
+
+
+def resolve_for_batch(
+    phases: list[Phase],
+    path: str,
+    batch: BatchPlan,
+    seq_len: Callable[[list[str] | None], int],
+    min_lr_ratio: float,
+    arch: str,
+) -> list[ResolvedPhase]:
+    """:func:`resolve` at a job's batch plan (the trainer's and the doctor's)."""
+    block, glob = batch.micro_batch * batch.world_size, batch.global_batch
+    _check_divisible(glob, block, f"{path}: the run's global batch")
     out: list[ResolvedPhase] = []
     for ph in phases:
         prev = out[-1] if out else None
-        out.append(_resolve_phase(ph, prev, path, global_batch, block, seq_len, min_lr_ratio, arch))
+        out.append(_resolve_phase(ph, prev, path, glob, block, seq_len, min_lr_ratio, arch))
     return out
 
 

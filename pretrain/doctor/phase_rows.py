@@ -13,7 +13,7 @@ from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import UserError
 from bertforge.pretrain.config.batching import BatchPlan
-from bertforge.pretrain.config.phase_plan import load_phase_file, resolve
+from bertforge.pretrain.config.phase_plan import load_phase_file, resolve_for_batch
 from bertforge.pretrain.doctor.checks import FAIL, OK, Row
 
 CHECK_FIX = "bertforge phases FILE --global_batch_size ... checks a plan alone"
@@ -66,15 +66,8 @@ def plan_view(cfg, plan: BatchPlan | None, run_folder: Path) -> PlanView:
         return run_len if data is None else (_seq_len(first[tuple(data)]) or run_len)
 
     try:
-        resolved = resolve(
-            phases,
-            path=path,
-            global_batch=plan.global_batch,
-            micro_batch=plan.micro_batch,
-            world_size=plan.world_size,
-            seq_len=seq_len,
-            min_lr_ratio=cfg.optim.min_lr_ratio,
-            arch=cfg.model_cfg.arch,
+        resolved = resolve_for_batch(
+            phases, path, plan, seq_len, cfg.optim.min_lr_ratio, cfg.model_cfg.arch
         )
     except UserError as e:
         view.rows.append(Row("phases", "-", FAIL, str(e), CHECK_FIX))
