@@ -85,6 +85,14 @@ class ArgumentParser(argparse.ArgumentParser):
         )
 
 
+def command_parser(prog: str, doc: str | None) -> ArgumentParser:
+    """A command's parser: ``doc`` (its module's docstring) as the description, printed as
+    written, above the flags."""
+    return ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def help_command(prog: str) -> str:
     """The command that prints ``prog``'s help (``python pretrain/main.py --help``)."""
     if prog.endswith(".py") and not prog.startswith(("python", "deepspeed")):

@@ -19,7 +19,6 @@ says so and the axis labels become ``id:escaped`` (e.g. ``1234:\\u7ea2``), never
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from functools import lru_cache
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.cli import ArgumentParser
+from bertforge.cli import command_parser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger, transformers_errors_only
@@ -238,11 +237,7 @@ def attention_maps(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = ArgumentParser(
-        prog="bertforge attention",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("bertforge attention", __doc__)
     p.add_argument("model", help="HF folder, run folder or RUN@STEP")
     p.add_argument("--text", required=True, help="the sentence to look at")
     p.add_argument("--out", required=True, help="folder for the PNGs and attention_stats.json")

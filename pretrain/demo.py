@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertforge.cli import ArgumentParser
+from bertforge.cli import command_parser
 from bertforge.data_prep.reader import ShardReader
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus
 from bertforge.errors import USER_ERROR_EXIT, UserError
@@ -389,11 +389,7 @@ def summary_lines(s: dict) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="bertforge demo",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("bertforge demo", __doc__)
     p.add_argument("--output_dir", default="runs/demo", help="where everything goes")
     p.add_argument(
         "--steps", type=int, default=1200, help="optimizer steps in total (stop at half)"

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.cli import ArgumentParser
+from bertforge.cli import command_parser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, quiet_libraries, quiet_transformers
 from bertforge.pretrain.data.downstream_tasks import (
@@ -70,11 +70,7 @@ _INT_RECIPE = {  # recipe fields with an integer flag each (defaults: finetune.R
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="bertforge evaluate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("bertforge evaluate", __doc__)
     p.add_argument(
         "--models", nargs="+", required=True, help="[LABEL=]PATH | [LABEL=]RUN@STEP | RUN@all ..."
     )

@@ -13,13 +13,12 @@ passage shares text with a training one. Everything is deterministic.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
 from pathlib import Path
 
-from bertforge.cli import ArgumentParser
+from bertforge.cli import command_parser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_bytes_atomic, write_json_atomic
 from bertforge.logs import get_logger
@@ -87,11 +86,7 @@ def named_texts(values: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = ArgumentParser(
-        prog="bertforge passage-tasks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("bertforge passage-tasks", __doc__)
     p.add_argument("--text", action="append", required=True, help="NAME=FILE (two or more)")
     p.add_argument("--out", required=True, help="folder for passages.jsonl and tasks.json")
     p.add_argument("--chars", type=int, default=100, help="characters per passage")

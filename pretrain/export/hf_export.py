@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bertforge.cli import ArgumentParser
+from bertforge.cli import command_parser
 from bertforge.data_prep.object_store import Store, is_url
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import publish_dir
@@ -315,11 +315,7 @@ def _export_to(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    p = ArgumentParser(
-        prog="bertforge export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("bertforge export", __doc__)
     p.add_argument("run", help="run folder (its newest complete checkpoint is exported)")
     p.add_argument(
         "--output",
