@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from bertforge.data_prep.lock import FolderLock
 from bertforge.data_prep.object_store import is_url
@@ -29,20 +28,15 @@ from bertforge.data_prep.sources import parse_mixture
 from bertforge.files import publish_dir, write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger, process_rank
 from bertforge.preemption import PreemptionHandler
-from bertforge.pretrain.components import anneal, watchdog
-from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, TimeClockLR
-from bertforge.pretrain.components.checkpoint import CheckpointManager
+from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
+from bertforge.pretrain.checkpoints.resume import ResumePoint, find_resume
+from bertforge.pretrain.checkpoints.schedule_override import check_resume_clock, steps_origin
 from bertforge.pretrain.components.data_order import configure_cache, resolve_order
-from bertforge.pretrain.components.distributed import init_distributed, sum_across_ranks
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
 from bertforge.pretrain.components.ema import EMA
 from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import MetricsWriter, device_peak_tflops
-from bertforge.pretrain.components.optim import lr_scheduler_factory, param_groups
-from bertforge.pretrain.components.phases import PhaseTracker, tracker_for_run
-from bertforge.pretrain.components.resume import ResumePoint, find_resume
 from bertforge.pretrain.components.run_parts import RunClock, RunOutputs, StepSetup, TrainData
-from bertforge.pretrain.components.schedule_override import check_resume_clock, steps_origin
 from bertforge.pretrain.config.ds_config import (
     ConfigError,
     DeepSpeedSetup,
@@ -61,6 +55,8 @@ from bertforge.pretrain.data.mixture import (
     warn_if_data_changed,
 )
 from bertforge.pretrain.data.shard_check import verify_once
+from bertforge.pretrain.distributed import watchdog
+from bertforge.pretrain.distributed.startup import init_distributed, sum_across_ranks
 from bertforge.pretrain.model.bert import resolve_config
 from bertforge.pretrain.model.compiled import check_compile, compile_encoders
 from bertforge.pretrain.model.init_from import load_initial_weights
@@ -71,8 +67,12 @@ from bertforge.pretrain.model.registry import (
     check_supported,
     resolve_attention,
 )
-from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.model.specs import ObjectiveSpec, check_resume_objective, resolve_objective
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.schedule import anneal
+from bertforge.pretrain.schedule.budget import BatchRamp, TimeBudget, TimeClockLR
+from bertforge.pretrain.schedule.optim import lr_scheduler_factory, param_groups
+from bertforge.pretrain.schedule.phases import PhaseTracker, tracker_for_run
 from bertforge.pretrain.trainer import Trainer
 
 log = get_logger(__name__)
@@ -488,13 +488,3 @@ def build_training(
         schedule=schedule,
     )
     return Training(trainer, start_step, consumed)
-
-
-def shutdown() -> None:
-    """Leave the process group together (otherwise ranks linger in teardown for seconds). The
-    watchdog stops after the last barrier: every rank got that far, none can hang any more."""
-    if dist.is_initialized():
-        if dist.get_world_size() > 1:
-            dist.barrier()
-        watchdog.stop(done=True)
-        dist.destroy_process_group()

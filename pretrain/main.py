@@ -20,12 +20,13 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, quiet_libraries
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
 from bertforge.pretrain import build, dry_run
-from bertforge.pretrain.components import watchdog
-from bertforge.pretrain.components.budget import launch_clock
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import TrainConfig
-from bertforge.pretrain.model.run_checkpoints import find_latest
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.distributed import watchdog
+from bertforge.pretrain.distributed.startup import shutdown
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest
+from bertforge.pretrain.schedule.budget import launch_clock
 
 log = get_logger("bertforge.pretrain.main")
 
@@ -84,7 +85,7 @@ def main(
     preempt = install(cfg.checkpoint.preemption_signals)
     try:
         status = train(cfg, preempt)
-        build.shutdown()
+        shutdown()
         return status
     except UserError as e:  # a bad flag, file or checkpoint: the message says what to fix
         log.error(str(e))

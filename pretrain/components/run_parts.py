@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
-from bertforge.pretrain.components.checkpoint import CheckpointManager
+from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
 from bertforge.pretrain.components.metrics import MetricsWriter
 from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.schedule.budget import TimeBudget, TimeClockLR
 
 
 @dataclass

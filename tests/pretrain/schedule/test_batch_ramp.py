@@ -11,11 +11,11 @@ import pytest
 from helpers.commands import train_cli
 from helpers.launch import losses
 
-from bertforge.pretrain.components.budget import BatchRamp, TimeBudget, ramp_batch_at
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.ds_config import ConfigError
-from bertforge.pretrain.model.run_checkpoints import find_latest, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest, tag_for
+from bertforge.pretrain.schedule.budget import BatchRamp, TimeBudget, ramp_batch_at
 
 
 def test_ramp_rises_in_whole_micro_batches_to_the_target_at_its_fraction():

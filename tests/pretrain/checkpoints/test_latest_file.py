@@ -52,9 +52,9 @@ def _engine(shards: Path, run: Path):
 def test_latest_never_names_an_incomplete_checkpoint(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
-    from bertforge.pretrain.components import checkpoint as ck
-    from bertforge.pretrain.components import resume
-    from bertforge.pretrain.model import run_checkpoints as rc
+    from bertforge.pretrain.checkpoints import checkpoint as ck
+    from bertforge.pretrain.checkpoints import resume
+    from bertforge.pretrain.run_folder import run_checkpoints as rc
 
     cfg, engine = _engine(english_shards, tmp_path / "run")
     ckpts = ck.CheckpointManager(cfg.run.output_dir, cfg.checkpoint, 0, 1)
@@ -63,7 +63,7 @@ def test_latest_never_names_an_incomplete_checkpoint(
     ckpts.save(engine, 1, state)
     assert latest.read_text() == rc.tag_for(1)
 
-    from bertforge.pretrain.components import checkpoint_files  # writes COMPLETE
+    from bertforge.pretrain.checkpoints import checkpoint_files  # writes COMPLETE
 
     real_write = checkpoint_files.write_text_atomic
 

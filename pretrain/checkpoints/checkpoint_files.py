@@ -2,12 +2,13 @@
 
 ``COMPLETE`` (written last, atomically) is a JSON manifest ``{"format": 1, "tag": ..., "files":
 {relative path: size in bytes}}`` of every file of the folder, made from what each rank reports
-it wrote. Reading it back (:func:`~pretrain.model.run_checkpoints.verify`, ``stat`` only: it runs
-before the rendezvous) is :mod:`pretrain.model.run_checkpoints`.
+it wrote. Reading it back (:func:`~pretrain.run_folder.run_checkpoints.verify`, ``stat`` only:
+it runs before the rendezvous) is :mod:`pretrain.run_folder.run_checkpoints`.
 
 :class:`DeferredWriteErrors` wraps DeepSpeed's save so that a write error on one rank is recorded
 rather than raised: the rank still runs every collective of the save, and the caller
-(:meth:`pretrain.components.checkpoint.CheckpointManager.save`) tells all ranks with one all-gather.
+(:meth:`pretrain.checkpoints.checkpoint.CheckpointManager.save`) tells all ranks with one
+all-gather.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_text_atomic
-from bertforge.pretrain.model.run_checkpoints import MARKER
+from bertforge.pretrain.run_folder.run_checkpoints import MARKER
 
 
 def written_sizes(folder: Path, files: Iterable[Path]) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""--anneal_from RUN@STEP --anneal_tokens N (pretrain.components.anneal), as a user runs it.
+"""--anneal_from RUN@STEP --anneal_tokens N (pretrain.schedule.anneal), as a user runs it.
 
 One source run (wsd, a checkpoint every step) and one anneal from its step 2 of the stable phase:
 the anneal's first step uses the source's lr at step 2 and the source's Adam state, data position
@@ -21,14 +21,14 @@ import torch
 from helpers.commands import train_cli
 from helpers.ema import check_ema_of_run
 
-from bertforge.pretrain.components.anneal import parse_anneal_from, source_checkpoint
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.flag_checks import AnnealError, check_anneal_flags
 from bertforge.pretrain.config.schedule import Schedule, anneal, decay_curve
 from bertforge.pretrain.config.train_config import RunConfig
 from bertforge.pretrain.export.model_card import _anneal, card_facts
-from bertforge.pretrain.model.run_checkpoints import CheckpointError
+from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
+from bertforge.pretrain.schedule.anneal import parse_anneal_from, source_checkpoint
 
 SIZES = ("--global_batch_size", "4", "--micro_batch_size", "4", "--eval_batches", "1")
 

@@ -61,7 +61,7 @@ def _engine(cfg, seed: int, *, load_universal: bool = False):
 
 def _train_two_steps(cfg):
     """Two optimizer steps through the Trainer, saved as step 2; returns the engine."""
-    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
     from bertforge.pretrain.components.metrics import MetricsWriter
     from bertforge.pretrain.components.run_parts import RunOutputs, StepSetup, TrainData
     from bertforge.pretrain.data.loader import build_loader
@@ -99,7 +99,7 @@ def _train_two_steps(cfg):
 
 
 def _resume_point(cfg, reader):
-    from bertforge.pretrain.components.resume import find_resume
+    from bertforge.pretrain.checkpoints.resume import find_resume
 
     return find_resume(
         "auto",
@@ -117,7 +117,7 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 def test_restore_puts_back_weights_counters_and_the_schedule(
     english_shards, tmp_path, one_rank_group, capsys
 ):
-    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)
@@ -154,7 +154,7 @@ def test_restore_puts_back_weights_counters_and_the_schedule(
 def test_restore_with_override_puts_the_flags_schedule_in_effect_even_after_a_rollback(
     english_shards, tmp_path, one_rank_group, capsys
 ):
-    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     _train_two_steps(cfg)
@@ -185,8 +185,8 @@ def test_restore_with_override_puts_the_flags_schedule_in_effect_even_after_a_ro
 def test_restore_onto_another_world_size_loads_universal_and_derives_the_rng(
     english_shards, tmp_path, one_rank_group
 ):
-    from bertforge.pretrain.components.checkpoint import CheckpointManager
-    from bertforge.pretrain.components.resume import ResumePoint
+    from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
+    from bertforge.pretrain.checkpoints.resume import ResumePoint
 
     cfg = _config(english_shards, tmp_path / "run", "--max_steps", "2")
     saved, reader = _train_two_steps(cfg)

@@ -11,14 +11,14 @@
    nccl on GPUs, gloo/ccl on CPUs), which `deepspeed.init_distributed` adopts. Reusing the store
    means one port per job: no second port that could collide with a neighbouring job.
 4. On the CPU accelerator, DeepSpeed's shared-memory all-reduce segments are unlinked as soon as
-   every rank has mapped them (`pretrain.components.shm_buffers`), so no exit leaves them behind.
+   every rank has mapped them (`pretrain.distributed.shm_buffers`), so no exit leaves them behind.
 5. Before the rendezvous, every JIT-built op the run needs (DeepSpeed's CPU all-reduce, the
    optimizer's op) is built or loaded from this environment's build folder, one process at a
    time, a wait reported and ended by a stop signal, a stale build lock (a build killed midway)
-   removed with a warning naming it (`pretrain.components.op_builds`).
+   removed with a warning naming it (`pretrain.distributed.op_builds`).
 6. Right after the rendezvous (before the process group, so also before DeepSpeed's CPU
    `shm_initialize`, which waits forever for a peer that died), each rank starts its heartbeat
-   watchdog (`pretrain.components.watchdog`): a rank that stops beating makes the others exit
+   watchdog (`pretrain.distributed.watchdog`): a rank that stops beating makes the others exit
    with `EXIT_RENDEZVOUS` instead of waiting `timeout_s` in a collective.
 """
 
@@ -32,7 +32,7 @@ from datetime import timedelta
 
 from bertforge import preemption
 from bertforge.logs import DEEPSPEED_OP_LOADED, get_logger, without_printed
-from bertforge.pretrain.components import op_builds, shm_buffers, watchdog
+from bertforge.pretrain.distributed import op_builds, shm_buffers, watchdog
 
 log = get_logger(__name__)
 
@@ -321,3 +321,14 @@ def sum_across_ranks(values: list[float], device) -> list[float]:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t.tolist()
+
+
+def shutdown() -> None:
+    """Leave the process group together (otherwise ranks linger in teardown for seconds). The
+    watchdog stops after the last barrier: every rank got that far, none can hang any more."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        watchdog.stop(done=True)

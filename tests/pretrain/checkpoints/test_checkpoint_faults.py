@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from helpers.commands import REPO
 
-from bertforge.pretrain.components import checkpoint as ck
-from bertforge.pretrain.components import checkpoint_files as cf
-from bertforge.pretrain.components import resume
-from bertforge.pretrain.model import run_checkpoints as rc
+from bertforge.pretrain.checkpoints import checkpoint as ck
+from bertforge.pretrain.checkpoints import checkpoint_files as cf
+from bertforge.pretrain.checkpoints import resume
+from bertforge.pretrain.run_folder import run_checkpoints as rc
 
 
 def _fake_checkpoint(root: Path, step: int, payload: bytes = b"weights" * 100) -> Path:
@@ -116,7 +116,7 @@ def _tiny_engine(shards: Path, run: Path, *extra: str):
 def test_failed_save_leaves_no_checkpoint_and_keeps_the_previous(
     english_shards, tmp_path, one_rank_group, monkeypatch
 ):
-    from bertforge.pretrain.components.faults import ENV_VAR
+    from bertforge.pretrain.stability.faults import ENV_VAR
 
     cfg, engine = _tiny_engine(english_shards, tmp_path / "run", "--keep_last", "1")
     state = {"config": dataclasses.asdict(cfg.run), "consumed_samples": 0}
@@ -223,7 +223,7 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
     run warns and goes on, the failed step's folder is gone and the next interval saves."""
     from helpers.launch import COMMON, launch
 
-    from bertforge.pretrain.components.faults import ENV_VAR
+    from bertforge.pretrain.stability.faults import ENV_VAR
 
     run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     args = ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(english_shards)]
@@ -246,9 +246,9 @@ def test_periodic_save_failing_on_one_of_two_ranks_warns_and_the_run_goes_on(
 def test_final_save_failing_stops_with_its_exit_status(
     english_shards, tmp_path, one_rank_group, monkeypatch, capsys
 ):
-    from bertforge.pretrain.components.faults import ENV_VAR
     from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.main import train
+    from bertforge.pretrain.stability.faults import ENV_VAR
     from bertforge.pretrain.trainer import EXIT_SAVE_FAILED
 
     run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"

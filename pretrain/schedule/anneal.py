@@ -9,7 +9,7 @@ anneal steps (``ceil(N / (global batch x seq len))``) to ``--min_lr_ratio`` x th
 lr, shaped by ``--decay_shape``. The anneal run counts its steps from 0; its data position is the
 source's consumed samples when ``--data`` is the source's, else 0 (a new mixture: domain
 annealing). The source run folder is only read; while it is loaded, a lease
-(:mod:`pretrain.components.leases`) keeps the source's pruning from deleting the checkpoint.
+(:mod:`pretrain.checkpoints.leases`) keeps the source's pruning from deleting the checkpoint.
 
 Everything about the source is checked by :func:`plan_anneal` before any rendezvous.
 ``--resume auto`` of an anneal run takes the plan from its own checkpoint (``anneal_from`` in
@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from bertforge.logs import get_logger
-from bertforge.pretrain.components import leases
-from bertforge.pretrain.components.resume import check_compatible
-from bertforge.pretrain.components.schedule_override import ScheduleOverride, guard_factor
+from bertforge.pretrain.checkpoints import leases
+from bertforge.pretrain.checkpoints.resume import check_compatible
+from bertforge.pretrain.checkpoints.schedule_override import ScheduleOverride, guard_factor
 from bertforge.pretrain.config.flag_checks import AnnealError
 from bertforge.pretrain.config.schedule import Schedule, anneal
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import (
     MARKER,
     CheckpointError,
     list_complete,
@@ -40,7 +41,6 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     tag_for,
 )
-from bertforge.pretrain.model.run_folder import RunFolder
 
 log = get_logger(__name__)
 

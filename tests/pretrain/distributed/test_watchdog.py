@@ -1,4 +1,4 @@
-"""pretrain.components.watchdog without DeepSpeed: watchdogs in threads on one loopback TCPStore.
+"""pretrain.distributed.watchdog without DeepSpeed: watchdogs in threads on one loopback TCPStore.
 
 A silent rank is named (with its host) by every other rank, once; ranks that end at different
 times never report each other; a store that goes away is reported; the store's host waits for
@@ -15,8 +15,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from bertforge.pretrain.components.distributed import free_port
-from bertforge.pretrain.components.watchdog import Watchdog, looks_like_peer_loss
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.distributed.watchdog import Watchdog, looks_like_peer_loss
 
 TIMEOUT, INTERVAL = 1.0, 0.1
 

@@ -1,10 +1,10 @@
 """Which checkpoint a run continues from: ``--resume`` resolved to a verified checkpoint
-(:func:`pretrain.model.run_checkpoints.resolve_resume`) and checked against this run's data and
+(:func:`pretrain.run_folder.run_checkpoints.resolve_resume`) and checked against this run's data and
 model (:func:`find_resume`); DeepSpeed's ``latest`` file, which names only a verified checkpoint.
 
 Reading a run folder (its checkpoints, which verify, their trainer state) is
-:mod:`pretrain.model.run_checkpoints`; saving, loading and restoring live in
-:mod:`pretrain.components.checkpoint`.
+:mod:`pretrain.run_folder.run_checkpoints`; saving, loading and restoring live in
+:mod:`pretrain.checkpoints.checkpoint`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.files import write_text_atomic
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     CheckpointError,
     find_latest,
     read_state,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertforge.pretrain.components.budget import ramp_batch_at
 from bertforge.pretrain.config.schedule import build_schedule
+from bertforge.pretrain.schedule.budget import ramp_batch_at
 
 # The MFU the doctor plans with when it knows only the GPU: about what our trainer measured for
 # BERT-base at 128 tokens on one H100 (docs/benchmarks.md, make gpu-check); a plan, not a promise.

@@ -1,14 +1,14 @@
 """--override_lr_schedule on --resume, as a user runs it: after a real resume the lr of every step
 is the flags' schedule (not the checkpoint's), and the warning lists old -> new. Without the flag
-the ignored flags are named (tests/pretrain/components/test_checkpoint_restore.py)."""
+the ignored flags are named (tests/pretrain/checkpoints/test_checkpoint_restore.py)."""
 
 from __future__ import annotations
 
 import pytest
 from helpers.commands import train_cli
 
+from bertforge.pretrain.checkpoints.schedule_override import ScheduleResumeError, check_resume_clock
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.schedule_override import ScheduleResumeError, check_resume_clock
 from bertforge.pretrain.config.train_config import OptimConfig
 
 
@@ -57,9 +57,9 @@ def test_a_time_clock_checkpoint_resumed_on_the_step_clock_needs_the_override():
 def test_an_override_of_a_time_clock_checkpoint_starts_at_its_step_with_the_guards_cut():
     import torch
 
-    from bertforge.pretrain.components.optim import lr_scheduler_factory
-    from bertforge.pretrain.components.schedule_override import ScheduleOverride, resume_schedule
+    from bertforge.pretrain.checkpoints.schedule_override import ScheduleOverride, resume_schedule
     from bertforge.pretrain.config.schedule import warmup_decay, wsd
+    from bertforge.pretrain.schedule.optim import lr_scheduler_factory
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
     sched = lr_scheduler_factory(warmup_decay(warmup_steps=1, total_steps=10))(opt)
@@ -80,10 +80,10 @@ def test_a_longer_max_steps_on_a_resume_says_where_it_came_from(capsys):
     where this launch's --max_steps came from (here the command line, over the run's recipe)."""
     import torch
 
-    from bertforge.pretrain.components.optim import lr_scheduler_factory
-    from bertforge.pretrain.components.schedule_override import resume_schedule, steps_origin
+    from bertforge.pretrain.checkpoints.schedule_override import resume_schedule, steps_origin
     from bertforge.pretrain.config.schedule import warmup_decay
     from bertforge.pretrain.config.train_config import RunConfig
+    from bertforge.pretrain.schedule.optim import lr_scheduler_factory
 
     sources = {"run.max_steps": "flag --max_steps", "batch.grad_accum": "recipe RUN/recipe.yaml"}
     why = steps_origin(RunConfig(max_steps=1215), sources)

@@ -1,4 +1,4 @@
-"""pretrain.components.distributed: single-process defaults, a 2-rank rendezvous, and the timeout
+"""pretrain.distributed.startup: single-process defaults, a 2-rank rendezvous, and the timeout
 message."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers.commands import REPO
 
-from bertforge.pretrain.components.distributed import (
+from bertforge.pretrain.distributed.startup import (
     EXIT_RENDEZVOUS,
     RendezvousError,
     _ranges,
@@ -23,7 +23,7 @@ from bertforge.pretrain.components.distributed import (
 # A rank that rendezvous, all-reduces its rank+1 and prints the result: sum over 2 ranks is 3.
 SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from bertforge.pretrain.components.distributed import init_distributed
+    from bertforge.pretrain.distributed.startup import init_distributed
     info = init_distributed(timeout_s=float(sys.argv[1]))
     assert init_distributed(timeout_s=1.0) == info  # a second call reuses the group
     t = torch.tensor([info.rank + 1.0])

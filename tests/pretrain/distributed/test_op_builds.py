@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bertforge.preemption import PreemptionHandler
-from bertforge.pretrain.components import op_builds
+from bertforge.pretrain.distributed import op_builds
 from bertforge.pretrain.doctor.op_rows import lock_rows
 
 # Holds a file open the way torch's FileBaton does while it builds (O_CREAT | O_EXCL, fd open).

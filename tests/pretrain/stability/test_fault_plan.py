@@ -1,15 +1,15 @@
-"""BERTFORGE_FAULTS: the plan's parsing and the planned signals (pretrain/components/faults.py)."""
+"""BERTFORGE_FAULTS: the plan's parsing and the planned signals (pretrain/stability/faults.py)."""
 
 import subprocess
 import sys
 
 import pytest
 
-from bertforge.pretrain.components.faults import ENV_VAR, FaultPlan, parse_faults
+from bertforge.pretrain.stability.faults import ENV_VAR, FaultPlan, parse_faults
 
 # A child process that fires one planned signal fault and says so if it survives.
 CHILD = (
-    "import sys; from bertforge.pretrain.components.faults import FaultPlan; "
+    "import sys; from bertforge.pretrain.stability.faults import FaultPlan; "
     "FaultPlan(sys.argv[1]).signal_if_due('save', 4, 1); print('survived')"
 )
 

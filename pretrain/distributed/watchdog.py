@@ -43,7 +43,7 @@ from bertforge.logs import get_logger
 log = get_logger(__name__)
 
 #: The exit status of a rank whose peer stopped beating: the same 3 as a rendezvous that did not
-#: come up (pretrain.components.distributed.EXIT_RENDEZVOUS): the job's ranks are not all there.
+#: come up (pretrain.distributed.startup.EXIT_RENDEZVOUS): the job's ranks are not all there.
 EXIT_RANK_GONE = 3
 #: Added to a beat counter by a rank that ended normally (far above any count of beats).
 DONE = 1 << 40

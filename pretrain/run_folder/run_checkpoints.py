@@ -4,7 +4,7 @@ consolidated weights and its tokenizer.
 
 A checkpoint folder ``RUN/checkpoints/step_XXXXXXXX`` counts once its ``COMPLETE`` marker exists:
 a JSON manifest of every file of the tag folder, relative path -> size in bytes
-(:mod:`pretrain.components.checkpoint_files` writes it). :func:`verify` compares it with the
+(:mod:`pretrain.checkpoints.checkpoint_files` writes it). :func:`verify` compares it with the
 folder (``stat`` only, cheap enough to run before the rendezvous); ``--resume auto`` and a run or
 ``checkpoints/`` folder take the newest checkpoint that verifies and warn about each newer one
 skipped; an explicit checkpoint folder that fails is an error naming its problems. An old
@@ -12,8 +12,8 @@ plain-text marker (``step_XXXXXXXX``) still counts as complete (no file list).
 
 Here in the model package, the lowest of the trainer's, because ``--init_from`` reads runs
 (:mod:`pretrain.model.init_source`); which checkpoint a run continues from, and the checks
-against this run's data and model, are :mod:`pretrain.components.resume`; saving is
-:mod:`pretrain.components.checkpoint`.
+against this run's data and model, are :mod:`pretrain.checkpoints.resume`; saving is
+:mod:`pretrain.checkpoints.checkpoint`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from unittest import mock
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 log = get_logger(__name__)
 

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 from helpers.commands import REPO
 
-from bertforge.pretrain.components.budget_plan import PLANNED_MFU, budget_plan, format_plan
 from bertforge.pretrain.config.batching import BatchPlan
 from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.schedule.budget_plan import PLANNED_MFU, budget_plan, format_plan
 
 RECIPE = REPO / "recipes" / "budget.yaml"
 

@@ -1,5 +1,5 @@
 """A checkpoint a background job is reading is not pruned until the job has read it, and no
-dead job keeps one forever (pretrain/components/leases.py; the job side is exercised by
+dead job keeps one forever (pretrain/checkpoints/leases.py; the job side is exercised by
 tests/e2e/test_downstream_during_training.py with --keep_last 1)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.pretrain.components import leases
-from bertforge.pretrain.components.checkpoint import CheckpointManager
-from bertforge.pretrain.components.checkpoint_files import write_marker
+from bertforge.pretrain.checkpoints import leases
+from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
+from bertforge.pretrain.checkpoints.checkpoint_files import write_marker
 from bertforge.pretrain.config.train_config import CheckpointConfig
-from bertforge.pretrain.model.run_checkpoints import list_complete, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete, tag_for
 
 
 def fake_checkpoints(run: Path, steps: list[int]) -> None:

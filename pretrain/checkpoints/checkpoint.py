@@ -20,9 +20,9 @@ work unchanged: ``python zero_to_fp32.py . OUT`` in ``checkpoints/`` (no ``--tag
 
 Verified checkpoints: ``COMPLETE`` is a JSON manifest of every file of the tag folder, made from
 each rank's own list of the files it wrote (gathered to rank 0, so it holds on any filesystem
-layout; :mod:`pretrain.components.checkpoint_files`). Finding and verifying checkpoints is
-:mod:`pretrain.model.run_checkpoints`; choosing the one to resume from is
-:mod:`pretrain.components.resume`.
+layout; :mod:`pretrain.checkpoints.checkpoint_files`). Finding and verifying checkpoints is
+:mod:`pretrain.run_folder.run_checkpoints`; choosing the one to resume from is
+:mod:`pretrain.checkpoints.resume`.
 
 Failed saves: every rank catches its own write error (OSError, or torch's RuntimeError for a full
 disk) -- DeepSpeed's own writes included, which are recorded rather than raised so the rank still
@@ -57,7 +57,7 @@ import torch.distributed as dist
 from bertforge.files import publish_dir, write_bytes_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from bertforge.preemption import PreemptionHandler  # noqa: F401 - its old home
-from bertforge.pretrain.components.checkpoint_files import (
+from bertforge.pretrain.checkpoints.checkpoint_files import (
     DeferredWriteErrors,
     explain_write_error,
     folder_sizes,
@@ -66,16 +66,16 @@ from bertforge.pretrain.components.checkpoint_files import (
     write_readme,
     written_sizes,
 )
-from bertforge.pretrain.components.distributed import sum_across_ranks
-from bertforge.pretrain.components.faults import FaultPlan
-from bertforge.pretrain.components.leases import live_leases
-from bertforge.pretrain.components.resume import ResumePoint, write_latest
-from bertforge.pretrain.components.schedule_override import (
+from bertforge.pretrain.checkpoints.leases import live_leases
+from bertforge.pretrain.checkpoints.resume import ResumePoint, write_latest
+from bertforge.pretrain.checkpoints.schedule_override import (
     ScheduleOverride,
     resume_schedule,
 )
 from bertforge.pretrain.config.train_config import CheckpointConfig
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.distributed.startup import sum_across_ranks
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import (
     MARKER,
     STATE_FILE,
     TAG_RE,
@@ -87,7 +87,7 @@ from bertforge.pretrain.model.run_checkpoints import (
     tag_for,
     verify,
 )
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.stability.faults import FaultPlan
 
 log = get_logger(__name__)
 
@@ -280,7 +280,7 @@ class CheckpointManager:
         """Keep the newest ``keep_last`` verified checkpoints (``keep``, the one just saved,
         always among them); drop older complete ones and older partials. Nothing newer than
         ``keep`` is touched, nor a checkpoint a live background job holds a lease on
-        (:mod:`pretrain.components.leases`): it goes at a later prune, once the job has read it."""
+        (:mod:`pretrain.checkpoints.leases`): it goes at a later prune, once the job has read it."""
         complete = list_complete(self.root)
         good = [p for _, p in complete if p == keep or not verify(p)]
         kept = {p.name for p in good[-self.keep_last :]} | ({keep.name} if keep else set())
@@ -367,7 +367,7 @@ class CheckpointManager:
         universal checkpoint (converted once by rank 0; the engine was built with
         ``checkpoint.load_universal``, switched off again afterwards so later saves are ordinary),
         the LR schedule continues as saved, or with ``override_lr`` becomes this launch's
-        ``schedule`` (:mod:`pretrain.components.schedule_override`: a warning says what the flags
+        ``schedule`` (:mod:`pretrain.checkpoints.schedule_override`: a warning says what the flags
         changed or which were ignored), the engine's step and sample counters are set, and on a
         world-size change each rank's RNG is derived from the seed and step since per-rank states
         cannot carry over. ``steps_from``: where this launch's --max_steps came from, named by the

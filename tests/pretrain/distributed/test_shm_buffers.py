@@ -1,4 +1,4 @@
-"""pretrain.components.shm_buffers: DeepSpeed's CPU shared-memory all-reduce buffers are unlinked
+"""pretrain.distributed.shm_buffers: DeepSpeed's CPU shared-memory all-reduce buffers are unlinked
 once every rank has mapped them, still work afterwards, and the doctor names the stale ones."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import textwrap
 
 from helpers.commands import REPO
 
-from bertforge.pretrain.components.distributed import free_port
-from bertforge.pretrain.components.shm_buffers import buffer_name, buffers_of_port, stale_buffers
+from bertforge.pretrain.distributed.shm_buffers import buffer_name, buffers_of_port, stale_buffers
+from bertforge.pretrain.distributed.startup import free_port
 from bertforge.pretrain.doctor.checks import shm_rows
 
 # A rank that starts the group the trainer's way, then proves both buffers are mapped but gone
 # from /dev/shm, and that DeepSpeed's shared-memory all-reduce still sums over the two ranks.
 SCRIPT = textwrap.dedent("""
     import os, torch, torch.distributed as dist, deepspeed.comm as ds_comm
-    from bertforge.pretrain.components.distributed import init_distributed
-    from bertforge.pretrain.components.shm_buffers import buffer_name
+    from bertforge.pretrain.distributed.startup import init_distributed
+    from bertforge.pretrain.distributed.shm_buffers import buffer_name
     info = init_distributed(timeout_s=60)
     dist.barrier()  # every rank has unlinked its own
     names = [buffer_name(r, "127.0.0.1", info.master_port) for r in range(2)]

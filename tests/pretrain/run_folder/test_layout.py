@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 REPO = Path(__file__).resolve().parents[3]
+LAYOUT = REPO / "pretrain" / "run_folder" / "layout.py"
 # names only a run folder holds (a shard folder has its own tokenizer/ and .lock)
 SPELLED = re.compile(
     r'/ "checkpoints"|, "checkpoints"\)|"(metrics\.jsonl|recipe\.yaml|verified_shards\.json|'
@@ -22,16 +23,16 @@ def test_no_product_module_spells_a_run_folder_name():
         f"{f.relative_to(REPO)}:{n}"
         for package in ("pretrain", "bertforge", "data_prep", "kernels")
         for f in sorted((REPO / package).rglob("*.py"))
-        if f.name != "run_folder.py"
+        if f != LAYOUT
         for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
         if SPELLED.search(line)
     ]
-    assert not found, f"name these through pretrain.model.run_folder.RunFolder: {found}"
+    assert not found, f"name these through pretrain.run_folder.layout.RunFolder: {found}"
 
 
 def test_the_layout_is_what_the_module_doc_draws():
     run = RunFolder("runs/x")
-    doc = (REPO / "pretrain" / "model" / "run_folder.py").read_text(encoding="utf-8")
+    doc = LAYOUT.read_text(encoding="utf-8")
     for name in (
         "checkpoints",
         "metrics",

@@ -1,4 +1,4 @@
-"""The stability guard (pretrain.components.guard): the detector on its own, then faults planned
+"""The stability guard (pretrain.stability.guard): the detector on its own, then faults planned
 with
 BERTFORGE_FAULTS in one-process CPU runs (fp32, ZeRO-2, tiny model): a loss spike is skipped
 without touching the weights, a NaN rolls back to the newest checkpoint and skips the exact sample
@@ -15,13 +15,13 @@ import torch
 from helpers.commands import train_cli
 from helpers.launch import guard_actions
 
-from bertforge.pretrain.components.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
 from bertforge.pretrain.components.metrics import read_metrics
 
 # --- the detector ---------------------------------------------------------------------------
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import GuardConfig
-from bertforge.pretrain.model.run_checkpoints import list_complete, read_state, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete, read_state, tag_for
+from bertforge.pretrain.stability.guard import EXIT_GAVE_UP, StabilityGuard, robust_z
 
 
 def _guard(**over) -> StabilityGuard:

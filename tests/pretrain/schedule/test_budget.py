@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from helpers.commands import train_cli
 
-from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config.schedule import TICKS_PER_BUDGET, build_schedule
 from bertforge.pretrain.config.train_config import OptimConfig
+from bertforge.pretrain.schedule.budget import TimeBudget, TimeClockLR
 
 
 class FakeClock:
@@ -25,7 +25,7 @@ class FakeClock:
 
 def test_budget_adds_up_launches_and_ends_at_the_limit(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr("bertforge.pretrain.components.budget.time.monotonic", clock)
+    monkeypatch.setattr("bertforge.pretrain.schedule.budget.time.monotonic", clock)
     first = TimeBudget(hours=1.0)
     clock.now += 1800
     assert first.elapsed_s() == 1800 and first.fraction() == 0.5 and not first.exhausted()
@@ -40,7 +40,7 @@ def test_budget_adds_up_launches_and_ends_at_the_limit(monkeypatch):
 
 def test_time_clock_schedule_warms_up_then_decays_over_the_budget(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr("bertforge.pretrain.components.budget.time.monotonic", clock)
+    monkeypatch.setattr("bertforge.pretrain.schedule.budget.time.monotonic", clock)
     schedule = build_schedule(OptimConfig(schedule_clock="time", warmup_ratio=0.1), max_steps=7)
     assert schedule.total_steps == TICKS_PER_BUDGET  # the step count plays no part
     budget = TimeBudget(hours=1.0)
@@ -144,8 +144,8 @@ def test_launch_clock_counts_from_the_wrappers_launch_time(monkeypatch):
     """BERTFORGE_LAUNCHED_AT moves the budget's start back to when the launcher was started."""
     import time
 
-    from bertforge.pretrain.components.budget import launch_clock
     from bertforge.pretrain.config.ds_config import ConfigError
+    from bertforge.pretrain.schedule.budget import launch_clock
 
     monkeypatch.delenv("BERTFORGE_LAUNCHED_AT", raising=False)
     assert abs(launch_clock() - time.monotonic()) < 1.0
