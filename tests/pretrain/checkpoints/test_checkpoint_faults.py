@@ -97,7 +97,7 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
 
 def _tiny_engine(shards: Path, run: Path, *extra: str):
     from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.components.engine import build_encoder, build_engine
     from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
 

@@ -47,7 +47,7 @@ def _config(shards, run, *extra: str):
 def _engine(cfg, seed: int, *, load_universal: bool = False):
     """A fresh engine for ``cfg`` whose initial weights come from ``seed``."""
     from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.components.engine import build_encoder, build_engine
     from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
 
     setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _engine(shards: Path, run: Path):
     from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.build import build_encoder, build_engine
+    from bertforge.pretrain.components.engine import build_encoder, build_engine
     from bertforge.pretrain.config.cli import parse_args
     from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
 
