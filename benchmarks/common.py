@@ -167,7 +167,7 @@ def run_ranks_measured(
 
     import psutil
 
-    from bertforge.pretrain.components.distributed import LAUNCHER_VARS
+    from bertforge.pretrain.distributed.startup import LAUNCHER_VARS
 
     # A launch starts its own job: a rendezvous of the caller's (an in-process run sets
     # LOCAL_RANK in os.environ) would make every process look like a rank's loader worker.

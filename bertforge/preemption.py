@@ -25,7 +25,7 @@ naming the newest complete checkpoint and exits 130; a save cut short has no ``C
 marker, so ``--resume auto`` skips it and the previous checkpoint is intact.
 
 The flag may reach one rank only: the trainer agrees on it with an all-reduce
-(:meth:`pretrain.components.checkpoint.CheckpointManager.save_due`), because every rank must
+(:meth:`pretrain.checkpoints.checkpoint.CheckpointManager.save_due`), because every rank must
 call ``save_checkpoint`` together. DataLoader workers ignore the same signals
 (:func:`job_signals`, :func:`pretrain.data.loader.ignore_job_signals`).
 """

@@ -4,7 +4,7 @@ A ``DIR`` may be a URL in object storage (``s3://bucket/shards``, any fsspec URL
 :attr:`Source.path` is then the URL as a string (a ``Path`` would fold its ``//``).
 
 Here, below the trainer's packages, because reading a run folder needs them too (a run's
-tokenizer is its first source's, :func:`pretrain.model.run_checkpoints.run_tokenizer_dir`). The
+tokenizer is its first source's, :func:`pretrain.run_folder.run_checkpoints.run_tokenizer_dir`). The
 mixture itself (one reader and one sample order over the sources) is
 :mod:`pretrain.data.mixture`.
 """

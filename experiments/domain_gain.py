@@ -53,7 +53,7 @@ from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import find_latest, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest, tag_for
 from experiments.arms import (
     Stages,
     markdown,

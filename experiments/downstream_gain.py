@@ -35,9 +35,9 @@ from benchmarks.common import CPU_DS_CONFIG, build_shards, write_results
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
-from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import find_latest, tag_for
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest, tag_for
 from experiments.arms import (
     Stages,
     markdown,

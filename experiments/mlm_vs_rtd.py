@@ -43,10 +43,10 @@ from benchmarks.common import CPU_DS_CONFIG, write_results
 from bertforge.cli import ArgumentParser
 from bertforge.files import write_text_atomic
 from bertforge.logs import get_logger
-from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import find_latest
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest
 from experiments import downstream_gain
 from experiments.arms import (
     Stages,

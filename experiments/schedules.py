@@ -48,7 +48,7 @@ from bertforge.files import write_json_atomic, write_text_atomic
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import find_latest, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest, tag_for
 from experiments.arms import paired_difference, pretraining_record
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"

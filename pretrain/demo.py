@@ -38,9 +38,9 @@ from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_cor
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger, quiet_libraries, quiet_transformers, report
-from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 log = get_logger(__name__)
 

@@ -17,8 +17,7 @@ from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.build import resolve_run
-from bertforge.pretrain.components.budget_plan import budget_planner, format_plan, step_rate
-from bertforge.pretrain.components.schedule_override import guard_factor
+from bertforge.pretrain.checkpoints.schedule_override import guard_factor
 from bertforge.pretrain.config.one_home import SHARED_KNOBS
 from bertforge.pretrain.config.phase_plan import plan_dict, plan_table
 from bertforge.pretrain.config.recipe import defaults, resolved_flags, value_sources
@@ -35,6 +34,7 @@ from bertforge.pretrain.model.objective_config import ObjectiveConfig
 from bertforge.pretrain.model.registry import ARCHES, build_model, resolve_attention
 from bertforge.pretrain.model.specs import resolve_objective
 from bertforge.pretrain.objectives.registry import OBJECTIVES, objective_for
+from bertforge.pretrain.schedule.budget_plan import budget_planner, format_plan, step_rate
 
 log = get_logger(__name__)
 DISPLAY_DIGITS = 10  # floats in the report: 0.2, not 0.19999999999999998 (from 1 - 0.8)

@@ -20,12 +20,14 @@ from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, quiet_libraries
 from bertforge.preemption import EXIT_INTERRUPTED, PreemptionHandler, install, uninstall
 from bertforge.pretrain import build, dry_run
-from bertforge.pretrain.components import watchdog
-from bertforge.pretrain.components.budget import launch_clock
+from bertforge.pretrain.components.run_outputs import take_run_lock
 from bertforge.pretrain.config.cli import parse_args
 from bertforge.pretrain.config.train_config import TrainConfig
-from bertforge.pretrain.model.run_checkpoints import find_latest
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.distributed import watchdog
+from bertforge.pretrain.distributed.startup import shutdown
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest
+from bertforge.pretrain.schedule.budget import launch_clock
 
 log = get_logger("bertforge.pretrain.main")
 
@@ -36,7 +38,7 @@ def train(cfg: TrainConfig, preempt: PreemptionHandler | None = None) -> int:
     functions: --help and --dry-run need no engine.) ``preempt``: the stop-signal flag main
     installed, carried into the trainer."""
     launched = launch_clock()  # a time budget counts start-up too
-    lock = build.take_run_lock(cfg)
+    lock = take_run_lock(cfg)
     try:
         run = build.resolve_run(cfg)  # every user error fails here, before any rendezvous
         training = build.build_training(run.cfg, run, launched, preempt)
@@ -84,7 +86,7 @@ def main(
     preempt = install(cfg.checkpoint.preemption_signals)
     try:
         status = train(cfg, preempt)
-        build.shutdown()
+        shutdown()
         return status
     except UserError as e:  # a bad flag, file or checkpoint: the message says what to fix
         log.error(str(e))

@@ -2,7 +2,7 @@
 
 :class:`Trainer` owns the loop and the two things it computes itself (a training step over one
 global batch and a validation pass). Everything else decides for itself when it is due: the
-:class:`~pretrain.components.checkpoint.CheckpointManager` (interval, minutes, signals, agreed
+:class:`~pretrain.checkpoints.checkpoint.CheckpointManager` (interval, minutes, signals, agreed
 across ranks), the :class:`~pretrain.components.metrics.MetricsWriter` (what goes to the console,
 metrics.jsonl and TensorBoard), the guard (:class:`~pretrain.components.guarded_step.GuardedStep`).
 Built by :func:`pretrain.build.build_training` from the groups of
@@ -20,15 +20,10 @@ import torch.distributed as dist
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.preemption import PreemptionHandler
-from bertforge.pretrain.components.budget import BatchRamp, TimeBudget
-from bertforge.pretrain.components.checkpoint import CheckpointSaveError
-from bertforge.pretrain.components.distributed import sum_across_ranks
+from bertforge.pretrain.checkpoints.checkpoint import CheckpointSaveError
 from bertforge.pretrain.components.downstream_jobs import DownstreamJobs
-from bertforge.pretrain.components.faults import SPIKE_FACTOR
-from bertforge.pretrain.components.guard import EXIT_GAVE_UP, Verdict
 from bertforge.pretrain.components.guarded_step import GuardedStep
 from bertforge.pretrain.components.metrics import StepTimer
-from bertforge.pretrain.components.phases import set_batch, set_rope_theta
 from bertforge.pretrain.components.run_parts import RunClock, RunOutputs, StepSetup, TrainData
 from bertforge.pretrain.components.step_records import (
     STEP_SUMS,
@@ -40,10 +35,15 @@ from bertforge.pretrain.config.schedule import Schedule
 from bertforge.pretrain.config.train_config import TrainConfig
 from bertforge.pretrain.data.loader import build_loader
 from bertforge.pretrain.data.masking import at_mask_prob, merge_stats
+from bertforge.pretrain.distributed.startup import sum_across_ranks
 from bertforge.pretrain.model import compiled
 from bertforge.pretrain.model.registry import resolve_attention
 from bertforge.pretrain.model.specs import resolve_objective
 from bertforge.pretrain.objectives.registry import objective_for
+from bertforge.pretrain.schedule.budget import BatchRamp, TimeBudget
+from bertforge.pretrain.schedule.phases import set_batch, set_rope_theta
+from bertforge.pretrain.stability.faults import SPIKE_FACTOR
+from bertforge.pretrain.stability.guard import EXIT_GAVE_UP, Verdict
 
 EXIT_MIN_LOSS_SCALE = 4  # fp16 kept overflowing at the minimum loss scale
 EXIT_SAVE_FAILED = 5  # a final, signal or budget save failed (the previous checkpoint is intact)
@@ -328,7 +328,7 @@ class Trainer:
         return rec, None
 
     def _planned_fault(self, step: int) -> float | None:
-        """The loss multiplier a planned fault (pretrain.components.faults) sets for ``step``, or
+        """The loss multiplier a planned fault (pretrain.stability.faults) sets for ``step``, or
         None."""
         if not self.faults:
             return None

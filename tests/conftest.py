@@ -17,7 +17,7 @@ from helpers.shards import build_shards
 
 from bertforge.data_prep.sample_corpus import pydoc_documents, write_english_corpus  # noqa: F401 (re-exported)
 from bertforge.kernels.api import enable_interpreter_without_cuda
-from bertforge.pretrain.components.op_builds import use_environment_folder
+from bertforge.pretrain.distributed.op_builds import use_environment_folder
 
 # DeepSpeed's ops (the CPU all-reduce) come from this environment's build folder, the one
 # `make install` built, also for tests that start DeepSpeed without the trainer (in this process,
@@ -37,7 +37,7 @@ def launcher_variables_stay_put():
     """A one-process run in a test's own process sets MASTER_PORT (and the rest) in os.environ
     while its store stays up for the session: every later launch from this worker inherited
     that port and failed with EADDRINUSE. Each test leaves the variables as it found them."""
-    from bertforge.pretrain.components.distributed import LAUNCHER_VARS
+    from bertforge.pretrain.distributed.startup import LAUNCHER_VARS
 
     before = {key: os.environ.get(key) for key in LAUNCHER_VARS}
     yield
@@ -93,7 +93,7 @@ def one_rank_group(monkeypatch):
     import deepspeed
     import torch.distributed as dist
 
-    from bertforge.pretrain.components.distributed import free_port
+    from bertforge.pretrain.distributed.startup import free_port
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         monkeypatch.setenv(key, value)  # deepspeed.initialize reads them
@@ -173,7 +173,7 @@ SLOW_FILES_FIRST = (
     "tests/bertforge/test_namespace.py",
     "tests/e2e/test_rank_watchdog.py",
     "tests/pretrain/evaluate/test_evaluate.py",
-    "tests/pretrain/components/test_guard.py",
+    "tests/pretrain/stability/test_guard.py",
     "tests/e2e/test_resume_on_more_ranks.py",
     "tests/experiments/test_downstream_gain.py",
     "tests/pretrain/export/test_outside_clients.py",
@@ -187,13 +187,13 @@ SLOW_FILES_FIRST = (
     "tests/e2e/test_validation_world_size.py",
     "tests/e2e/test_modernbert_training.py",
     "tests/pretrain/config/test_recipe_runs.py",
-    "tests/pretrain/components/test_distributed.py",
+    "tests/pretrain/distributed/test_startup.py",
     "tests/pretrain/evaluate/test_evaluator_recipe.py",
-    "tests/pretrain/components/test_checkpoint_faults.py",
+    "tests/pretrain/checkpoints/test_checkpoint_faults.py",
     "tests/e2e/test_launch_checks.py",
-    "tests/pretrain/components/test_budget.py",
+    "tests/pretrain/schedule/test_budget.py",
     "tests/pretrain/model/test_init_from.py",
-    "tests/pretrain/components/test_anneal.py",
+    "tests/pretrain/schedule/test_anneal.py",
     "tests/e2e/test_init_from_training.py",
 )
 

@@ -288,7 +288,7 @@ def part_resume(plan: Plan, out: Path, res: PartResult, deadline: float) -> None
     """Copy the resume configuration's run (checkpoint after the measured steps), resume it with
     --resume auto, and compare every later step's loss with the uninterrupted run's."""
     from bertforge.pretrain.components.metrics import read_metrics
-    from bertforge.pretrain.model.run_checkpoints import list_complete
+    from bertforge.pretrain.run_folder.run_checkpoints import list_complete
 
     src = out / "train" / run_name(*plan.resume_config)
     saved_at = plan.warmup_steps + plan.measured_steps

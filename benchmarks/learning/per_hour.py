@@ -158,7 +158,7 @@ def launch(cmd: list[str], args, log: Path, env: dict | None = None) -> float:
 def ours_snapshots(run: Path, launched: float) -> list[dict]:
     """Complete checkpoints of our run: (checkpoint, step, time from launch minus earlier saves).
     A save's duration: its state file's mtime (written last) minus its ``saved_at``."""
-    from bertforge.pretrain.model.run_checkpoints import STATE_FILE
+    from bertforge.pretrain.run_folder.run_checkpoints import STATE_FILE
 
     records, save_s = [], 0.0
     for ck in sorted((run / "checkpoints").glob("step_*")):

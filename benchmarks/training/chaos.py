@@ -53,9 +53,9 @@ from benchmarks.training.chaos_job import (
     wait_job_gone,
 )
 from benchmarks.training.chaos_summary import report, summarize
-from bertforge.pretrain.components import op_builds
-from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.config import command_line
+from bertforge.pretrain.distributed import op_builds
+from bertforge.pretrain.distributed.startup import free_port
 
 # step, save and op_build take one signal of a round and validation and startup the other: a
 # round of five then holds a SIGKILL inside steps, inside a save and inside a build (or SIGTERMs).

@@ -131,7 +131,7 @@ class MetricsWatch:
 
 
 def newest_verified(run: Path) -> int:
-    from bertforge.pretrain.model.run_checkpoints import find_latest
+    from bertforge.pretrain.run_folder.run_checkpoints import find_latest
 
     latest = find_latest(run / "checkpoints", quiet=True)
     return int(latest.name.split("_")[1]) if latest else 0
@@ -139,8 +139,8 @@ def newest_verified(run: Path) -> int:
 
 def leftovers(run: Path, ports: list[int]) -> list[str]:
     """What a finished run must not hold: shm buffers of its ports, its lock, partial folders."""
-    from bertforge.pretrain.components.shm_buffers import buffers_of_port
-    from bertforge.pretrain.model.run_checkpoints import TAG_RE, is_complete, verify
+    from bertforge.pretrain.distributed.shm_buffers import buffers_of_port
+    from bertforge.pretrain.run_folder.run_checkpoints import TAG_RE, is_complete, verify
 
     found = [f"/dev/shm/{p.name}" for port in ports for p in buffers_of_port(port)]
     if (run / LOCK_NAME).exists():
@@ -155,7 +155,7 @@ def same_weights(run: Path, ref: Path, step: int) -> list[str]:
     """Names of the tensors of checkpoint ``step`` that differ between the runs (or the reason)."""
     import torch
 
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, tag_for
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict, tag_for
 
     try:
         a = consolidated_state_dict(run / "checkpoints" / tag_for(step))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from benchmarks.training.chaos_job import leftovers, same_weights
-from bertforge.pretrain.components import op_builds
+from bertforge.pretrain.distributed import op_builds
 
 if TYPE_CHECKING:
     from benchmarks.training.chaos import Launch, Settings

@@ -37,10 +37,10 @@ from pathlib import Path
 from benchmarks.common import CPU_DS_CONFIG, REPO, build_shards, one_thread_env, write_results
 from bertforge.cli import ArgumentParser
 from bertforge.logs import get_logger
-from bertforge.pretrain.components.guard import StabilityGuard
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
 from bertforge.pretrain.config.train_config import GuardConfig
+from bertforge.pretrain.stability.guard import StabilityGuard
 
 log = get_logger(__spec__.name)  # run as `python -m`: __name__ is "__main__"
 

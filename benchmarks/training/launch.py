@@ -1,4 +1,4 @@
-"""Start-up cost of the rendezvous check: `pretrain.components.distributed.init_distributed`
+"""Start-up cost of the rendezvous check: `pretrain.distributed.startup.init_distributed`
 (registration in a TCP store, then the process group on the same store) against plain
 `deepspeed.init_distributed` (env://), two local ranks, the time from the call to the end of a first
 all-reduce.
@@ -22,7 +22,7 @@ RANK_SCRIPT = textwrap.dedent("""
     variant = sys.argv[1]
     t0 = time.perf_counter()
     if variant == "ours":
-        from bertforge.pretrain.components.distributed import init_distributed
+        from bertforge.pretrain.distributed.startup import init_distributed
         init_distributed(timeout_s=120)
     else:
         deepspeed.init_distributed()
@@ -35,7 +35,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 def one_launch(variant: str, ranks: int) -> float:
     """Milliseconds rank 0 spent in init + first all-reduce."""
-    from bertforge.pretrain.components.distributed import free_port
+    from bertforge.pretrain.distributed.startup import free_port
 
     port = free_port()
     procs = []

@@ -116,7 +116,7 @@ def instrument_ours(sections: Sections) -> None:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
     import bertforge.pretrain.trainer as trainer_mod
-    from bertforge.pretrain.components.checkpoint import CheckpointManager
+    from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
     from bertforge.pretrain.components.metrics import MetricsWriter, StepTimer
 
     step_fn = trainer_mod.Trainer.train_step

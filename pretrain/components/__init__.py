@@ -1,1 +1,1 @@
-"""What the trainer is made of: checkpoints, metrics, guard, budget, optimizer, jobs."""
+"""What the training step loop is made of besides its concept homes: metrics, console, EMA, jobs."""

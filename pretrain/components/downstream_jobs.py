@@ -12,7 +12,7 @@ step; at the end of the run rank 0 waits for the jobs still running. Each job wr
 and its log under ``RUN/downstream/``. Jobs run on the CPU unless ``--downstream_device`` says
 otherwise, so they never take memory from training on the GPU.
 
-A job holds a lease on its checkpoint (:mod:`pretrain.components.leases`), taken right after it
+A job holds a lease on its checkpoint (:mod:`pretrain.checkpoints.leases`), taken right after it
 starts and before any later save could prune: ``--keep_last`` keeps that checkpoint until the
 job has read it (the job gives the lease back then; this module does too when the job ends, and
 a dead job's lease no longer counts). At the end of the run, once the jobs are done, rank 0
@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.logs import get_logger
-from bertforge.pretrain.components import leases
+from bertforge.pretrain.checkpoints import leases
 from bertforge.pretrain.data.downstream_tasks import load_downstream_tasks
 from bertforge.pretrain.data.glue.spec import is_benchmark_spec, resolve_spec
-from bertforge.pretrain.model.run_checkpoints import tag_for
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import tag_for
 
 log = get_logger(__name__)
 

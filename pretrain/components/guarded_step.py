@@ -1,7 +1,7 @@
 """The stability guard at work in the loop: the boundary optimizer step it may veto, its final word
 after the update, and the rollback to the newest complete checkpoint.
 
-:class:`~pretrain.components.guard.StabilityGuard` decides; :class:`GuardedStep` acts on the
+:class:`~pretrain.stability.guard.StabilityGuard` decides; :class:`GuardedStep` acts on the
 engine, the checkpoints, the lr and the metrics. The trainer calls :meth:`GuardedStep.step` in
 place of the window's last ``engine.step()`` and :meth:`GuardedStep.judge` once the step is
 recorded.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertforge.pretrain.components.guard import StabilityGuard, Verdict, can_discard, discard_update
 from bertforge.pretrain.components.run_parts import RunClock, RunOutputs, StepSetup
 from bertforge.pretrain.config.ds_config import ConfigError
 from bertforge.pretrain.config.train_config import TrainConfig
-from bertforge.pretrain.model.run_checkpoints import find_latest, read_state
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest, read_state
+from bertforge.pretrain.stability.guard import StabilityGuard, Verdict, can_discard, discard_update
 
 
 class GuardedStep:

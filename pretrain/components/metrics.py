@@ -27,8 +27,8 @@ from bertforge.data_prep.progress import Progress
 from bertforge.files import write_text_atomic
 from bertforge.logs import format_line
 from bertforge.pretrain.components.console import progress_fields, validation_line
-from bertforge.pretrain.components.guard import outcome
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.stability.guard import outcome
 
 # Dense peak throughput by device name substring (TFLOPs, bf16/fp16 tensor cores), for MFU.
 # The first key found in the name wins: specific variants come before their family's name.
@@ -242,7 +242,7 @@ class MetricsWriter:
             )
 
     def guard(self, record: dict[str, Any]) -> None:
-        """Write a ``"split": "guard"`` record (pretrain.components.guard: a skipped step, a
+        """Write a ``"split": "guard"`` record (pretrain.stability.guard: a skipped step, a
         rollback, the guard giving up) to metrics.jsonl and say it in one console line."""
         if self.rank != 0:
             return

@@ -1,6 +1,6 @@
 """The groups a :class:`~pretrain.trainer.Trainer` is built from (:func:`pretrain.build.
-build_training` fills them): what a step runs on, the data, where the results go, the clock.
-They live below the trainer so that the parts it drives (the guard's
+build_training` fills them): a run's checked inputs, what a step runs on, the data, where the
+results go, the clock. They live below the trainer so that the parts it drives (the guard's
 :class:`~pretrain.components.guarded_step.GuardedStep`) name them without importing it.
 """
 
@@ -11,10 +11,33 @@ from typing import Any
 
 import torch
 
-from bertforge.pretrain.components.budget import TimeBudget, TimeClockLR
-from bertforge.pretrain.components.checkpoint import CheckpointManager
+from bertforge.pretrain.checkpoints.checkpoint import CheckpointManager
+from bertforge.pretrain.checkpoints.resume import ResumePoint
 from bertforge.pretrain.components.metrics import MetricsWriter
 from bertforge.pretrain.config.batching import BatchPlan
+from bertforge.pretrain.config.ds_config import DeepSpeedSetup
+from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.distributed.startup import init_distributed
+from bertforge.pretrain.model.specs import ObjectiveSpec
+from bertforge.pretrain.schedule.anneal import AnnealPlan
+from bertforge.pretrain.schedule.budget import TimeBudget, TimeClockLR
+from bertforge.pretrain.schedule.phases import PhaseTracker
+
+
+@dataclass
+class Resolved:
+    """A run's inputs, all checked before any rendezvous: the resolved config, shards, resume
+    point, DeepSpeed dict."""
+
+    train_reader: Any  # ShardReader, or MixtureReader for a weighted mixture
+    val_readers: list  # [(source name, validation reader)]
+    point: ResumePoint | None  # the checkpoint to continue from, or None for a fresh start
+    setup: DeepSpeedSetup  # final dict, batch plan, precision, checkpointing
+    accel: str  # DeepSpeed's accelerator name ("cuda", "cpu", ...)
+    anneal: AnnealPlan | None = None  # --anneal_from's plan
+    phases: PhaseTracker | None = None  # --phases: the resolved plan
+    cfg: TrainConfig | None = None  # the config as it runs (nothing edits it after this)
+    objective: ObjectiveSpec | None = None  # what it trains (--objective and the shards)
 
 
 @dataclass
@@ -54,3 +77,10 @@ class RunClock:
 
     budget: TimeBudget
     lr_clock: TimeClockLR | None = None
+
+
+def join_ranks(cfg: TrainConfig, run: Resolved) -> StepSetup:
+    """The rendezvous, and this rank's device; the engine is filled in by the caller."""
+    info = init_distributed(cfg.run.dist_timeout_s, cfg.run.heartbeat_timeout_s, run.setup.config)
+    device = torch.device(run.accel, info.local_rank) if run.accel != "cpu" else torch.device("cpu")
+    return StepSetup(None, run.setup.batch, device, rank=info.rank, world=info.world_size)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bertforge.pretrain.components.budget import TimeBudget
 from bertforge.pretrain.components.metrics import StepTimer
-from bertforge.pretrain.components.optim import current_lr
 from bertforge.pretrain.objectives.registry import OBJECTIVES, step_sums, validation_objective
+from bertforge.pretrain.schedule.budget import TimeBudget
+from bertforge.pretrain.schedule.optim import current_lr
 
 # Per-rank sums over one optimizer step, all-reduced together (one collective, no host sync per
 # micro-batch): MLM loss (already normalised by the global masked count), correct predictions,

@@ -44,11 +44,11 @@ from bertforge.pretrain.data.glue.readers import GlueDataError
 from bertforge.pretrain.data.glue.spec import is_benchmark_spec, load_spec
 from bertforge.pretrain.model.document_attention import AttentionError
 from bertforge.pretrain.model.registry import ARCHES, DEFAULT_PRESET, preset, resolve_attention
-from bertforge.pretrain.model.run_checkpoints import list_complete
-from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.model.sharing import (
     layer_groups,  # (a --config_json depth: again at build)
 )
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete
 
 _SKIP_FOREIGN = {"preset", "name"}  # the model preset's name comes from --model
 

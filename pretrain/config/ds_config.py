@@ -24,7 +24,7 @@ from bertforge.pretrain.config.batching import FIELDS, BatchPlan, apply_batch, r
 from bertforge.pretrain.config.one_home import check_one_home, given_by_json
 from bertforge.pretrain.config.optimizer import configure_optimizer
 from bertforge.pretrain.config.precision import resolve_precision
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 if TYPE_CHECKING:
     from bertforge.pretrain.config.train_config import TrainConfig

@@ -1,5 +1,5 @@
 """The checks of ``--anneal_from`` / ``--anneal_tokens`` and ``--ema`` that the command line makes
-before anything is loaded, and their error classes (:mod:`pretrain.components.anneal` and
+before anything is loaded, and their error classes (:mod:`pretrain.schedule.anneal` and
 :mod:`pretrain.components.ema` raise them too, later: config may not import components).
 """
 

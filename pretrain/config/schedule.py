@@ -27,7 +27,7 @@ run's batch, masking, theta and data throughout.
 A checkpoint stores the lr curve as ``LambdaLR`` stores a callable object: the kind and the
 segments as plain dicts (:meth:`Schedule.lr_state`, the form every checkpoint has held; nothing to
 unpickle but builtins). The plan itself goes into the trainer state (``phases``), which a resume
-compares with this launch's plan (pretrain.components.phases).
+compares with this launch's plan (pretrain.schedule.phases).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class RunConfig:
         "",
         "RUN@STEP or RUN@latest: a new run from that checkpoint's weights and optimizer state "
         "whose lr decays from the source's lr at STEP to --min_lr_ratio x its peak over "
-        "--anneal_tokens (pretrain.components.anneal); the source folder is only read",
+        "--anneal_tokens (pretrain.schedule.anneal); the source folder is only read",
     )
     anneal_tokens: int = opt(
         0, "with --anneal_from: tokens (sequences x max_seq_len) to anneal over"
@@ -105,7 +105,7 @@ class RunConfig:
         60.0,
         "a rank that has not sent a heartbeat for this many seconds counts as gone: every other "
         "rank names it and exits with status 3 instead of waiting --dist_timeout_s in a "
-        "collective (pretrain.components.watchdog); 0 = off",
+        "collective (pretrain.distributed.watchdog); 0 = off",
     )
     dry_run: bool = opt(
         False,
@@ -260,7 +260,7 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class GuardConfig:
-    """The stability guard (pretrain.components.guard): skip a loss spike's update, roll back on
+    """The stability guard (pretrain.stability.guard): skip a loss spike's update, roll back on
     divergence."""
 
     stability_guard: bool = opt(

@@ -23,7 +23,7 @@ from bertforge.data_prep.layout import MANIFEST
 from bertforge.data_prep.reader import ShardError, check_file, load_manifest
 from bertforge.files import write_json_atomic
 from bertforge.logs import get_logger
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 log = get_logger(__name__)
 

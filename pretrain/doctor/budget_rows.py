@@ -1,14 +1,14 @@
 """The doctor's view of a ``--max_time_hours`` budget (issue 52): the plan on the wall clock
 (warmup, stable peak, decay, batch ramp) and the tokens the budget buys on the probed GPUs, from
-their dense peak at the run's precision x :data:`~pretrain.components.budget_plan.PLANNED_MFU`
+their dense peak at the run's precision x :data:`~pretrain.schedule.budget_plan.PLANNED_MFU`
 over the model's training FLOPs per token (6 x parameters + attention). Without a known GPU
 peak (CPU nodes, an unlisted GPU) the row says so; ``--dry-run`` times a step on the machine."""
 
 from __future__ import annotations
 
-from bertforge.pretrain.components.budget_plan import PLANNED_MFU, budget_plan, format_plan
 from bertforge.pretrain.components.metrics import peak_tflops_for
 from bertforge.pretrain.doctor.checks import OK, WARN, Row
+from bertforge.pretrain.schedule.budget_plan import PLANNED_MFU, budget_plan, format_plan
 
 
 def flops_per_token(shape) -> float:

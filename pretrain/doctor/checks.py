@@ -295,7 +295,7 @@ def memory_and_disk_rows(
 
 def shm_rows(stale: list[Any]) -> list[Row]:
     """Shared memory on this machine: DeepSpeed all-reduce segments (69 MB each) of dead jobs
-    (``pretrain.components.shm_buffers.stale_buffers``); they hold RAM until removed."""
+    (``pretrain.distributed.shm_buffers.stale_buffers``); they hold RAM until removed."""
     if not stale:
         return [Row("shared memory", LOCAL, OK, "no stale DeepSpeed buffer in /dev/shm")]
     total = sum(b.size for b in stale)

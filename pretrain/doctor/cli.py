@@ -30,7 +30,6 @@ from pathlib import Path
 from bertforge.data_prep.sources import parse_mixture
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger, quiet_libraries
-from bertforge.pretrain.components import op_builds, shm_buffers
 from bertforge.pretrain.config.batching import BatchPlan, BatchSizeError
 from bertforge.pretrain.config.cli import config_from_args, trainer_parser
 from bertforge.pretrain.config.ds_config import (
@@ -41,6 +40,7 @@ from bertforge.pretrain.config.ds_config import (
 )
 from bertforge.pretrain.config.one_home import TwoHomesError, check_one_home
 from bertforge.pretrain.config.train_config import TrainConfig
+from bertforge.pretrain.distributed import op_builds, shm_buffers
 from bertforge.pretrain.doctor import probe as doctor_probe
 from bertforge.pretrain.doctor.budget_rows import budget_rows
 from bertforge.pretrain.doctor.checks import (

@@ -1,6 +1,6 @@
 """The doctor's op-build rows and ``--build_ops``: DeepSpeed's JIT ops on this machine.
 
-A stale build lock (``pretrain.components.op_builds``) is a WARN with the command that clears it
+A stale build lock (``pretrain.distributed.op_builds``) is a WARN with the command that clears it
 (a launch removes it itself and builds again, as the row says); an op not built yet is a WARN
 (the first launch would build it, tens of seconds on every node);
 ``bertforge doctor --build_ops`` builds them now (``make install`` runs it).
@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from bertforge.pretrain.components import op_builds
 from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_optimizer
+from bertforge.pretrain.distributed import op_builds
 from bertforge.pretrain.doctor.checks import LOCAL, OK, WARN, Row
 
 

@@ -44,7 +44,7 @@ import torch
 from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
-from bertforge.pretrain.components import leases
+from bertforge.pretrain.checkpoints import leases
 from bertforge.pretrain.data.downstream_tasks import TaskData, load_downstream_tasks
 from bertforge.pretrain.data.glue.spec import is_benchmark_spec
 from bertforge.pretrain.evaluate.finetune import encode_for, recipe_for, run_once

@@ -27,8 +27,8 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.logs import transformers_errors_only
-from bertforge.pretrain.model.run_checkpoints import list_complete
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete
 
 _SPEC_RE = re.compile(r"^(?P<path>.+?)(?:@(?P<step>all|\d+))?$")
 _LABEL_RE = re.compile(r"^(?P<label>[\w.+-]+)=(?P<rest>.+)$")  # LABEL=PATH; a label has no "/"

@@ -3,7 +3,7 @@
 
 The last checkpoints of a stable or decay phase average into a model that is usually better than
 any one of them (mmBERT merges its decay checkpoints). Each checkpoint is consolidated from its
-ZeRO-2/3 shards (:func:`~pretrain.model.run_checkpoints.consolidated_state_dict`) one at a
+ZeRO-2/3 shards (:func:`~pretrain.run_folder.run_checkpoints.consolidated_state_dict`) one at a
 time and added into a running fp32 sum, so memory stays at about two models: the sum and the one
 being added. Checkpoints of another architecture or vocabulary (other keys or shapes, another
 tokenizer) are refused, naming the two checkpoints and the first key that differs.
@@ -18,14 +18,14 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import (
     consolidated_state_dict,
     describe_problems,
     list_complete,
     read_state,
     verify,
 )
-from bertforge.pretrain.model.run_folder import RunFolder
 
 
 class AverageError(UserError, ValueError):

@@ -57,7 +57,10 @@ from bertforge.pretrain.export.verify import (
     verify_detector,
     verify_export,
 )
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.model.specs import ObjectiveSpec, objective_of_run
+from bertforge.pretrain.objectives.registry import objective_for
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import (
     MARKER,
     CheckpointError,
     consolidated_state_dict,
@@ -67,9 +70,6 @@ from bertforge.pretrain.model.run_checkpoints import (
     resolve_resume,
     run_tokenizer_dir,
 )
-from bertforge.pretrain.model.run_folder import RunFolder
-from bertforge.pretrain.model.specs import ObjectiveSpec, objective_of_run
-from bertforge.pretrain.objectives.registry import objective_for
 
 log = get_logger(__name__)
 

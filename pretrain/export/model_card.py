@@ -20,7 +20,7 @@ from typing import Any
 from bertforge.data_prep.reader import ShardError, load_manifest
 from bertforge.errors import UserError
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 _REPOSITORY = Path(__file__).resolve().parents[2]  # pretrain/export/ -> the repository
 LICENSE_PLACEHOLDER = "other"  # the user sets the real one; the card says so
@@ -194,7 +194,7 @@ def _command(argv: list[str] | None, world_size: int | None) -> str:
 
 
 def _anneal(plan: dict[str, Any] | None) -> list[str]:
-    """The card's line for an --anneal_from run (pretrain.components.anneal)."""
+    """The card's line for an --anneal_from run (pretrain.schedule.anneal)."""
     if not plan:
         return []
     return [

@@ -21,7 +21,7 @@ from typing import Any
 
 from bertforge.data_prep.reader import ShardError, ShardReader
 from bertforge.data_prep.sources import parse_mixture
-from bertforge.pretrain.model.run_checkpoints import CheckpointError
+from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
 #: the probe when the run's data cannot be read (and the tests' sentence before held-out text)
 FALLBACK_TEXT = "The function returns a list of values."

@@ -21,7 +21,7 @@ from typing import Any
 from bertforge.logs import transformers_errors_only
 from bertforge.pretrain.export.hf_extras import POOLER_KEYS
 from bertforge.pretrain.export.probe import FALLBACK_TEXT, mask_one_word
-from bertforge.pretrain.model.run_checkpoints import CheckpointError
+from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
 #: where an RTD export puts its generator (ElectraForMaskedLM), inside the export folder
 GENERATOR_DIR = "generator"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bertforge.errors import UserError
-from bertforge.pretrain.model.run_checkpoints import CheckpointError
+from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
 
 class ArchError(UserError, ValueError):

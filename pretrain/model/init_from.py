@@ -3,7 +3,7 @@ of our runs.
 
 Where PATH points, its architecture and its tensors are :mod:`pretrain.model.init_source`; this
 module plans the vocabulary and loads the weights (a run's ZeRO-2 or ZeRO-3 shards are
-consolidated with `pretrain.model.run_checkpoints.consolidated_state_dict`).
+consolidated with `pretrain.run_folder.run_checkpoints.consolidated_state_dict`).
 
 The contract:
 - the architecture comes from the checkpoint (`read_init_config`); fields the user gave
@@ -49,8 +49,8 @@ from bertforge.pretrain.model.init_source import (
     read_hf_weights,
 )
 from bertforge.pretrain.model.registry import ARCHES
-from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
 from bertforge.pretrain.model.specs import StateDictAdapter
+from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
 log = get_logger(__name__)
 

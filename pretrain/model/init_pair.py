@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from bertforge.pretrain.model.init_source import InitError, InitSource, read_hf_weights
-from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
 NETWORKS = ("discriminator", "generator")
 

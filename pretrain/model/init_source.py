@@ -43,14 +43,14 @@ from bertforge.pretrain.model.registry import (
     resolve_attention,
     spec_for_model_type,
 )
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.model.specs import StateDictAdapter
+from bertforge.pretrain.run_folder.run_checkpoints import (
     CheckpointError,
     CorruptCheckpointError,
     read_state,
     resolve_resume,
     run_tokenizer_dir,
 )
-from bertforge.pretrain.model.specs import StateDictAdapter
 
 _HF_WEIGHTS = (
     "model.safetensors",

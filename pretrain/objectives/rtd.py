@@ -24,9 +24,9 @@ from typing import Any
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
 from bertforge.pretrain.model.rtd import RTD_COUNTS, generator_config
-from bertforge.pretrain.model.run_checkpoints import CheckpointError
 from bertforge.pretrain.model.specs import RTD as SPEC
 from bertforge.pretrain.objectives.base import MLM_LOSS, Objective, Panel, accuracy_panel
+from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
 #: the discriminator's panels (rtd.png, and the overview)
 DISCRIMINATOR = (

@@ -20,7 +20,6 @@ from bertforge.cli import ArgumentParser
 from bertforge.errors import USER_ERROR_EXIT, UserError
 from bertforge.logs import get_logger
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_folder import RunFolder
 from bertforge.pretrain.objectives.base import MLM_LOSS
 from bertforge.pretrain.objectives.registry import OBJECTIVES
 from bertforge.pretrain.plot.panels import (
@@ -33,6 +32,7 @@ from bertforge.pretrain.plot.panels import (
     shade_phases,
     step_panels,
 )
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 log = get_logger(__name__)
 

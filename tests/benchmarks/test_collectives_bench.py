@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.training import collectives
-from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.distributed.startup import free_port
 
 
 def test_both_exchanges_are_timed_per_dtype(tmp_path, capfd):

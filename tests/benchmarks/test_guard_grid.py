@@ -1,6 +1,6 @@
 """benchmarks.training.guard_grid: the cells it runs (sizes x lrs x seeds per arch, then the
 divergences), how it judges a run from its metrics.jsonl, and the summary lines docs/guard.md
-quotes. The runs themselves are the trainer's (tests/pretrain/components/test_guard.py)."""
+quotes. The runs themselves are the trainer's (tests/pretrain/stability/test_guard.py)."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ def _env() -> dict[str, str]:
     """This environment's variables without PYTHONPATH. TORCH_EXTENSIONS_DIR (set by conftest)
     stays: the new environment sees the same torch and DeepSpeed, so their op build is found
     built (ninja: no work to do) instead of compiled again for this environment's own folder;
-    tests/pretrain/components/test_op_builds.py covers the per-environment folders."""
+    tests/pretrain/distributed/test_op_builds.py covers the per-environment folders."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 from helpers.commands import REPO
 
+from bertforge.pretrain.checkpoints.resume import LATEST_FILE
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.resume import LATEST_FILE
-from bertforge.pretrain.model.run_checkpoints import find_latest, list_complete
+from bertforge.pretrain.run_folder.run_checkpoints import find_latest, list_complete
 
 pytestmark = pytest.mark.slow
 STEPS = 4
@@ -157,7 +157,7 @@ def _matches_export(run: Path, sd: dict[str, torch.Tensor], tmp: Path) -> None:
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import read_state
+    from bertforge.pretrain.run_folder.run_checkpoints import read_state
 
     export(run, tmp / "hf", verify=False)
     state = read_state(find_latest(run / "checkpoints"))

@@ -11,7 +11,7 @@ import pytest
 from helpers.commands import train_cli
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import list_complete, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ from helpers.launch import COMMON, launch, losses
 from helpers.preemption import run_tasks_and_signal_group
 from helpers.shm import left_in_shm, port_of
 
-from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import STATE_FILE, find_latest, tag_for
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.run_folder.run_checkpoints import STATE_FILE, find_latest, tag_for
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from helpers.tiny_bert import build_tiny_modernbert
 from safetensors.torch import load_file
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, find_latest
+from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict, find_latest
 
 pytestmark = pytest.mark.slow
 

@@ -97,7 +97,7 @@ def _train(impl: str) -> dict:
 def test_zero3_fp16_tied_decoder_both_impls(tmp_path):
     from helpers.commands import run_cli
 
-    from bertforge.pretrain.components.distributed import free_port
+    from bertforge.pretrain.distributed.startup import free_port
 
     env = {  # TRITON_INTERPRET comes from conftest, which sets it only where no CUDA is usable
         "OMP_NUM_THREADS": "1",

@@ -18,7 +18,7 @@ from helpers.launch import ds_config
 from bertforge.data_prep import shard_files as reader_module  # where the reader hashes
 from bertforge.data_prep.reader import ShardError
 from bertforge.pretrain.data.shard_check import verify_once
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
 
 
 def _train(shards: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -204,8 +204,8 @@ def test_dry_run_reports_what_the_deepspeed_config_resolves(english_shards, tmp_
 def test_dry_run_refuses_a_checkpoint_that_does_not_fit_as_the_launch_does(
     english_shards, tmp_path, capsys
 ):
-    from bertforge.pretrain.components.checkpoint_files import folder_sizes, write_marker
-    from bertforge.pretrain.model.run_checkpoints import STATE_FILE, tag_for
+    from bertforge.pretrain.checkpoints.checkpoint_files import folder_sizes, write_marker
+    from bertforge.pretrain.run_folder.run_checkpoints import STATE_FILE, tag_for
 
     ckpt = tmp_path / "run" / "checkpoints" / tag_for(2)
     ckpt.mkdir(parents=True)

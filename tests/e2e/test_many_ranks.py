@@ -22,7 +22,7 @@ import pytest
 from helpers.launch import ds_config, launch
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import MARKER, find_latest, read_state, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import MARKER, find_latest, read_state, tag_for
 
 pytestmark = pytest.mark.slow
 

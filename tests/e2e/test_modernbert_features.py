@@ -28,7 +28,7 @@ from helpers.launch import copy_without_last_checkpoint, ds_config, guard_action
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     STATE_FILE,
     consolidated_state_dict,
     find_latest,

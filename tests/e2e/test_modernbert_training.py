@@ -18,7 +18,7 @@ from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.export.hf_export import export, find_checkpoint
 from bertforge.pretrain.model.bert import ModelConfig
 from bertforge.pretrain.model.registry import build_model
-from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ def test_a_phase_raises_the_global_rope_theta_and_resumes_exactly(english_shards
     bit-identical), and the export's config carries the theta the weights were trained at."""
     from helpers.launch import losses
 
-    from bertforge.pretrain.model.run_checkpoints import list_complete
+    from bertforge.pretrain.run_folder.run_checkpoints import list_complete
 
     plan = tmp_path / "plan.json"
     plan.write_text(

@@ -16,7 +16,7 @@ import pytest
 from helpers.commands import REPO
 from helpers.sshd_harness import LoopbackSSH, missing_requirements
 
-from bertforge.pretrain.components.distributed import free_port
+from bertforge.pretrain.distributed.startup import free_port
 
 pytestmark = pytest.mark.slow
 

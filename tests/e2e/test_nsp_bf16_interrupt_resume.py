@@ -29,7 +29,7 @@ from helpers.shards import validation_batch
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import STATE_FILE, find_latest, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import STATE_FILE, find_latest, tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def test_nsp_export_is_bert_for_pretraining_with_our_mlm_and_nsp_outputs(
 
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
     run, out = nsp_bf16["run"], tmp_path / "hf"
     proc = run_cli("-m", "pretrain.export", str(run), "--output", str(out))

@@ -18,7 +18,7 @@ from helpers.launch import COMMON, launch
 from helpers.s3 import MotoServer, s3fs_for, upload_folder
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import read_state, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import read_state, tag_for
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from helpers.shards import build_shards
 from bertforge.data_prep.reader import ShardReader
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config.phase_plan import load_phase_file, plan_schedule, resolve
-from bertforge.pretrain.model.run_checkpoints import list_complete
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete
 
 pytestmark = pytest.mark.slow
 LR = 1e-3

@@ -25,10 +25,10 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, launch
 from helpers.tasks import Tasks, wait_all
 
-from bertforge.pretrain.components.distributed import free_port
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.components.watchdog import EXIT_RANK_GONE
-from bertforge.pretrain.model.run_checkpoints import list_complete, tag_for
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.distributed.watchdog import EXIT_RANK_GONE
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 

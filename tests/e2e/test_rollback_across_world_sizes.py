@@ -11,7 +11,7 @@ from helpers.launch import COMMON, guard_actions, launch
 
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import list_complete, read_state, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete, read_state, tag_for
 
 pytestmark = pytest.mark.slow
 

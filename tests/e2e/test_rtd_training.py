@@ -30,7 +30,7 @@ from helpers.launch import copy_without_last_checkpoint, launch, losses
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import list_complete, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import list_complete, tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -108,8 +108,8 @@ def test_a_export_is_electra_for_pretraining_with_its_generator(rtd_runs, tmp_pa
     from bertforge.pretrain.export.verify import check_lines
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, read_state
     from bertforge.pretrain.model.specs import objective_of_run
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict, read_state
 
     out = tmp_path / "hf"
     res = export(rtd_runs["run"], out)  # also reloads both folders, fill-mask on the generator

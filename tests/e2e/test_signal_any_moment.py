@@ -1,7 +1,7 @@
 """A stop signal at any moment of a run: start-up, a save, a validation pass (and Ctrl-C twice).
 
 SIGTERM reaches every process of a 2-rank ZeRO-2 job (two DataLoader workers per rank), sent by
-rank 0 itself part-way through the phase (``term_in_PHASE@STEP@0``, pretrain/components/faults.py)
+rank 0 itself part-way through the phase (``term_in_PHASE@STEP@0``, pretrain/stability/faults.py)
 as a scheduler sends it, with the job in a session of its own (SIGUSR1 too during the save, with
 --preemption_signals TERM,INT,USR1). The run validates and saves every
 2 steps; one run folder takes four launches: SIGTERM during the validation pass at step 2, during
@@ -24,17 +24,17 @@ from helpers.commands import REPO
 from helpers.launch import COMMON, losses
 from helpers.preemption import run_job_in_own_session
 
-from bertforge.pretrain.components.distributed import free_port
-from bertforge.pretrain.components.faults import ENV_VAR
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.config import command_line
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.distributed.startup import free_port
+from bertforge.pretrain.run_folder.run_checkpoints import (
     STATE_FILE,
     find_latest,
     is_complete,
     tag_for,
     verify,
 )
+from bertforge.pretrain.stability.faults import ENV_VAR
 
 pytestmark = pytest.mark.slow
 

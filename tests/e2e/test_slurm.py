@@ -33,7 +33,7 @@ from helpers.launch import losses
 from helpers.slurm_harness import FINISHED, LocalSlurm, missing_requirements, python_bin
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     STATE_FILE,
     consolidated_state_dict,
     find_latest,

@@ -17,7 +17,7 @@ from helpers.shards import validation_batch
 
 from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import STATE_FILE, find_latest
+from bertforge.pretrain.run_folder.run_checkpoints import STATE_FILE, find_latest
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +62,8 @@ def test_sop_export_is_bert_for_pretraining_with_our_sop_head(
 
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
     from bertforge.pretrain.model.specs import MLM_SOP
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
     run, out = sop_runs["run"], tmp_path / "hf"
     said = run_cli("-m", "bertforge", "export", str(run), "--output", str(out))

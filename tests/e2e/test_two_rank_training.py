@@ -20,7 +20,12 @@ from helpers.launch import COMMON, assert_loss_falls, ds_config, launch, launch_
 from helpers.shm import left_in_shm, port_of
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import MARKER, find_latest, list_complete, tag_for
+from bertforge.pretrain.run_folder.run_checkpoints import (
+    MARKER,
+    find_latest,
+    list_complete,
+    tag_for,
+)
 
 HELPERS = REPO / "tests" / "helpers"
 pytestmark = pytest.mark.slow
@@ -239,7 +244,7 @@ def test_export_loads_in_transformers(zero2_run, tmp_path):
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
     out = tmp_path / "hf"
     res = export(zero2_run, out)

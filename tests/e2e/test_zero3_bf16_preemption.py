@@ -23,7 +23,7 @@ from helpers.launch import COMMON, launch, launch_cmd, losses
 from helpers.preemption import rank_process, run_and_signal
 
 from bertforge.pretrain.components.metrics import read_metrics
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     STATE_FILE,
     find_latest,
     is_complete,
@@ -162,7 +162,7 @@ def test_zero3_bf16_export_loads_in_transformers_and_predicts_like_our_model(zer
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
     run, out = zero3_bf16["run"], tmp_path / "hf"
     assert export(run, out)["step"] == zero3_bf16["stop"] + 3  # in-process: the CLI's function

@@ -12,7 +12,7 @@ import torch
 from bertforge.pretrain.components.ema import EMA_FILE, load_ema
 from bertforge.pretrain.config.flag_checks import EMAError
 from bertforge.pretrain.export.hf_export import export
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     consolidated_state_dict,
     is_complete,
     tag_for,

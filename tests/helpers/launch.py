@@ -33,7 +33,7 @@ COMMON = [
 
 def _port() -> int:
     """A port free now: parallel test workers (pytest -n) never share one."""
-    from bertforge.pretrain.components.distributed import free_port
+    from bertforge.pretrain.distributed.startup import free_port
 
     return free_port()
 
@@ -105,7 +105,7 @@ def guard_actions(run: Path) -> list[dict]:
 def copy_without_last_checkpoint(run: Path, copy: Path, last_step: int) -> Path:
     """A copy of ``run`` whose checkpoint of ``last_step`` (and its metrics) are gone, so that
     ``--resume auto`` there continues from the checkpoint before it."""
-    from bertforge.pretrain.model.run_checkpoints import tag_for
+    from bertforge.pretrain.run_folder.run_checkpoints import tag_for
 
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "checkpoints" / tag_for(last_step))

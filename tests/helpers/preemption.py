@@ -144,7 +144,7 @@ def run_job_in_own_session(
 ) -> list[tuple[int, str]]:
     """Run ``ranks`` copies of ``cmd`` as srun runs a job step's tasks (RANK, WORLD_SIZE,
     LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT set) in a session and process group of
-    their own, so that a planned ``term_in_PHASE`` fault (pretrain/components/faults.py) can
+    their own, so that a planned ``term_in_PHASE`` fault (pretrain/stability/faults.py) can
     signal the whole job, DataLoader workers included, and nothing else. Returns each rank's
     (exit status, output), rank 0 first."""
     import json

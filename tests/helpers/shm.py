@@ -3,7 +3,7 @@ jobs on this machine create such files at the same time)."""
 
 from __future__ import annotations
 
-from bertforge.pretrain.components.shm_buffers import buffers_of_port
+from bertforge.pretrain.distributed.shm_buffers import buffers_of_port
 
 
 def port_of(cmd: list[str]) -> str:

@@ -13,7 +13,7 @@ from bertforge.pretrain.config.optimizer import OptimizerConfigError, configure_
 from bertforge.pretrain.config.precision import PrecisionError, resolve_precision
 from bertforge.pretrain.config.schedule import build_schedule, warmup_decay
 from bertforge.pretrain.config.train_config import OptimConfig, PrecisionConfig
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     MARKER,
     CheckpointError,
     find_latest,
@@ -261,7 +261,7 @@ def test_activation_checkpointing_same_gradients_less_memory(english_shards, one
 
 
 def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
-    from bertforge.pretrain.components.resume import check_compatible
+    from bertforge.pretrain.checkpoints.resume import check_compatible
 
     state = {
         "tokenizer_fingerprint": "aaa",

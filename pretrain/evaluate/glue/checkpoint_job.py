@@ -36,8 +36,8 @@ from bertforge.pretrain.data.glue.spec import BenchmarkSpec, load_spec
 from bertforge.pretrain.evaluate.glue.suite import evaluate_benchmark
 from bertforge.pretrain.evaluate.models import ModelRef
 from bertforge.pretrain.evaluate.runner import default_device
-from bertforge.pretrain.model.run_checkpoints import read_state
-from bertforge.pretrain.model.run_folder import RunFolder
+from bertforge.pretrain.run_folder.layout import RunFolder
+from bertforge.pretrain.run_folder.run_checkpoints import read_state
 
 log = get_logger(__name__)
 

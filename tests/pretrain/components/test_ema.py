@@ -1,5 +1,5 @@
 """--ema's update and skip rules (pretrain.components.ema) against a float64 oracle. The launch
-with --ema is the anneal test's (tests/pretrain/components/test_anneal.py, helpers.ema)."""
+with --ema is the anneal test's (tests/pretrain/schedule/test_anneal.py, helpers.ema)."""
 
 from __future__ import annotations
 

@@ -192,8 +192,8 @@ def test_ramp_in_a_steps_phase_needs_ramp_tokens(tmp_path):
 def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path):
     import torch
 
-    from bertforge.pretrain.components.optim import ScheduleLR
     from bertforge.pretrain.config.schedule import Schedule
+    from bertforge.pretrain.schedule.optim import ScheduleLR
 
     plan = resolved(tmp_path)
     schedule = plan_schedule(plan, 16)
@@ -223,11 +223,11 @@ def test_phase_schedule_matches_the_plan_and_is_restored_by_schedulelr(tmp_path)
 def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
     from types import SimpleNamespace
 
-    from bertforge.pretrain.components.phases import PhaseTracker
     from bertforge.pretrain.config.batching import BatchPlan
     from bertforge.pretrain.config.train_config import OptimConfig, RunConfig, TrainConfig
     from bertforge.pretrain.data.loader import DataConfig
     from bertforge.pretrain.data.masking import MaskingConfig
+    from bertforge.pretrain.schedule.phases import PhaseTracker
 
     def tracker(doc, **optim):
         run = {"phases": str(write(tmp_path, doc))}
@@ -263,10 +263,10 @@ def test_the_run_refuses_contradicting_flags_and_unopenable_data(tmp_path):
 def test_resume_under_a_changed_plan_is_refused_naming_the_change(tmp_path):
     from types import SimpleNamespace
 
-    from bertforge.pretrain.components.phases import PhaseTracker
     from bertforge.pretrain.config.batching import BatchPlan
     from bertforge.pretrain.config.train_config import RunConfig, TrainConfig
     from bertforge.pretrain.data.loader import DataConfig
+    from bertforge.pretrain.schedule.phases import PhaseTracker
 
     def tracker(doc):
         cfg = TrainConfig(run=RunConfig(phases=str(write(tmp_path, doc))), data_cfg=DataConfig())

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from bertforge.errors import UserError
-from bertforge.pretrain.components.optim import ScheduleLR, lr_scheduler_factory
 from bertforge.pretrain.config.schedule import (
     TICKS_PER_BUDGET,
     Schedule,
@@ -29,6 +28,7 @@ from bertforge.pretrain.config.schedule import (
 )
 from bertforge.pretrain.config.train_config import OptimConfig
 from bertforge.pretrain.data.masking import MaskingConfig
+from bertforge.pretrain.schedule.optim import ScheduleLR, lr_scheduler_factory
 
 PEAK, FLOOR_RATIO = 1e-3, 0.1
 

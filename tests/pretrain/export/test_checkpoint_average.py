@@ -14,7 +14,7 @@ from helpers.commands import train_cli
 from bertforge.pretrain.export.average import AverageError, average_checkpoints, parse_average
 from bertforge.pretrain.export.hf_export import main as export_main
 from bertforge.pretrain.export.hf_extras import POOLER_KEYS
-from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_the_average_of_two_checkpoints_is_the_mean_of_their_weights(run, tmp_pa
 
     from bertforge.pretrain.model.bert import ModelConfig
     from bertforge.pretrain.model.registry import build_model
-    from bertforge.pretrain.model.run_checkpoints import read_state
+    from bertforge.pretrain.run_folder.run_checkpoints import read_state
 
     assert export_main([str(run), "--output", str(tmp_path / "hf"), "--average", "last:2"]) == 0
     assert "the mean of the checkpoints of steps 1, 2" in capsys.readouterr().out

@@ -30,11 +30,11 @@ import torch
 import transformers
 from helpers.commands import REPO, run_cli, train_cli
 
-from bertforge.pretrain.components.checkpoint_files import README, readme_text
+from bertforge.pretrain.checkpoints.checkpoint_files import README, readme_text
 from bertforge.pretrain.export.hf_export import export, load_weights
 from bertforge.pretrain.model.model_config import ModelConfig
 from bertforge.pretrain.model.registry import build_model
-from bertforge.pretrain.model.run_checkpoints import (
+from bertforge.pretrain.run_folder.run_checkpoints import (
     consolidated_state_dict,
     find_latest,
     read_state,

@@ -207,8 +207,8 @@ def test_the_dry_run_prints_the_attention(english_shards):
 
 
 def test_a_resume_under_the_other_mode_is_refused(tmp_path):
-    from bertforge.pretrain.components.resume import check_compatible
-    from bertforge.pretrain.model.run_checkpoints import CheckpointError
+    from bertforge.pretrain.checkpoints.resume import check_compatible
+    from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
     state = {"tokenizer_fingerprint": "f", "vocab_size": 10, "config": {"model_cfg": {}}}
     state["config"]["model_cfg"]["attention"] = "full"
@@ -221,8 +221,8 @@ def test_a_resume_under_the_other_mode_is_refused(tmp_path):
 def test_a_checkpoint_from_before_the_flag_counts_as_full_attention(tmp_path):
     """A run saved before --attention existed had every token see the whole sequence: its
     resume under document attention (modernbert's auto) is refused, under full it goes on."""
-    from bertforge.pretrain.components.resume import check_compatible
-    from bertforge.pretrain.model.run_checkpoints import CheckpointError
+    from bertforge.pretrain.checkpoints.resume import check_compatible
+    from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
     state = {
         "tokenizer_fingerprint": "f",

@@ -306,7 +306,7 @@ def own_run(request, english_shards, tmp_path_factory) -> Path:
 
 
 def test_own_checkpoint_weights_equal_the_source(own_run, english_shards):
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict, find_latest
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict, find_latest
 
     ckpt = find_latest(own_run / "checkpoints")
     source = consolidated_state_dict(ckpt)
@@ -342,7 +342,7 @@ def test_export_then_init_from_gives_identical_logits(own_run, english_shards, t
 @pytest.mark.parametrize("own_run", [2], ids=["zero2"], indirect=True)
 def test_an_export_that_fails_its_check_publishes_nothing(own_run, tmp_path, monkeypatch):
     from bertforge.pretrain.export import hf_export
-    from bertforge.pretrain.model.run_checkpoints import CheckpointError
+    from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
     def broken(out, nsp, **_):
         raise CheckpointError(f"exported folder {out} does not load cleanly")

@@ -139,7 +139,7 @@ def test_export_loads_an_ema_that_names_each_shared_weight_once(tmp_path):
     the EMA of every shared run before) and still refuses a checkpoint that lacks a weight."""
     from bertforge.pretrain.components.ema import ema_step
     from bertforge.pretrain.export.hf_export import load_weights
-    from bertforge.pretrain.model.run_checkpoints import CheckpointError
+    from bertforge.pretrain.run_folder.run_checkpoints import CheckpointError
 
     trained = build("groups:2")
     shadow = ema_step(None, dict(trained.named_parameters()), 0.9)

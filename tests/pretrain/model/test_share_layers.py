@@ -24,8 +24,8 @@ from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.components.metrics import read_metrics
 from bertforge.pretrain.model.bert import ModelConfig
 from bertforge.pretrain.model.registry import build_model, preset
-from bertforge.pretrain.model.run_checkpoints import tag_for
 from bertforge.pretrain.model.sharing import layer_groups
+from bertforge.pretrain.run_folder.run_checkpoints import tag_for
 
 VOCAB = 300
 TINY4 = dataclasses.replace(
@@ -256,7 +256,7 @@ def test_export_copies_shared_weights_and_matches_trained_logits(shared_runs, tm
 
     from bertforge.pretrain.export.hf_export import export
     from bertforge.pretrain.export.hf_extras import POOLER_KEYS
-    from bertforge.pretrain.model.run_checkpoints import consolidated_state_dict
+    from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
     run = shared_runs[3]  # ZeRO-3 shards: the consolidation must restore every layer's name
     res = export(run, tmp_path / "hf")

@@ -1,0 +1,1 @@
+"""Distributed start-up: the rendezvous, op builds, shared-memory buffers and the rank watchdog."""

@@ -1,0 +1,1 @@
+"""A run folder (``--output_dir``): its layout, and its checkpoints read without changing them."""
