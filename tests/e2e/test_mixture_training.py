@@ -4,6 +4,7 @@ one, the realised share of each source in every step, and incompatible sources r
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,11 @@ def _train(run: Path, *args: str, check: bool = True):
     )
 
 
-def test_mixture_trains_with_per_source_validation_and_shares(
-    english_shards, english_second_source, tmp_path
-):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def mixture_run(english_shards, english_second_source, tmp_path_factory) -> Path:
+    """4 steps of a 0.7/0.3 mixture (the second source at its own mask rate), validating at 2
+    and 4; its final checkpoint is also the one a resume under other weights starts from."""
+    run = tmp_path_factory.mktemp("mixture") / "run"
     _train(
         run,
         "--data",
@@ -46,6 +48,11 @@ def test_mixture_trains_with_per_source_validation_and_shares(
         "--eval_interval",
         "2",
     )
+    return run
+
+
+def test_mixture_trains_with_per_source_validation_and_shares(mixture_run, tmp_path):
+    run = mixture_run
     train = read_metrics(run / "metrics.jsonl")
     assert len(train) == 4
     shares = [r["share_en"] for r in train]
@@ -86,24 +93,20 @@ def test_mixture_of_other_tokenizers_is_refused(english_shards, chinese_shards, 
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_resume_under_another_mixture_warns(english_shards, english_second_source, tmp_path):
+def test_resume_under_another_mixture_warns(
+    mixture_run, english_shards, english_second_source, tmp_path
+):
     """The data position is one sample count: under other weights it points into another
-    stream, so a resume that changes the mixture says so (and goes on)."""
+    stream, so a resume that changes the mixture says so (and goes on). It resumes a copy of
+    the mixture run (0.7/0.3) under 0.5/0.5."""
     run = tmp_path / "run"
-    _train(
-        run,
-        "--data",
-        f"en={english_shards}:0.7",
-        f"docs={english_second_source}:0.3",
-        "--max_steps",
-        "2",
-    )
+    shutil.copytree(mixture_run, run)
     proc = _train(
         run, "--data", f"en={english_shards}:0.5", f"docs={english_second_source}:0.5",
-        "--max_steps", "3", "--resume", "auto",
+        "--max_steps", "5", "--resume", "auto",
     )  # fmt: skip
     assert "--data differs from the checkpoint's" in proc.stdout
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4, 5]
 
 
 def test_doctor_checks_every_source_of_a_mixture(english_shards, english_second_source, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.commands import REPO, run_cli
-from helpers.launch import COMMON, launch
+from helpers.launch import COMMON, copy_without_last_checkpoint, launch
 from helpers.shards import validation_batch
 
 from bertforge.kernels.constants import IGNORE_INDEX
@@ -31,12 +31,14 @@ def train_args(shards, run, steps: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sop_runs(english_nsp_shards, tmp_path_factory) -> dict:
-    """A run stopped at step 3 and resumed to 5; a reference run of 5 steps."""
+    """A reference run of 5 steps saving at step 3; a copy of it as if stopped there (its step-5
+    checkpoint and its metrics removed), resumed to 5: two launches, not three."""
     tmp = tmp_path_factory.mktemp("sop")
     run, ref = tmp / "run", tmp / "ref"
-    launch(train_args(english_nsp_shards, run, 3), nproc=1)
-    resumed = launch(train_args(english_nsp_shards, run, 5) + ["--resume", "auto"], nproc=1)
-    launch(train_args(english_nsp_shards, ref, 5), nproc=1)
+    args = ["--save_interval", "3"]
+    launch(train_args(english_nsp_shards, ref, 5) + args, nproc=1)
+    copy_without_last_checkpoint(ref, run, last_step=5)
+    resumed = launch(train_args(english_nsp_shards, run, 5) + args + ["--resume", "auto"], nproc=1)
     return {"run": run, "ref": ref, "resumed": resumed.stdout + resumed.stderr}
 
 
@@ -45,10 +47,11 @@ def test_sop_trains_and_resumes_bit_identically(sop_runs):
     got, ref = (
         {r["step"]: r for r in read_metrics(sop_runs[k] / "metrics.jsonl")} for k in ("run", "ref")
     )
-    assert sorted(got) == [1, 2, 3, 4, 5]
-    for step, rec in got.items():
+    assert sorted(ref) == [1, 2, 3, 4, 5] and sorted(got) == [4, 5]
+    for rec in [*ref.values(), *got.values()]:
         assert "nsp_loss" not in rec and 0.0 <= rec["sop_accuracy"] <= 1.0
         assert rec["loss"] == pytest.approx(rec["mlm_loss"] + rec["sop_loss"], rel=1e-9)
+    for step, rec in got.items():
         for key in ("loss", "mlm_loss", "sop_loss", "sop_accuracy"):
             assert rec[key] == ref[step][key], (step, key)
     config = json.loads((sop_runs["ref"] / "config.json").read_text())

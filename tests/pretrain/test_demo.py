@@ -1,4 +1,4 @@
-"""pretrain.demo: `make demo` end to end at 20 steps, its argument handling, plan and
+"""pretrain.demo: `make demo` end to end at 8 steps, its argument handling, plan and
 frequent-token guesser (the 1,200-step demo's numbers in the README come from `make demo`)."""
 
 from __future__ import annotations
@@ -29,23 +29,26 @@ from bertforge.pretrain.demo import (
 
 @pytest.mark.slow  # runs the trainer, the doctor or DeepSpeed as processes
 def test_make_demo_runs_every_step_end_to_end(tmp_path):
-    """The README's `make demo`, shortened to 20 steps: text -> shards -> doctor -> 2-rank
-    training, stop and resume -> export -> fill-mask -> plots, each step's output where the
-    summary says. (.ci/run checks /dev/shm after the whole suite: other tests' jobs run beside.)"""
+    """The README's `make demo`, shortened to 8 steps of 8 sequences (the steps and the batch
+    are the demo's flags; what is checked is that every step runs and writes its output, which
+    needs no length): text -> shards -> doctor -> 2-rank training, stop and resume -> export ->
+    fill-mask -> plots, each step's output where the summary says. (.ci/run checks /dev/shm
+    after the whole suite: other tests' jobs run beside.)"""
     out = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.run(
         ["make", "--no-print-directory", "demo", "INSTALL=", f"PYTHON={sys.executable}",
-         f"DEMO_DIR={out}", "DEMO_ARGS=--steps 20 --eval_interval 10 --warmup_steps 2"],
+         f"DEMO_DIR={out}",
+         "DEMO_ARGS=--steps 8 --eval_interval 4 --warmup_steps 2 --global_batch_size 8"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / MARKER).read_text())
     assert summary["status"] == "done"
     assert list(summary["timings_s"]) == [
-        "shards", "doctor", "train steps 1-10", "resume steps 11-20", "export", "fill-mask", "plot"
+        "shards", "doctor", "train steps 1-4", "resume steps 5-8", "export", "fill-mask", "plot"
     ]  # fmt: skip
-    assert [v["step"] for v in summary["validation"]] == [10, 20]
+    assert [v["step"] for v in summary["validation"]] == [4, 8]
     assert "resumed from" in (out / "logs" / "04_resume.log").read_text().lower()
     fills = json.loads(Path(summary["paths"]["fill_mask"]).read_text())
     assert len(fills) == 5 and all(len(f["predictions"]) == 3 for f in fills)
