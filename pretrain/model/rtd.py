@@ -1,6 +1,6 @@
-"""Replaced-token detection (ELECTRA), the parts every architecture shares.
+"""Replaced-token detection (ELECTRA), written once over any architecture's networks.
 
-A small generator (a masked-LM encoder of the same architecture) predicts the masked positions;
+A small generator (a masked-LM network of the same architecture) predicts the masked positions;
 a token is sampled from its softmax at temperature 1 for each of them, with no gradient through
 the sample; the discriminator (the encoder we export) reads the corrupted sequence and predicts,
 for every real token, whether it was replaced. A sample equal to the original token counts as
@@ -9,22 +9,30 @@ original. Loss = generator MLM loss + lambda x discriminator binary cross-entrop
 
 Here: the generator's size from the encoder's (:func:`generator_config`), the sampling
 (:func:`sample_replacements`), the corruption (:func:`corrupt`), the discriminator's loss and the
-counts its metrics need (:func:`discriminator_loss`), and DeBERTa-v3's gradient-disentangled
-embedding (:class:`DisentangledEmbedding`). Each arch's folder composes them into its model.
+counts its metrics need (:func:`discriminator_loss`), DeBERTa-v3's gradient-disentangled
+embedding (:class:`DisentangledEmbedding`), and the pair itself (:class:`ReplacedTokenDetection`):
+the two networks built, their token table shared, the forward, the FLOPs, and what export writes
+of both. An arch's ``model.py`` names only what is its own (:class:`ReplacedTokenDetection` lists
+it): which transformers classes and configs the networks are, how its generator reads the shared
+table, and the export's names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.kernels import api as kernels
-from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
-from bertforge.pretrain.model.model_config import ModelConfig
+from bertforge.pretrain.model.masked_lm import (
+    MaskedLMSurface,
+    masked_positions,
+    mlm_outputs,
+)
+from bertforge.pretrain.model.model_config import ModelConfig, export_config
 from bertforge.pretrain.model.objective_config import ObjectiveConfig
 
 #: The output keys an RTD model adds to the MLM ones (all summed over the global batch's tokens,
@@ -57,12 +65,6 @@ def sample_replacements(logits: torch.Tensor) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.long, device=logits.device)
     probs = torch.softmax(logits.float(), dim=-1)
     return torch.multinomial(probs, 1).squeeze(1)
-
-
-def masked_positions(labels: torch.Tensor) -> torch.Tensor:
-    """Flat indices [N] of the predicted positions of ``labels`` [B, T] (row-major order, the
-    order of the masked rows the heads compute on)."""
-    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
 
 
 def corrupt(
@@ -98,35 +100,90 @@ def discriminator_loss(
     }
 
 
-class ReplacedTokenDetection:
-    """The objective's forward over an arch's pair (a mixin of each arch's RTD model), which
-    supplies ``_generator_rows`` (the generator's head outputs [N_m, E] and labels of the masked
-    positions, row-major), ``_generator_decoder`` (its output layer's weight [V, E] and bias,
-    tied to the token embeddings) and ``_discriminator_logits`` (the discriminator's logit of
-    each real token [N_real], row-major), and sets ``rtd_weight``, ``true_vocab_size`` and
-    ``loss_impl``."""
+class ReplacedTokenDetection(MaskedLMSurface):
+    """The generator and the discriminator trained together: the trainer's PretrainingModel,
+    whose ``hf_architecture`` is the discriminator's class. Each arch's pair is this class
+    before its transformers ``PreTrainedModel`` family (weight init, checkpointing), naming
+    what is its own:
+
+    - ``discriminator_class(config)``: the discriminator, the transformers class export writes
+      (``hf_architecture``) with the arch's encode surface and ``real_logits(input_ids,
+      attention_mask, token_type_ids, document_ids, position_ids)``: the replaced-token logit
+      of each real token [N_real], row-major;
+    - ``generator_class(config, true_vocab_size, loss_impl)``: the arch's masked-LM network
+      (:class:`~pretrain.model.masked_lm.MaskedLMSurface`);
+    - ``configs(cfg, vocab_size, generator_cfg)``: the two networks' transformers configs;
+    - ``_token_table()``: once both are built, the token table they share (an ``nn.Embedding``
+      as wide as the discriminator), the generator wired to read it; ``_share_plainly(table)``
+      where plain sharing shares more than the table;
+    - ``encoder_flops(config, seq_len)`` and ``projects_generator_input``: the FLOPs count;
+    - ``table_key``: the discriminator's token table in the export's names; a transformers class
+      that holds the generator (``generator_architecture``, with ``generator_vocab_keys``) where
+      there is one.
+
+    The state dict is the two networks' under ``discriminator.`` and ``generator.``; the
+    generator's output layer is tied to the shared table, and ``disentangled`` sharing gives the
+    discriminator that table with the gradient stopped plus a zero-initialised difference
+    (:class:`DisentangledEmbedding`)."""
 
     objective = "rtd"  # export writes the discriminator (and a generator it can write)
     nsp = False
     share_layers = "none"  # --share_layers is refused with rtd (the specs' unsupported)
     shares_layers = False
     shared_keys = ()
+    discriminator_class: type
+    generator_class: type
+    table_key: str
+    #: the transformers class export writes the generator as (None: no class holds it)
+    generator_architecture: str | None = None
+    generator_vocab_keys: tuple[str, ...] = ()  # the generator's keys that hold vocabulary rows
 
-    def _set_objective(self, true_vocab_size: int, settings: ObjectiveConfig, loss_impl: str):
-        """What the forward reads of the run's settings."""
+    def __init__(
+        self,
+        disc_conf: Any,
+        gen_conf: Any,
+        true_vocab_size: int,
+        settings: ObjectiveConfig,
+        loss_impl: str = "auto",
+    ):
+        super().__init__(disc_conf)
+        self.discriminator = self.discriminator_class(disc_conf)
+        self.generator = self.generator_class(gen_conf, true_vocab_size, loss_impl)
         self.true_vocab_size = int(true_vocab_size)
         self.rtd_weight = float(settings.rtd_weight)
         self.embedding_sharing = settings.embedding_sharing
+        self.generator_from = settings.generator_from  # --init_from: the generator's folder
         self.loss_impl = loss_impl
         self.checkpointing = "none"
+        self.post_init()
+        table = self._token_table()
+        if self.embedding_sharing == "disentangled":
+            self.discriminator.set_input_embeddings(DisentangledEmbedding(table))
+        else:
+            self._share_plainly(table)
+        self.generator.get_output_embeddings().weight = table.weight
 
-    def register_zero3_external_parameters(self) -> None:
-        """ZeRO-3: the generator's output layer (the shared token table and its bias) is used
-        outside its module's forward (the fused loss, the sampling), so ZeRO gathers it."""
-        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+    @classmethod
+    def build(cls, cfg: ModelConfig, vocab_size: int, settings: ObjectiveConfig):
+        """The pair for ``cfg`` (the discriminator's architecture) and a tokenizer of
+        ``vocab_size`` entries, the generator of :func:`generator_config`."""
+        disc, gen = cls.configs(cfg, vocab_size, generator_config(cfg, settings))
+        return cls(disc, gen, vocab_size, settings, cfg.loss_impl)
 
-        for param in self._generator_decoder():
-            register_external_parameter(self, param)
+    def _share_plainly(self, table: nn.Embedding) -> None:
+        """Plain sharing: the discriminator reads the table itself (an arch may share more)."""
+        self.discriminator.set_input_embeddings(table)
+
+    def _hidden_states(self, *args) -> torch.Tensor:  # encode: the encoder a user fine-tunes
+        return self.discriminator.encode(*args)
+
+    def masked_rows(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generator's head outputs and labels of the masked positions."""
+        return self.generator.masked_rows(*args, **kwargs)
+
+    def mlm_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generator's output layer (tied to the shared table) and its bias."""
+        return self.generator.mlm_decoder()
 
     def encoders(self) -> list[torch.nn.Module]:
         """Both encoder stacks (what ``--compile`` compiles): the discriminator's and the
@@ -166,58 +223,24 @@ class ReplacedTokenDetection:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         where = {"document_ids": document_ids, "position_ids": position_ids}
-        rows, row_labels = self._generator_rows(
+        rows, row_labels = self.masked_rows(
             input_ids, attention_mask, token_type_ids, labels, **where
         )
-        weight, bias = self._generator_decoder()
-        mlm = kernels.masked_lm_loss_rows(
-            rows,
-            weight,
-            bias,
-            row_labels,
-            ignore_index=IGNORE_INDEX,
-            vocab_size=self.true_vocab_size,
-            normalizer=mlm_normalizer,
-            impl=self.loss_impl,
-        )
-        v = self.true_vocab_size
+        mlm = self.mlm_loss(rows, row_labels, mlm_normalizer)
         with torch.no_grad():  # no gradient through the sample (ELECTRA)
-            sampled = sample_replacements(F.linear(rows, weight[:v], bias[:v]))
+            sampled = sample_replacements(self.masked_logits(rows))
         corrupted, replaced = corrupt(input_ids, labels, sampled)
-        logits = self._discriminator_logits(corrupted, attention_mask, token_type_ids, **where)
-        real = replaced[attention_mask.bool()]
-        rtd = discriminator_loss(logits, real, token_normalizer)
-        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
-        return {
-            "loss": mlm.loss + self.rtd_weight * rtd["rtd_loss"],
-            "mlm_loss": mlm.loss,
-            "nsp_loss": None,
-            "num_masked": mlm.num_masked,
-            "num_correct": mlm.num_correct,
-            "nsp_correct": zero,
-            "nsp_count": zero,
-            **rtd,
-        }
+        logits = self.discriminator.real_logits(corrupted, attention_mask, token_type_ids, **where)
+        rtd = discriminator_loss(logits, replaced[attention_mask.bool()], token_normalizer)
+        loss = mlm.loss + self.rtd_weight * rtd["rtd_loss"]
+        return {**mlm_outputs(mlm, input_ids), "loss": loss, **rtd}
 
     @torch.no_grad()
-    def predict_masked(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        labels: torch.Tensor,
-        document_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def predict_masked(self, input_ids, attention_mask, *args, **kwargs) -> torch.Tensor:
         """The generator's MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        rows, _ = self._generator_rows(
-            input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
-        )
-        weight, bias = self._generator_decoder()
-        v = self.true_vocab_size
-        return F.linear(rows, weight[:v], bias[:v])
+        return super().predict_masked(input_ids, attention_mask, *args, **kwargs)
 
     @torch.no_grad()
     def discriminator_logits(
@@ -229,10 +252,59 @@ class ReplacedTokenDetection:
         """The discriminator's replaced-token logits [B, T] (0 at padding)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        real = self._discriminator_logits(input_ids, attention_mask, token_type_ids, None, None)
+        real = self.discriminator.real_logits(input_ids, attention_mask, token_type_ids)
         out = torch.zeros(input_ids.shape, dtype=real.dtype, device=real.device)
         out[attention_mask.bool()] = real
         return out
+
+    @property
+    def projects_generator_input(self) -> bool:
+        """Whether the generator projects the shared table to its own width on every token."""
+        return True
+
+    def flops_per_token(self, seq_len: int, masked_fraction: float = 0.15) -> float:
+        """Training FLOPs per input token (forward + backward = 3x forward): both encoders'
+        layers (the arch's count, ``encoder_flops``), the discriminator's head on every token
+        (dense and one logit), the generator's projection from the table's width to its own on
+        every token (where it has one) and back on the masked rows, and its decoder over the
+        true vocabulary on the masked rows (the sampling's logits once more, forward only)."""
+        d, g = self.discriminator.config, self.generator.config
+        e, h, v, m = d.hidden_size, g.hidden_size, self.true_vocab_size, masked_fraction
+        disc = self.encoder_flops(d, seq_len) + 2 * (e * e + e)
+        gen = self.encoder_flops(g, seq_len) + (2 * e * h if self.projects_generator_input else 0)
+        gen_head = m * 2 * (h * e + e * v)  # back to the table's width, then the decoder
+        return 3.0 * (disc + gen + gen_head) + m * 2 * e * v
+
+    def _vocab_slice(self, sd: dict, keys: tuple[str, ...]) -> dict:
+        v = self.true_vocab_size
+        return {k: (t[:v] if k in keys else t) for k, t in sd.items()}
+
+    def hf_config(self, unpad_vocab: bool = False):
+        """The discriminator's transformers config (``hf_architecture``)."""
+        v = self.true_vocab_size if unpad_vocab else None
+        return export_config(self.discriminator.config, self.hf_architecture, v)
+
+    def hf_state_dict(self, unpad_vocab: bool = False) -> dict[str, torch.Tensor]:
+        """The discriminator's state dict with its export class's names, its token table as it
+        uses it (disentangled: the shared table + the difference) under ``table_key``."""
+        module = self.table_key.rsplit(".", 1)[0] + "."
+        sd = {
+            k: t.detach()
+            for k, t in self.discriminator.state_dict().items()
+            if not k.startswith(module)
+        }
+        sd[self.table_key] = self.discriminator.get_input_embeddings().weight.detach()
+        return self._vocab_slice(sd, (self.table_key,)) if unpad_vocab else sd
+
+    def generator_hf(self, unpad_vocab: bool = True) -> tuple[Any, dict] | None:
+        """(config, state dict) of the generator as ``generator_architecture``, or None where
+        no transformers class holds this arch's generator."""
+        if self.generator_architecture is None:
+            return None
+        v = self.true_vocab_size if unpad_vocab else None
+        conf = export_config(self.generator.config, self.generator_architecture, v)
+        sd = {k: t.detach() for k, t in self.generator.state_dict().items()}
+        return conf, self._vocab_slice(sd, self.generator_vocab_keys) if unpad_vocab else sd
 
 
 class DisentangledEmbedding(nn.Module):

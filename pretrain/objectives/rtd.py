@@ -1,7 +1,7 @@
 """Replaced-token detection, ELECTRA (``--objective rtd``; packed shards): a small generator's
 MLM fills the masked positions by sampling, the encoder (the discriminator) tells every real
-token replaced or not (the model's side: :mod:`pretrain.model.rtd` and each arch's
-``electra.py``).
+token replaced or not (the model's side: :mod:`pretrain.model.rtd`, over each arch's
+networks).
 
 What it answers its consumers: the step's loss adds ``--rtd_weight`` x the discriminator's loss
 (normalised by the global batch's real tokens, as the MLM loss is by its masked ones); the
@@ -11,8 +11,8 @@ replaced share for every token; one at or above it has learned nothing about the
 accuracy, and its precision and recall of replaced tokens (:func:`rtd_scores`); the console
 shows both; the plots draw the generator's MLM loss and the discriminator's panels (rtd.png);
 the export writes the discriminator, and beside it a generator that a transformers class holds
-(``generator/``: ``ElectraForMaskedLM``), checked by detection rather than fill-mask; the memory
-estimate and the dry run count the generator.
+(``generator/``: BERT's ``ElectraForMaskedLM``), checked by detection rather than fill-mask; the
+memory estimate and the dry run count the generator.
 """
 
 from __future__ import annotations
@@ -164,19 +164,20 @@ class ReplacedTokens(Objective):
                     r.setdefault(f"{prefix}prior_accuracy", 1.0 - share)
 
     def generator_export(self, model: Any) -> tuple[Any, dict] | None:
-        # a generator that a transformers class holds (BERT's: ElectraForMaskedLM)
-        return model.generator_hf() if hasattr(model, "generator_hf") else None
+        # a generator that a transformers class holds (BERT's: ElectraForMaskedLM), else None
+        return model.generator_hf()
 
     def write_generator(self, out: Path, conf: Any, sd: dict[str, Any], tokenizer: Any) -> None:
-        """The generator as transformers' ElectraForMaskedLM (with the run's tokenizer)."""
+        """The generator as the transformers class its config names (BERT's:
+        ElectraForMaskedLM), with the run's tokenizer."""
         import transformers
 
-        model = transformers.ElectraForMaskedLM(conf)
+        architecture = conf.architectures[0]
+        model = getattr(transformers, architecture)(conf)
         missing, unexpected = model.load_state_dict(sd, strict=False)
         if missing or unexpected:
             raise CheckpointError(
-                "name mapping to ElectraForMaskedLM failed: missing "
-                f"{missing}, unexpected {unexpected}"
+                f"name mapping to {architecture} failed: missing {missing}, unexpected {unexpected}"
             )
         model.tie_weights()
         model.save_pretrained(str(out), safe_serialization=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +87,27 @@ ADAPTER = StateDictAdapter(
     tied={"cls.predictions.decoder.weight": WORD_EMB, "cls.predictions.decoder.bias": MLM_BIAS},
     pos_emb="bert.embeddings.position_embeddings.weight",
 )
+
+
+def pair_adapter(embedding_sharing: str, embedding_keys: Iterable[str]) -> StateDictAdapter:
+    """What ``--init_from`` loads specially into BERT's ELECTRA pair (``pretrain.model.init_from``,
+    the keys under the pair's names, ``pretrain.model.init_pair``): the token table (vocabulary
+    rows; the generator's under disentangled sharing, the discriminator's otherwise), the
+    generator's output bias, the names tied to others. ``embedding_keys``: the names in the
+    generator's embedding module (all of it shared under plain sharing)."""
+    disc, gen = "discriminator.electra.embeddings", "generator.electra.embeddings"
+    if embedding_sharing == "plain":
+        table = f"{disc}.word_embeddings.weight"
+        tied = {f"{gen}.{k}": f"{disc}.{k}" for k in embedding_keys}
+    else:
+        table = f"{gen}.word_embeddings.weight"
+        tied = {f"{disc}.word_embeddings.weight": table}
+    tied["generator.generator_lm_head.weight"] = table
+    return dataclasses.replace(
+        ADAPTER,
+        to_ours=lambda key: key,
+        word_emb=table,
+        mlm_bias="generator.generator_lm_head.bias",
+        tied=tied,
+        pos_emb=f"{disc}.position_embeddings.weight",
+    )

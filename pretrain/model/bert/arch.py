@@ -59,14 +59,16 @@ def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
     return dataclasses.replace(cfg, **updates)
 
 
-def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
-    """transformers.BertConfig for `cfg` with the vocabulary padded to cfg.vocab_multiple."""
+def bert_config(cfg: ModelConfig, vocab_size: int, kind: type = BertConfig, **more) -> BertConfig:
+    """transformers' config of ``kind`` (BertConfig; ElectraConfig for replaced-token detection,
+    whose encoder is BERT's, with ``more``: its ``embedding_size``) for `cfg`, with the
+    vocabulary padded to cfg.vocab_multiple."""
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ValueError(
             f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
             f"{cfg.num_attention_heads}"
         )
     arch = {k: getattr(cfg, k) for k in ARCH_FIELDS}
-    conf = BertConfig(vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple), **arch)
+    conf = kind(vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple), **arch, **more)
     conf._attn_implementation = "sdpa"
     return conf

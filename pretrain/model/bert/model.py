@@ -9,6 +9,15 @@ softmax, loss or argmax (the kernel receives `vocab_size=true_vocab_size`).
 
 Cross-layer sharing (``ModelConfig.share_layers``, ALBERT-style): the layers of a group hold the
 same ``nn.Parameter`` objects (:mod:`pretrain.model.sharing`, shared with the ModernBERT arch).
+
+Replaced-token detection (``--objective rtd``, :mod:`pretrain.model.rtd`) trains BERT's encoder
+as ELECTRA on transformers' own Electra classes, whose encoder is BERT's: the discriminator an
+``ElectraForPreTraining``, the generator an ``ElectraForMaskedLM`` (narrower, ``embedding_size``
+= the discriminator's width, projected to its own), so export writes their state dicts as they
+are. ``plain`` sharing gives both networks one embedding module (word, position, token type,
+LayerNorm), as ELECTRA does; ``disentangled`` gives the discriminator its own position,
+token-type and LayerNorm. Every network here runs its encoder the one way :class:`BertEncoding`
+writes (document attention included).
 """
 
 from __future__ import annotations
@@ -17,27 +26,64 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
+from transformers import ElectraConfig
 from transformers.models.bert.modeling_bert import (
     BertModel,
     BertOnlyMLMHead,
     BertPreTrainedModel,
     BertPreTrainingHeads,
 )
+from transformers.models.electra.modeling_electra import (
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraPreTrainedModel,
+)
 
-from bertforge.kernels import api as kernels
 from bertforge.kernels.constants import IGNORE_INDEX
+from bertforge.pretrain.model.bert.adapter import pair_adapter
 from bertforge.pretrain.model.bert.arch import bert_config, resolve_config
 from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask
+from bertforge.pretrain.model.masked_lm import EncoderSurface, MaskedLMSurface, mlm_outputs
 from bertforge.pretrain.model.model_config import ModelConfig, export_config
+from bertforge.pretrain.model.rtd import ReplacedTokenDetection
 from bertforge.pretrain.model.sharing import LayerSharingMixin, layer_groups
-from bertforge.pretrain.model.specs import ObjectiveSpec
+from bertforge.pretrain.model.specs import ObjectiveSpec, StateDictAdapter
 
 if TYPE_CHECKING:
     from transformers import BertConfig
 
 
-class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
+class BertEncoding(EncoderSurface):
+    """How every BERT network here runs its encoder (``base_model``: transformers' BertModel,
+    or the ElectraModel of replaced-token detection's two networks)."""
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, document_ids, position_ids):
+        """The encoder's output; with document_ids, under the block-diagonal document mask."""
+        if document_ids is not None:
+            attention_mask = document_mask(document_ids)
+        return self.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            return_dict=True,
+        )
+
+    def _hidden_states(self, *args) -> torch.Tensor:
+        return self._encode(*args).last_hidden_state
+
+
+def encoder_flops(c, seq_len: int) -> float:
+    """Forward FLOPs per token of a BERT encoder's layers: dense matmuls 2 per weight (QKV,
+    attention output, feed-forward), the attention scores and weighted sum 4 * seq_len * hidden."""
+    h, i = c.hidden_size, c.intermediate_size
+    return c.num_hidden_layers * (2 * (4 * h * h + 2 * h * i) + 4 * seq_len * h)
+
+
+class BertForPretrainingMasked(
+    BertEncoding, MaskedLMSurface, LayerSharingMixin, BertPreTrainedModel
+):
     """BERT with the MLM head on masked rows only and an optional NSP head (see module doc)."""
 
     arch = "bert"
@@ -67,17 +113,6 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         self.post_init()
         self.share_layers_of(self.bert.encoder.layer, share_layers, "bert.encoder.layer.")
 
-    def register_zero3_external_parameters(self) -> None:
-        """Tell ZeRO-3 that forward() uses the decoder weight (tied to the word embeddings) and the
-        MLM bias outside their modules' own forward, so it gathers them for the MLM loss.
-        The trainer calls it before ``deepspeed.initialize``; harmless without ZeRO-3."""
-        # Lazy: deepspeed takes seconds to import; the commands that import this module without
-        # running a job (--help, the doctor) do without it.
-        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
-
-        register_external_parameter(self, self.cls.predictions.decoder.weight)
-        register_external_parameter(self, self.cls.predictions.bias)
-
     @property
     def bert_config(self) -> BertConfig:
         """The transformers config (vocab padded to a multiple of 8)."""
@@ -95,38 +130,11 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
-    def _encode(self, input_ids, attention_mask, token_type_ids, document_ids, position_ids):
-        """BertModel's output; with document_ids, under the block-diagonal document mask."""
-        if document_ids is not None:
-            attention_mask = document_mask(document_ids)
-        return self.bert(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            return_dict=True,
-        )
+    def _mlm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.cls.predictions.transform(rows)
 
-    def encode(
-        self,
-        input_ids,
-        attention_mask=None,
-        token_type_ids=None,
-        document_ids=None,
-        position_ids=None,
-    ) -> torch.Tensor:
-        """The encoder's last hidden states [B, T, H] (document attention with document_ids)."""
-        out = self._encode(input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        return out.last_hidden_state
-
-    def _masked_rows(
-        self, sequence_output: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transformed hidden states [N_m, H] and labels [N_m] of the predicted positions."""
-        flat_labels = labels.reshape(-1)
-        idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
-        rows = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, idx)
-        return self.cls.predictions.transform(rows), flat_labels.index_select(0, idx)
+    def mlm_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cls.predictions.decoder.weight, self.cls.predictions.bias
 
     def forward(
         self,
@@ -162,26 +170,9 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         if sequence_starts is not None and out.pooler_output is not None:
             cls_rows = out.last_hidden_state[0].index_select(0, sequence_starts)
             out.pooler_output = self.bert.pooler(cls_rows[:, None])
-        hidden, row_labels = self._masked_rows(out.last_hidden_state, labels)
-        mlm = kernels.masked_lm_loss_rows(
-            hidden,
-            self.cls.predictions.decoder.weight,
-            self.cls.predictions.bias,
-            row_labels,
-            ignore_index=IGNORE_INDEX,
-            vocab_size=self.true_vocab_size,
-            normalizer=mlm_normalizer,
-            impl=self.loss_impl,
-        )
-        result = {
-            "loss": mlm.loss,
-            "mlm_loss": mlm.loss,
-            "nsp_loss": None,
-            "num_masked": mlm.num_masked,
-            "num_correct": mlm.num_correct,
-        }
-        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
-        result["nsp_correct"] = result["nsp_count"] = zero
+        rows, row_labels = self._head_rows(out.last_hidden_state, labels)
+        mlm = self.mlm_loss(rows, row_labels, mlm_normalizer)
+        result = mlm_outputs(mlm, input_ids)
         # the pair head's task: NSP, or SOP (whose non-consecutive pairs carry IGNORE_INDEX)
         task, label, normalizer = (
             ("nsp", next_sentence_label, nsp_normalizer)
@@ -213,24 +204,6 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
             f"{task}_count": count,
         }
 
-    @torch.no_grad()
-    def predict_masked(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        labels: torch.Tensor,
-        document_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX (row-major order)."""
-        out = self._encode(input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        hidden, _ = self._masked_rows(out.last_hidden_state, labels)
-        v = self.true_vocab_size
-        return F.linear(
-            hidden, self.cls.predictions.decoder.weight[:v], self.cls.predictions.bias[:v]
-        )
-
     def encoders(self) -> list[torch.nn.Module]:
         """The encoder stack (what ``--compile`` compiles): transformers' BertModel."""
         return [self.bert]
@@ -247,12 +220,10 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         over the true vocabulary) on the masked fraction of tokens only, the NSP pooler and
         classifier once per sequence. Embedding lookups, LayerNorm, softmax are not counted.
         """
-        c = self.config
-        h, i, n_layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
-        layer = 2 * (4 * h * h + 2 * h * i) + 4 * seq_len * h
+        h = self.config.hidden_size
         head = masked_fraction * 2 * (h * h + h * self.true_vocab_size)
         nsp = (2 * (h * h + 2 * h) / seq_len) if self.nsp else 0.0
-        return 3.0 * (n_layers * layer + head + nsp)
+        return 3.0 * (encoder_flops(self.config, seq_len) + head + nsp)
 
     def hf_config(self, unpad_vocab: bool = False) -> BertConfig:
         """A transformers config for export (architectures set; vocab unpadded on request)."""
@@ -279,11 +250,87 @@ class BertForPretrainingMasked(LayerSharingMixin, BertPreTrainedModel):
         return sd
 
 
+class BertDiscriminator(BertEncoding, ElectraForPreTraining):
+    """Replaced-token detection's discriminator: transformers' ElectraForPreTraining (what
+    export writes) through BERT's encoder surface."""
+
+    def real_logits(
+        self, input_ids, attention_mask, token_type_ids=None, document_ids=None, position_ids=None
+    ) -> torch.Tensor:
+        """ElectraForPreTraining's logit of each real token [N_real] (row-major)."""
+        hidden = self._hidden_states(
+            input_ids, attention_mask, token_type_ids, document_ids, position_ids
+        )
+        return self.discriminator_predictions(hidden)[attention_mask.bool()]
+
+
+class BertGenerator(BertEncoding, MaskedLMSurface, ElectraForMaskedLM):
+    """Replaced-token detection's generator: transformers' ElectraForMaskedLM (what export
+    writes beside the discriminator) with its head on masked rows only."""
+
+    def __init__(self, config: ElectraConfig, true_vocab_size: int, loss_impl: str = "auto"):
+        super().__init__(config)
+        self.true_vocab_size = int(true_vocab_size)
+        self.loss_impl = loss_impl
+
+    def _mlm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.generator_predictions(rows)
+
+    def mlm_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.generator_lm_head.weight, self.generator_lm_head.bias
+
+
+class BertElectraForRtd(ReplacedTokenDetection, ElectraPreTrainedModel):
+    """``--arch bert --objective rtd``: ELECTRA's pair over BERT's encoder (the module doc;
+    :class:`~pretrain.model.rtd.ReplacedTokenDetection` is the pair)."""
+
+    arch = "bert"
+    hf_architecture = "ElectraForPreTraining"
+    discriminator_class = BertDiscriminator
+    generator_class = BertGenerator
+    table_key = "electra.embeddings.word_embeddings.weight"
+    generator_architecture = "ElectraForMaskedLM"
+    generator_vocab_keys = (table_key, "generator_lm_head.weight", "generator_lm_head.bias")
+    encoder_flops = staticmethod(encoder_flops)
+
+    @staticmethod
+    def configs(
+        cfg: ModelConfig, vocab_size: int, generator_cfg: ModelConfig
+    ) -> tuple[ElectraConfig, ElectraConfig]:
+        """Both networks' ElectraConfig: the generator reads the discriminator's embeddings
+        (``embedding_size`` = the discriminator's width)."""
+        width = {"embedding_size": cfg.hidden_size}
+        return (
+            bert_config(cfg, vocab_size, ElectraConfig, **width),
+            bert_config(generator_cfg, vocab_size, ElectraConfig, **width),
+        )
+
+    def _token_table(self) -> torch.nn.Embedding:
+        return self.generator.get_input_embeddings()
+
+    def _share_plainly(self, table: torch.nn.Embedding) -> None:
+        """ELECTRA's plain sharing: one embedding module (word, position, token type,
+        LayerNorm) for both networks."""
+        self.discriminator.electra.embeddings = self.generator.electra.embeddings
+
+    @property
+    def projects_generator_input(self) -> bool:
+        """ELECTRA projects the embeddings only where the generator is narrower."""
+        conf = self.generator.config
+        return conf.embedding_size != conf.hidden_size
+
+    @property
+    def init_adapter(self) -> StateDictAdapter:
+        """What ``--init_from`` loads specially (``adapter.pair_adapter``: the pair's names)."""
+        return pair_adapter(self.embedding_sharing, self.generator.electra.embeddings.state_dict())
+
+
 def build_bert(
     model_cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
-) -> BertForPretrainingMasked:
+) -> BertForPretrainingMasked | BertElectraForRtd:
     """The BERT pretraining model for a tokenizer of `vocab_size` entries (from the manifest),
-    with the NSP head when the objective has one; max_seq_len (the shards'): checked against
+    with the NSP head when the objective has one, or ELECTRA's pair for replaced-token detection
+    (:class:`BertElectraForRtd`); max_seq_len (the shards'): checked against
     max_position_embeddings."""
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a BERT tokenizer")
@@ -298,6 +345,8 @@ def build_bert(
         )
     if cfg.loss_impl not in ("auto", "triton", "torch"):
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
+    if objective.name == "rtd":
+        return BertElectraForRtd.build(cfg, vocab_size, objective.settings)
     conf = bert_config(cfg, vocab_size)
     layer_groups(cfg.share_layers, conf.num_hidden_layers)  # a bad spec fails before any allocation
     return BertForPretrainingMasked(

@@ -30,13 +30,9 @@ PRESETS = {
 def build(
     cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> PretrainingModel:
-    """The model (``model.build_bert``; for replaced-token detection the ELECTRA pair,
-    ``electra.build_bert_rtd``). Imported here, not at the top: transformers' modeling code costs
-    about 4 s of imports that the doctor, the dry run and the command line skip."""
-    if objective.name == "rtd":
-        from bertforge.pretrain.model.bert.electra import build_bert_rtd  # heavy, only to build
-
-        return build_bert_rtd(cfg, vocab_size, objective.settings, max_seq_len)
+    """The model (``model.build_bert``; for replaced-token detection the ELECTRA pair). Imported
+    here, not at the top: transformers' modeling code costs about 4 s of imports that the
+    doctor, the dry run and the command line skip."""
     from bertforge.pretrain.model.bert.model import build_bert  # heavy, only to build
 
     return build_bert(cfg, vocab_size, objective, max_seq_len)

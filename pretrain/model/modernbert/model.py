@@ -13,17 +13,25 @@ presets); the padding columns take no part in the softmax.
 
 What only the BERT arch has is refused with :class:`ArchError` (exit status 2) before any
 rendezvous: ``arch.unsupported`` lists it for the registry's ``check_supported``.
+
+Replaced-token detection (``--objective rtd``, :mod:`pretrain.model.rtd`): the discriminator is
+``ModernBertForTokenClassification`` with one label, the generator this masked-LM model reading
+and predicting the discriminator's token table through projections
+(:class:`ModernBertElectraForRtd`). Every network here runs its encoder the one way
+:class:`ModernBertEncoding` writes (our attention paths, the unpadded path included).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from torch import nn
 from transformers import ModernBertConfig
-from transformers.models.modernbert.modeling_modernbert import ModernBertForMaskedLM
+from transformers.models.modernbert.modeling_modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForTokenClassification,
+    ModernBertPreTrainedModel,
+)
 
-from bertforge.kernels import api as kernels
-from bertforge.kernels.constants import IGNORE_INDEX
 from bertforge.pretrain.model.attention_paths import (
     ATTN_IMPLEMENTATION,
     DocumentLayout,
@@ -33,8 +41,10 @@ from bertforge.pretrain.model.attention_paths import (
 from bertforge.pretrain.model.checkpointing import apply_activation_checkpointing
 from bertforge.pretrain.model.document_attention import document_mask, unpad
 from bertforge.pretrain.model.errors import ArchError
+from bertforge.pretrain.model.masked_lm import EncoderSurface, MaskedLMSurface, mlm_outputs
 from bertforge.pretrain.model.model_config import ModelConfig, export_config, padded_vocab
 from bertforge.pretrain.model.modernbert.arch import VOCAB_KEYS, layer_types
+from bertforge.pretrain.model.rtd import ReplacedTokenDetection
 from bertforge.pretrain.model.sharing import LayerSharingMixin
 from bertforge.pretrain.model.specs import ObjectiveSpec
 
@@ -86,33 +96,14 @@ def modernbert_config(cfg: ModelConfig, vocab_size: int) -> ModernBertConfig:
     return conf
 
 
-class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
-    """transformers' ModernBertForMaskedLM whose forward runs the head on masked rows only and
-    ends in our fused loss; the same interface as the BERT arch's model (see module doc)."""
+class ModernBertEncoding(EncoderSurface):
+    """How every ModernBERT network here runs its encoder (``self.model``: transformers'
+    ModernBertModel) through our attention paths (document attention, sliding windows, the
+    unpadded varlen path), and its global layers' rotary base: the masked-LM model and
+    replaced-token detection's discriminator and generator alike."""
 
-    arch = "modernbert"
-    hf_architecture = "ModernBertForMaskedLM"
-    nsp = False
-    #: Keys a consolidated checkpoint may omit: the decoder weight is the embedding's.
-    tied_keys = ("decoder.weight",)
-
-    def __init__(
-        self,
-        config: ModernBertConfig,
-        true_vocab_size: int,
-        loss_impl: str = "auto",
-        share_layers: str = "none",
-    ):
-        super().__init__(config)
-        self.true_vocab_size = int(true_vocab_size)
-        self.loss_impl = loss_impl
-        self.checkpointing = "none"
-        # --share_layers: a layer keeps its own attention type (global or sliding window) and
-        # rotary base; only the weights are shared (layer 0 has no attn_norm: the group's
-        # next layer holds the one the others share, pretrain.model.sharing).
-        self.share_layers_of(self.model.layers, share_layers, "model.layers.")
-        #: "auto" (unpadded varlen on CUDA in half precision, else padded), "padded" or "varlen".
-        self.attention_path = "auto"
+    #: "auto" (unpadded varlen on CUDA in half precision, else padded), "padded" or "varlen".
+    attention_path = "auto"
 
     def set_global_rope_theta(self, theta: float) -> None:
         """Re-base the global layers' rotary frequencies on ``theta`` (a phase plan's
@@ -128,26 +119,10 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
     def global_rope_theta(self) -> float:
         return float(self.config.rope_parameters["full_attention"]["rope_theta"])
 
-    def register_zero3_external_parameters(self) -> None:
-        """ZeRO-3 must gather the decoder weight (the embedding's) and bias for the loss, which
-        uses them outside the decoder module's own forward; harmless without ZeRO-3."""
-        # Lazy: deepspeed takes seconds to import; the commands that import this module without
-        # running a job (--help, the doctor) do without it.
-        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
-
-        register_external_parameter(self, self.decoder.weight)
-        register_external_parameter(self, self.decoder.bias)
-
-    def encode(
-        self,
-        input_ids,
-        attention_mask=None,
-        token_type_ids=None,
-        document_ids=None,
-        position_ids=None,
+    def _hidden_states(
+        self, input_ids, attention_mask, token_type_ids, document_ids, position_ids
     ) -> torch.Tensor:
-        """The encoder's last hidden states [B, T, H] (after the final norm; document attention
-        with document_ids, else full attention within each row's real tokens)."""
+        """The last hidden states [B, T, H], after the final norm (``encode``)."""
         if self.config._attn_implementation == ATTN_IMPLEMENTATION:
             if document_ids is None:  # full attention: one document per row, padding -1
                 real = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -203,25 +178,57 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
         log_path_once(varlen, why)
         return varlen
 
-    def _masked_rows(
-        self, input_ids, attention_mask, labels, document_ids=None, position_ids=None
+
+class ModernBertForPretrainingMasked(
+    ModernBertEncoding, MaskedLMSurface, LayerSharingMixin, ModernBertForMaskedLM
+):
+    """transformers' ModernBertForMaskedLM whose forward runs the head on masked rows only and
+    ends in our fused loss; the same interface as the BERT arch's model (see module doc)."""
+
+    arch = "modernbert"
+    hf_architecture = "ModernBertForMaskedLM"
+    nsp = False
+    #: Keys a consolidated checkpoint may omit: the decoder weight is the embedding's.
+    tied_keys = ("decoder.weight",)
+
+    def __init__(
+        self,
+        config: ModernBertConfig,
+        true_vocab_size: int,
+        loss_impl: str = "auto",
+        share_layers: str = "none",
+    ):
+        super().__init__(config)
+        self.true_vocab_size = int(true_vocab_size)
+        self.loss_impl = loss_impl
+        self.checkpointing = "none"
+        # --share_layers: a layer keeps its own attention type (global or sliding window) and
+        # rotary base; only the weights are shared (layer 0 has no attn_norm: the group's
+        # next layer holds the one the others share, pretrain.model.sharing).
+        self.share_layers_of(self.model.layers, share_layers, "model.layers.")
+
+    def _masked_hidden(
+        self, input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head outputs [N_m, H] and labels [N_m] of the predicted positions (row-major; the
-        unpadded path keeps that order: it concatenates each row's real tokens in turn)."""
-        if self._runs_unpadded(input_ids):
-            if attention_mask is None:
-                ones = torch.ones_like(input_ids)
-                attention_mask = ones if document_ids is None else (document_ids >= 0).long()
-            hidden, flat = self._encode_unpadded(
-                input_ids, attention_mask, document_ids, position_ids, labels=labels
+        """On the unpadded path the batch's real tokens in one row [1, N_real, H] and their
+        labels (each row's in turn: the masked rows keep their row-major order)."""
+        if not self._runs_unpadded(input_ids):
+            return super()._masked_hidden(
+                input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
             )
-            labels = flat["labels"]
-        else:
-            hidden = self.encode(input_ids, attention_mask, None, document_ids, position_ids)
-        flat_labels = labels.reshape(-1)
-        idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)
-        return self.head(rows), flat_labels.index_select(0, idx)
+        if attention_mask is None:
+            ones = torch.ones_like(input_ids)
+            attention_mask = ones if document_ids is None else (document_ids >= 0).long()
+        hidden, flat = self._encode_unpadded(
+            input_ids, attention_mask, document_ids, position_ids, labels=labels
+        )
+        return hidden, flat["labels"]
+
+    def _mlm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.head(rows)
+
+    def mlm_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.decoder.weight, self.decoder.bias
 
     def forward(
         self,
@@ -240,44 +247,10 @@ class ModernBertForPretrainingMasked(LayerSharingMixin, ModernBertForMaskedLM):
         positions from position_ids; :mod:`pretrain.model.document_attention`)."""
         if labels is None:
             raise ValueError("labels are required: the model computes the MLM loss on masked rows")
-        rows, row_labels = self._masked_rows(
-            input_ids, attention_mask, labels, document_ids, position_ids
+        rows, row_labels = self.masked_rows(
+            input_ids, attention_mask, token_type_ids, labels, document_ids, position_ids
         )
-        mlm = kernels.masked_lm_loss_rows(
-            rows,
-            self.decoder.weight,
-            self.decoder.bias,
-            row_labels,
-            ignore_index=IGNORE_INDEX,
-            vocab_size=self.true_vocab_size,
-            normalizer=mlm_normalizer,
-            impl=self.loss_impl,
-        )
-        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
-        return {
-            "loss": mlm.loss,
-            "mlm_loss": mlm.loss,
-            "nsp_loss": None,
-            "num_masked": mlm.num_masked,
-            "num_correct": mlm.num_correct,
-            "nsp_correct": zero,
-            "nsp_count": zero,
-        }
-
-    @torch.no_grad()
-    def predict_masked(
-        self,
-        input_ids,
-        attention_mask,
-        token_type_ids,
-        labels,
-        document_ids=None,
-        position_ids=None,
-    ) -> torch.Tensor:
-        """MLM logits [N_m, true_vocab_size] where labels != IGNORE_INDEX (row-major order)."""
-        rows, _ = self._masked_rows(input_ids, attention_mask, labels, document_ids, position_ids)
-        v = self.true_vocab_size
-        return F.linear(rows, self.decoder.weight[:v], self.decoder.bias[:v])
+        return mlm_outputs(self.mlm_loss(rows, row_labels, mlm_normalizer), input_ids)
 
     def encoders(self) -> list[torch.nn.Module]:
         """The encoder stack (what ``--compile`` compiles): transformers' ModernBertModel."""
@@ -320,11 +293,101 @@ def encoder_flops(c: ModernBertConfig, seq_len: int) -> float:
     return c.num_hidden_layers * dense + sum(4 * seen[t] * h for t in c.layer_types)
 
 
+class ProjectedEmbedding(nn.Module):
+    """A token table [V, E] shared with the discriminator, projected to the generator's width."""
+
+    def __init__(self, table: nn.Embedding, width: int):
+        super().__init__()
+        self.table = table
+        self.project = nn.Linear(table.embedding_dim, width, bias=False)
+
+    @property
+    def weight(self) -> torch.Tensor:  # what ModernBERT reads its dtype from
+        return self.table.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.project(self.table(input_ids))
+
+
+class ModernBertDiscriminator(ModernBertEncoding, ModernBertForTokenClassification):
+    """Replaced-token detection's discriminator: ModernBertForTokenClassification with one label
+    (what export writes; its head scores each token as replaced) through our attention paths."""
+
+    def real_logits(
+        self, input_ids, attention_mask, token_type_ids=None, document_ids=None, position_ids=None
+    ) -> torch.Tensor:
+        """The replaced-token logit of each real token [N_real], row-major."""
+        if self._runs_unpadded(input_ids):
+            hidden = self._encode_unpadded(input_ids, attention_mask, document_ids, position_ids)
+            hidden = hidden[0][0]
+        else:
+            hidden = self._hidden_states(
+                input_ids, attention_mask, None, document_ids, position_ids
+            )
+            hidden = hidden[attention_mask.bool()]
+        return self.classifier(self.drop(self.head(hidden))).squeeze(-1)
+
+
+class ModernBertElectraForRtd(ReplacedTokenDetection, ModernBertPreTrainedModel):
+    """``--arch modernbert --objective rtd`` (:class:`~pretrain.model.rtd.ReplacedTokenDetection`
+    is the pair). transformers has no ELECTRA class for ModernBERT, so the discriminator takes
+    the form of one it has, :class:`ModernBertDiscriminator`: an export is that class as it is
+    (``from_pretrained`` loads it, its logit is the replaced-token logit, ``pretrain.evaluate``
+    fine-tunes its encoder). The generator is the masked-LM model, narrower, reading and
+    predicting the discriminator's token table as ELECTRA's does through ``embedding_size``
+    (:meth:`_token_table`); no transformers class holds it, so export writes none."""
+
+    arch = "modernbert"
+    hf_architecture = "ModernBertForTokenClassification"
+    discriminator_class = ModernBertDiscriminator
+    generator_class = ModernBertForPretrainingMasked
+    table_key = VOCAB_KEYS[0]
+    encoder_flops = staticmethod(encoder_flops)
+
+    @staticmethod
+    def configs(
+        cfg: ModelConfig, vocab_size: int, generator_cfg: ModelConfig
+    ) -> tuple[ModernBertConfig, ModernBertConfig]:
+        """The discriminator's config with one label ("replaced"), the generator's."""
+        disc = modernbert_config(cfg, vocab_size)
+        disc.num_labels = 1
+        disc.id2label, disc.label2id = {0: "replaced"}, {"replaced": 0}
+        return disc, modernbert_config(generator_cfg, vocab_size)
+
+    def _token_table(self) -> nn.Embedding:
+        """ELECTRA's ``embedding_size``, which ModernBERT's classes lack: the generator's input
+        embedding is the discriminator's table projected to its width (:class:`ProjectedEmbedding`),
+        its head projects back to the table's width, and its decoder is the table (tied) with a
+        bias of its own."""
+        disc, gen = self.discriminator.config, self.generator
+        width, gen_conf = disc.hidden_size, gen.config
+        table = nn.Embedding(disc.vocab_size, width, padding_idx=disc.pad_token_id)
+        table.weight = self.discriminator.model.embeddings.tok_embeddings.weight
+        gen.model.embeddings.tok_embeddings = ProjectedEmbedding(table, gen_conf.hidden_size)
+        gen.head.dense = nn.Linear(gen_conf.hidden_size, width, bias=False)
+        gen.head.norm = nn.LayerNorm(width, eps=gen_conf.norm_eps, bias=False)
+        decoder = nn.Linear(width, disc.vocab_size, bias=True)
+        decoder.weight, decoder.bias = table.weight, gen.decoder.bias
+        gen.decoder = decoder
+        self._init_weights(gen.model.embeddings.tok_embeddings.project)
+        self._init_weights(gen.head.dense)
+        return table
+
+    def set_global_rope_theta(self, theta: float) -> None:
+        """A phase's rope theta, for both networks' global layers."""
+        self.discriminator.set_global_rope_theta(theta)
+        self.generator.set_global_rope_theta(theta)
+
+    def global_rope_theta(self) -> float:
+        return self.generator.global_rope_theta()
+
+
 def build_modernbert(
     cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
-) -> ModernBertForPretrainingMasked:
-    """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries (what the arch
-    does not support, ``arch.unsupported``, the registry's ``build_model`` refused already)."""
+) -> ModernBertForPretrainingMasked | ModernBertElectraForRtd:
+    """The ModernBERT pretraining model for a tokenizer of `vocab_size` entries, or the pair of
+    replaced-token detection (what the arch does not support, ``arch.unsupported``, the
+    registry's ``build_model`` refused already)."""
     if vocab_size < 5:
         raise ValueError(f"vocab_size {vocab_size} is too small for a tokenizer")
     if max_seq_len is not None and max_seq_len > cfg.max_position_embeddings:
@@ -334,6 +397,8 @@ def build_modernbert(
         )
     if cfg.loss_impl not in ("auto", "triton", "torch"):
         raise ValueError(f"loss_impl {cfg.loss_impl!r}: choose auto, triton or torch")
+    if objective.name == "rtd":
+        return ModernBertElectraForRtd.build(cfg, vocab_size, objective.settings)
     return ModernBertForPretrainingMasked(
         modernbert_config(cfg, vocab_size), vocab_size, cfg.loss_impl, cfg.share_layers
     )

@@ -41,13 +41,9 @@ PRESETS = {
 def build(
     cfg: ModelConfig, vocab_size: int, objective: ObjectiveSpec, max_seq_len: int | None
 ) -> PretrainingModel:
-    """The model (``model.build_modernbert``; for replaced-token detection the pair,
-    ``electra.build_modernbert_rtd``). Imported here, not at the top: transformers' modeling
-    code costs seconds of imports that the doctor, the dry run and the CLI skip."""
-    if objective.name == "rtd":
-        from bertforge.pretrain.model.modernbert.electra import build_modernbert_rtd  # heavy
-
-        return build_modernbert_rtd(cfg, vocab_size, objective.settings, max_seq_len)
+    """The model (``model.build_modernbert``; for replaced-token detection the pair). Imported
+    here, not at the top: transformers' modeling code costs seconds of imports that the doctor,
+    the dry run and the CLI skip."""
     from bertforge.pretrain.model.modernbert.model import build_modernbert  # heavy, only to build
 
     return build_modernbert(cfg, vocab_size, objective, max_seq_len)
