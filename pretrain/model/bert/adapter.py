@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import BertConfig, ElectraConfig
 
-from bertforge.pretrain.model.bert.arch import ARCH_FIELDS
+from bertforge.pretrain.model.bert.arch import ARCH_FIELDS, SHAPE_FIELDS
 from bertforge.pretrain.model.errors import InitError
 from bertforge.pretrain.model.specs import StateDictAdapter
 
@@ -71,16 +71,7 @@ ADAPTER = StateDictAdapter(
     model_types=("bert", "electra"),
     fields_from_hf=fields_from_hf,
     run_fields=ARCH_FIELDS,
-    conflict_fields=(
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
-        "hidden_act",
-        "layer_norm_eps",
-    ),
+    conflict_fields=SHAPE_FIELDS,
     to_ours=to_ours,
     word_emb=WORD_EMB,
     mlm_bias=MLM_BIAS,

@@ -29,6 +29,12 @@ ARCH_FIELDS = (
     "layer_norm_eps",
     "initializer_range",
 )
+#: the fields a run continuing a checkpoint must keep: all but the dropouts and the init scale
+SHAPE_FIELDS = tuple(
+    f
+    for f in ARCH_FIELDS
+    if f not in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
+)
 
 
 def resolve_config(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
