@@ -49,6 +49,7 @@ from bertforge.pretrain.model.init_source import (
     read_hf_weights,
 )
 from bertforge.pretrain.model.registry import ARCHES
+from bertforge.pretrain.model.rtd import ReplacedTokenDetection
 from bertforge.pretrain.model.specs import StateDictAdapter
 from bertforge.pretrain.run_folder.run_checkpoints import consolidated_state_dict
 
@@ -322,7 +323,7 @@ def _vocab_report(plan: VocabPlan, base_dir: Path, shards_dir: Path, base_tok) -
 
 def _adapter(model: torch.nn.Module, path: str | Path) -> StateDictAdapter:
     """The names loaded specially: the arch's adapter, or an RTD pair's own (``init_adapter``)."""
-    if getattr(model, "objective", None) != "rtd":
+    if not isinstance(model, ReplacedTokenDetection):
         return ARCHES[model.arch].adapter
     if not hasattr(model, "init_adapter"):
         raise InitError(
@@ -337,7 +338,7 @@ def _weights_and_report(
 ) -> tuple[dict[str, torch.Tensor], InitReport]:
     """The source's tensors under the model's names, and the report begun: for an RTD pair the
     discriminator from ``path`` and the generator from its own folder (init_pair)."""
-    if getattr(model, "objective", None) != "rtd":
+    if not isinstance(model, ReplacedTokenDetection):
         sd, file = _source_state_dict(src)
         return sd, InitReport(str(path), src.kind, str(file))
     sd, file, gen = pair_state_dict(src, model.generator_from)
