@@ -94,7 +94,7 @@ def build_training(
     init_from = cfg.run.init_from if run.point is None else None  # a resume wins over it
     longest = run.phases.max_seq_len if run.phases else None
     model, init = model_engine.build_encoder(
-        cfg, run.train_reader, run.setup, init_from=init_from, max_seq_len=longest
+        cfg, run.train_reader, run.setup, run.objective, init_from=init_from, max_seq_len=longest
     )
     init_report = model_engine.announce_init(cfg, init, run.point)
     place.engine, schedule = model_engine.build_engine(

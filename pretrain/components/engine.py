@@ -62,12 +62,14 @@ def build_encoder(
     cfg: TrainConfig,
     reader,
     setup: DeepSpeedSetup,
+    objective: ObjectiveSpec,
     *,
     init_from: str | None = None,
     max_seq_len: int | None = None,
 ):
-    """(model, --init_from report or None): the model, identical on every rank (seeded or
-    loaded from ``init_from`` before DeepSpeed partitions it), ready for deepspeed.initialize.
+    """(model, --init_from report or None): the model of ``objective`` (:func:`objective_for`),
+    identical on every rank (seeded or loaded from ``init_from`` before DeepSpeed partitions it),
+    ready for deepspeed.initialize.
     ``max_seq_len``: the longest sequence it must take (default the reader's; a phase plan's
     longest phase)."""
     import deepspeed  # lazy: see the module docstring
@@ -77,7 +79,7 @@ def build_encoder(
     model = build_model(
         cfg.model_cfg,
         vocab_size=reader.vocab_size,
-        objective=resolve_objective(cfg.objective_cfg, reader.format),
+        objective=objective,
         max_seq_len=max_seq_len,
     )
     report = None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers.commands import REPO
+from helpers.engines import one_rank_engine, tiny_config
 
 from bertforge.pretrain.checkpoints import checkpoint as ck
 from bertforge.pretrain.checkpoints import checkpoint_files as cf
@@ -96,20 +97,8 @@ def test_resume_and_init_from_skip_or_refuse_a_checkpoint_that_does_not_verify(t
 
 
 def _tiny_engine(shards: Path, run: Path, *extra: str):
-    from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.components.engine import build_encoder, build_engine
-    from bertforge.pretrain.config.cli import parse_args
-    from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
-
-    cfg = parse_args(
-        ["--ds_config", str(REPO / "ds_configs" / "cpu.json"), "--data", str(shards)]
-        + ["--output_dir", str(run), "--model", "tiny", "--global_batch_size", "4"]
-        + ["--micro_batch_size", "4", "--progress", "false", *extra]
-    )
-    setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=False)
-    model, _ = build_encoder(cfg, ShardReader(cfg.run.data_sources[0], "train"), setup)
-    engine, _ = build_engine(cfg, model, setup.config)
-    return cfg, engine
+    cfg = tiny_config(shards, run, *extra)
+    return cfg, one_rank_engine(cfg)[0]
 
 
 @pytest.mark.slow

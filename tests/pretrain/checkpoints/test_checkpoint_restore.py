@@ -11,52 +11,19 @@ import json
 
 import pytest
 import torch
-from helpers.commands import REPO
+from helpers.engines import one_rank_engine, tiny_config
 
 pytestmark = pytest.mark.slow
 
 
 def _config(shards, run, *extra: str):
-    from bertforge.pretrain.config.cli import parse_args
-
-    return parse_args(
-        [
-            "--ds_config",
-            str(REPO / "ds_configs" / "cpu.json"),
-            "--data",
-            str(shards),
-            "--output_dir",
-            str(run),
-            "--model",
-            "tiny",
-            "--global_batch_size",
-            "4",
-            "--micro_batch_size",
-            "4",
-            "--lr",
-            "1e-3",
-            "--warmup_steps",
-            "1",
-            "--progress",
-            "false",
-            *extra,
-        ]
-    )
+    return tiny_config(shards, run, "--lr", "1e-3", "--warmup_steps", "1", *extra)
 
 
 def _engine(cfg, seed: int, *, load_universal: bool = False):
     """A fresh engine for ``cfg`` whose initial weights come from ``seed``."""
-    from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.components.engine import build_encoder, build_engine
-    from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
-
-    setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=load_universal)
-    reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_encoder(
-        dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed)), reader, setup
-    )
-    engine, schedule = build_engine(cfg, model, setup.config)
-    return engine, schedule, setup, reader
+    seeded = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+    return one_rank_engine(seeded, load_universal=load_universal)
 
 
 def _train_two_steps(cfg):

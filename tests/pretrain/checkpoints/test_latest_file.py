@@ -12,41 +12,14 @@ from pathlib import Path
 
 import pytest
 from helpers.commands import REPO
+from helpers.engines import one_rank_engine, tiny_config
 
 pytestmark = pytest.mark.slow
 
 
 def _engine(shards: Path, run: Path):
-    from bertforge.data_prep.reader import ShardReader
-    from bertforge.pretrain.components.engine import build_encoder, build_engine
-    from bertforge.pretrain.config.cli import parse_args
-    from bertforge.pretrain.config.ds_config import resolve_deepspeed_config
-
-    cfg = parse_args(
-        [
-            "--ds_config",
-            str(REPO / "ds_configs" / "cpu.json"),
-            "--data",
-            str(shards),
-            "--output_dir",
-            str(run),
-            "--model",
-            "tiny",
-            "--global_batch_size",
-            "4",
-            "--micro_batch_size",
-            "4",
-            "--progress",
-            "false",
-            "--keep_last",
-            "3",
-        ]
-    )
-    setup = resolve_deepspeed_config(cfg, 1, "cpu", load_universal=False)
-    reader = ShardReader(cfg.run.data_sources[0], "train")
-    model, _ = build_encoder(cfg, reader, setup)
-    engine, _ = build_engine(cfg, model, setup.config)
-    return cfg, engine
+    cfg = tiny_config(shards, run, "--keep_last", "3")
+    return cfg, one_rank_engine(cfg)[0]
 
 
 def test_latest_never_names_an_incomplete_checkpoint(
